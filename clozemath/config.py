@@ -1,0 +1,365 @@
+"""Typed run configuration.
+
+A run is described by YAML. An experiment names its parts by reference (`model: smollm2-135m` loads
+`configs/models/smollm2-135m.yaml`, `method: clozemath` loads `configs/methods/clozemath.yaml`) or inline;
+dotted `key=value` overrides from the command line apply on top. A grid is a base experiment plus axes whose
+values are such overrides. Every mistake becomes a one-line `ClozeMathError` naming the key and the file.
+"""
+
+from __future__ import annotations
+
+import itertools
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
+
+from clozemath.errors import ClozeMathError
+
+Dataset = Literal["gsm8k", "math"]
+EvalDataset = Literal["gsm8k", "math", "gsm_symbolic", "gsm_p1", "gsm_p2"]
+Decoding = Literal["greedy", "beam", "cot"]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class LoraConfig(_Strict):
+    rank: int = 32
+    alpha: int = 64
+    dropout: float = 0.05
+    target_modules: str | list[str] = "all-linear"
+    train_special_tokens: bool = True
+
+
+class ModelConfig(_Strict):
+    name: str
+    path: str | None = None
+    """Hub id, local directory, `package:<module>[/sub/dir]` (a folder inside an installed package), or None."""
+    gguf_file: str | None = None
+    """File name of a GGUF checkpoint inside `path` (transformers dequantizes it)."""
+    tokenizer: str | None = None
+    """Where the tokenizer lives when not beside the weights (same forms as `path`)."""
+    random_init: dict[str, Any] | None = None
+    """`LlamaConfig` keyword arguments: a randomly initialised model, for tests and benchmarks."""
+    dtype: Literal["auto", "float32", "bfloat16"] = "auto"
+    attn_implementation: Literal["sdpa", "flex_attention", "eager"] = "sdpa"
+    lora: LoraConfig = LoraConfig()
+
+    @model_validator(mode="after")
+    def _has_weights(self) -> ModelConfig:
+        if self.path is None and self.random_init is None:
+            raise ValueError("set `path` (hub id, folder or package) or `random_init`")
+        if self.random_init is not None and self.tokenizer is None and self.path is None:
+            raise ValueError("a `random_init` model needs a `tokenizer`")
+        return self
+
+
+class DataConfig(_Strict):
+    dataset: Dataset = "gsm8k"
+    split: str = "train"
+    path: str | None = None
+    """A JSONL file or a folder holding `<split>.jsonl`; default `$CLOZEMATH_DATA_DIR/<dataset>/`, then the hub."""
+    limit: int | None = None
+    seed: int = 0
+    prompt_template: str = "Question: {question}\nAnswer:"
+    max_length: int = 1024
+
+
+class RandomSpanConfig(_Strict):
+    coverage: float = 0.15
+    """Share of the solution's words that the spans cover (0.15 short, 0.5 long in the paper)."""
+    mean_span_words: float = 3.0
+
+
+class MftConfig(_Strict):
+    r_max: float = 0.4
+    noise: Literal["random", "mask"] = "random"
+
+
+class MethodConfig(_Strict):
+    name: str
+    trains: bool = True
+    """False for `base`: the model is evaluated few-shot, untouched."""
+    objectives: list[Literal["lm", "cloze", "random_span"]] = ["lm"]
+    attention: Literal["causal", "prefix_lm"] = "causal"
+    lm_share: float = 0.5
+    """Share of LM samples after balancing (LM samples are repeated to reach it)."""
+    random_span: RandomSpanConfig | None = None
+    mft: MftConfig | None = None
+
+    @model_validator(mode="after")
+    def _consistent(self) -> MethodConfig:
+        if ("random_span" in self.objectives) != (self.random_span is not None):
+            raise ValueError("the `random_span` objective and the `random_span` settings go together")
+        if not 0.0 < self.lm_share < 1.0:
+            raise ValueError("`lm_share` must lie strictly between 0 and 1")
+        return self
+
+
+class TrainConfig(_Strict):
+    num_workers: int = 1
+    use_gpu: bool | Literal["auto"] = "auto"
+    zero_stage: Literal[2, 3] = 2
+    micro_batch_size: int = 4
+    grad_accum: int = 1
+    epochs: float = 1.0
+    max_steps: int | None = None
+    lr: float = 5e-5
+    warmup_ratio: float = 0.03
+    weight_decay: float = 0.0
+    max_grad_norm: float = 1.0
+    checkpoint_every: int = 50
+    max_failures: int = 1
+    seed: int = 0
+    output_dir: str = "runs"
+    fail_at_step: int | None = None
+    """Test hook: rank 0 raises once when it reaches this step (exercises restart and resume)."""
+
+
+class EvalSetConfig(_Strict):
+    dataset: EvalDataset
+    split: str = "test"
+    path: str | None = None
+    limit: int | None = None
+    seed: int = 0
+    per_template: int = 50
+    """GSM-Symbolic instances drawn per template (100 templates x 50 = the paper's 5000)."""
+
+
+class EvalConfig(_Strict):
+    sets: list[EvalSetConfig] = [EvalSetConfig(dataset="gsm8k")]
+    decodings: list[Decoding] = ["greedy"]
+    num_beams: int = 5
+    cot_k: int = 9
+    max_new_tokens: int = 512
+    prompt_attention: Literal["auto", "bidirectional", "causal"] = "auto"
+    """auto: bidirectional for prefix_lm-trained models, causal otherwise."""
+    batch_size: int = 16
+    few_shot: bool | Literal["auto"] = "auto"
+    """auto: few-shot prompts for `base`, the fine-tuned format for trained methods."""
+    adapter: str | None = None
+    """Evaluate this saved adapter folder instead of the one the run trains."""
+    every_steps: int | None = None
+    """Also evaluate at these training-step intervals, on `during_training_limit` problems of the first set."""
+    during_training_limit: int = 100
+
+
+class TrackingConfig(_Strict):
+    uri: str = "sqlite:///mlruns.db"
+    experiment: str = "clozemath"
+    artifact_location: str | None = None
+    """Default: `./mlartifacts` beside a local store."""
+
+
+class ExperimentConfig(_Strict):
+    name: str
+    model: ModelConfig
+    method: MethodConfig
+    data: DataConfig = DataConfig()
+    train: TrainConfig = TrainConfig()
+    eval: EvalConfig = EvalConfig()
+    tracking: TrackingConfig = TrackingConfig()
+
+
+class GridConfig(_Strict):
+    name: str
+    base: dict[str, Any]
+    """An experiment (inline, or `experiment: <name>` to start from `configs/experiments/<name>.yaml`)."""
+    axes: dict[str, list[Any]] = {}
+    """Dotted key -> values; the grid is their product, each point applied to `base` as overrides."""
+    max_concurrent_trials: int | None = None
+    tracking: TrackingConfig = TrackingConfig()
+
+
+# --------------------------------------------------------------------------------------------------------------
+# YAML loading, references, overrides
+
+_REFERENCE_FOLDERS = {"model": "models", "method": "methods", "data": "data"}
+
+
+def configs_root(near: Path | None = None) -> Path:
+    """The `configs/` folder a reference resolves in: the one holding `near`, else `./configs`."""
+    if near is not None:
+        for parent in near.resolve().parents:
+            if parent.name == "configs":
+                return parent
+    return Path.cwd() / "configs"
+
+
+def read_yaml(path: Path) -> dict[str, Any]:
+    if not path.is_file():
+        raise ClozeMathError(f"{path}: no such config file")
+    try:
+        raw = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f":{mark.line + 1}" if mark is not None else ""
+        raise ClozeMathError(f"{path}{where}: not valid YAML ({getattr(exc, 'problem', exc)})") from None
+    if raw is None:
+        return {}
+    if not isinstance(raw, dict):
+        raise ClozeMathError(f"{path}: expected a mapping at the top level, got {type(raw).__name__}")
+    return raw
+
+
+def _resolve_reference(kind: str, ref: str, root: Path, source: Path | str) -> dict[str, Any]:
+    folder = root / _REFERENCE_FOLDERS[kind]
+    candidate = Path(ref) if ref.endswith((".yaml", ".yml")) else folder / f"{ref}.yaml"
+    if not candidate.is_absolute() and ref.endswith((".yaml", ".yml")):
+        candidate = root / ref
+    if not candidate.is_file():
+        known = sorted(p.stem for p in folder.glob("*.yaml")) if folder.is_dir() else []
+        raise ClozeMathError(f"{source}: unknown {kind} '{ref}' (known: {', '.join(known) or 'none'})")
+    return read_yaml(candidate)
+
+
+def _resolve_references(raw: dict[str, Any], root: Path, source: Path | str) -> dict[str, Any]:
+    out = dict(raw)
+    for kind in _REFERENCE_FOLDERS:
+        if isinstance(out.get(kind), str):
+            out[kind] = _resolve_reference(kind, out[kind], root, source)
+    return out
+
+
+def parse_override(text: str) -> tuple[str, Any]:
+    """`train.lr=1e-4` -> ("train.lr", 0.0001). Values are read as YAML scalars, numbers first."""
+    key, sep, value = text.partition("=")
+    if not sep or not key:
+        raise ClozeMathError(f"override '{text}': expected key=value")
+    for cast in (int, float):
+        try:
+            return key.strip(), cast(value)
+        except ValueError:
+            pass
+    try:
+        return key.strip(), yaml.safe_load(value)
+    except yaml.YAMLError:
+        return key.strip(), value
+
+
+def apply_override(raw: dict[str, Any], key: str, value: Any, root: Path, source: Path | str) -> None:
+    """Set a dotted key, resolving a by-name reference on the way down (`model.lora.rank=8`)."""
+    parts = key.split(".")
+    node = raw
+    for depth, part in enumerate(parts[:-1]):
+        if depth == 0 and part in _REFERENCE_FOLDERS and isinstance(node.get(part), str):
+            node[part] = _resolve_reference(part, node[part], root, source)
+        child = node.setdefault(part, {})
+        if not isinstance(child, dict):
+            raise ClozeMathError(f"{source}: override '{key}': '{part}' is not a mapping")
+        node = child
+    node[parts[-1]] = value
+
+
+def _format_validation_error(exc: ValidationError, source: Path | str) -> str:
+    errors = exc.errors()
+    first = errors[0]
+    key = ".".join(str(p) for p in first["loc"])
+    more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
+    if first["type"] == "extra_forbidden":
+        return f"{source}: unknown key '{key}'{more}"
+    if first["type"] == "missing":
+        return f"{source}: missing key '{key}'{more}"
+    where = f"'{key}': " if key else ""
+    return f"{source}: {where}{first['msg']}{more}"
+
+
+def _validate(cls: type[BaseModel], raw: dict[str, Any], source: Path | str) -> Any:
+    try:
+        return cls.model_validate(raw)
+    except ValidationError as exc:
+        raise ClozeMathError(_format_validation_error(exc, source)) from None
+
+
+def experiment_from_dict(
+    raw: dict[str, Any], root: Path, source: Path | str, overrides: list[tuple[str, Any]] = ()
+) -> ExperimentConfig:
+    raw = dict(raw)
+    base_name = raw.pop("experiment", None)
+    if base_name is not None:
+        base = read_yaml(root / "experiments" / f"{base_name}.yaml")
+        raw = _deep_merge(base, raw)
+    for key, value in overrides:
+        apply_override(raw, key, value, root, source)
+    return _validate(ExperimentConfig, _resolve_references(raw, root, source), source)
+
+
+def _deep_merge(base: dict[str, Any], top: dict[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for key, value in top.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = _deep_merge(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+def is_grid(raw: dict[str, Any]) -> bool:
+    return "axes" in raw or "base" in raw
+
+
+def load_config(path: str | Path, overrides: list[str] = ()) -> ExperimentConfig | GridConfig:
+    """Load an experiment or a grid YAML with command-line overrides applied (to the base, for a grid)."""
+    path = Path(path)
+    raw = read_yaml(path)
+    root = configs_root(path)
+    parsed = [parse_override(o) for o in overrides]
+    if not is_grid(raw):
+        return experiment_from_dict(raw, root, path, parsed)
+    grid = _validate(GridConfig, raw, path)
+    base = dict(grid.base)
+    for key, value in parsed:
+        apply_override(base, key, value, root, path)
+    grid.base = base
+    for experiment in expand_grid(grid, root, path):  # refuse a bad grid before anything starts
+        del experiment
+    return grid
+
+
+def grid_points(grid: GridConfig) -> list[dict[str, Any]]:
+    keys = list(grid.axes)
+    return [dict(zip(keys, values)) for values in itertools.product(*(grid.axes[k] for k in keys))]
+
+
+def point_label(point: dict[str, Any]) -> str:
+    return ",".join(f"{k.split('.')[-1]}={v}" for k, v in point.items()) or "default"
+
+
+def expand_grid(grid: GridConfig, root: Path | None = None, source: Path | str = "grid") -> list[ExperimentConfig]:
+    """One validated experiment per point of the grid, named `<grid>/<point>`."""
+    root = root or configs_root()
+    experiments = []
+    for point in grid_points(grid):
+        name = f"{grid.name}/{point_label(point)}" if point else grid.name
+        overrides = list(point.items()) + [("name", name)]
+        experiment = experiment_from_dict(grid.base, root, source, overrides)
+        experiment.tracking = grid.tracking
+        experiments.append(experiment)
+    return experiments
+
+
+def as_grid(config: ExperimentConfig | GridConfig) -> GridConfig:
+    """A single experiment is a grid of one."""
+    if isinstance(config, GridConfig):
+        return config
+    return GridConfig(name=config.name, base=config.model_dump(), tracking=config.tracking)
+
+
+def flatten(config: BaseModel | dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """Dotted keys -> scalar values (lists become their string form), e.g. for MLflow params."""
+    data = config.model_dump() if isinstance(config, BaseModel) else config
+    flat: dict[str, Any] = {}
+    for key, value in data.items():
+        dotted = f"{prefix}{key}"
+        if isinstance(value, dict):
+            flat.update(flatten(value, f"{dotted}."))
+        else:
+            flat[dotted] = value if isinstance(value, (int, float, str, bool, type(None))) else str(value)
+    return flat
+
+
+def dump_yaml(config: BaseModel) -> str:
+    return yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False)

@@ -1,0 +1,1 @@
+"""Data: sources, segmentation, training objectives, tokenization, GSM-Symbolic instances."""

@@ -1,0 +1,147 @@
+"""GSM8K, MATH and GSM-Symbolic problems from a local JSONL file or folder, or from the HF hub."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from clozemath.errors import ClozeMathError
+from clozemath.eval.answers import gsm8k_gold, last_boxed
+
+DATA_DIR_ENV = "CLOZEMATH_DATA_DIR"
+
+
+@dataclass(frozen=True)
+class Problem:
+    id: str
+    dataset: str
+    split: str
+    question: str
+    solution: str
+    answer: str
+
+    def to_dict(self) -> dict[str, str]:
+        return asdict(self)
+
+
+def _field(row: dict[str, Any], name: str, where: str) -> str:
+    value = row.get(name)
+    if not isinstance(value, str):
+        raise ClozeMathError(f"{where}: missing field '{name}'" if value is None else f"{where}: '{name}' is not text")
+    return value
+
+
+def _gsm8k(row: dict[str, Any], index: int, split: str, where: str) -> Problem:
+    solution = _field(row, "answer", where)
+    try:
+        answer = gsm8k_gold(solution)
+    except ValueError:
+        raise ClozeMathError(f"{where}: the answer has no '#### N' line") from None
+    return Problem(f"gsm8k-{split}-{index}", "gsm8k", split, _field(row, "question", where), solution, answer)
+
+
+def _math(row: dict[str, Any], index: int, split: str, where: str) -> Problem:
+    solution = _field(row, "solution", where)
+    answer = last_boxed(solution)
+    if answer is None:
+        raise ClozeMathError(f"{where}: the solution has no \\boxed{{}} answer")
+    return Problem(f"math-{split}-{index}", "math", split, _field(row, "problem", where), solution, answer)
+
+
+def _gsm_p2(row: dict[str, Any], index: int, split: str, where: str) -> Problem:
+    solution = _field(row, "answer", where)
+    problem_id = f"gsm_p2-{row.get('id', index)}-{row.get('instance', 0)}"
+    try:
+        answer = gsm8k_gold(solution)
+    except ValueError:
+        raise ClozeMathError(f"{where}: the answer has no '#### N' line") from None
+    return Problem(problem_id, "gsm_p2", split, _field(row, "question", where), solution, answer)
+
+
+_PARSERS = {"gsm8k": _gsm8k, "math": _math, "gsm_p2": _gsm_p2}
+_HUB = {
+    "gsm8k": ("openai/gsm8k", ["main"]),
+    "math": (
+        "EleutherAI/hendrycks_math",
+        ["algebra", "counting_and_probability", "geometry", "intermediate_algebra", "number_theory",
+         "prealgebra", "precalculus"],
+    ),
+    "gsm_p2": ("apple/GSM-Symbolic", ["p2"]),
+}
+
+
+def read_jsonl(path: Path) -> Iterator[tuple[str, dict[str, Any]]]:
+    """Yield (`file:line`, row) for each non-empty line; a line that is not a JSON object is an error naming it."""
+    with path.open(encoding="utf-8") as handle:
+        for number, line in enumerate(handle, start=1):
+            if not line.strip():
+                continue
+            where = f"{path}:{number}"
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise ClozeMathError(f"{where}: not valid JSON ({exc.msg})") from None
+            if not isinstance(row, dict):
+                raise ClozeMathError(f"{where}: expected a JSON object")
+            yield where, row
+
+
+def local_file(dataset: str, split: str, path: str | Path | None = None) -> Path | None:
+    """The JSONL to read: `path` (a file, or a folder holding `<split>.jsonl`), else the data dir's, else None."""
+    if path is not None:
+        candidate = Path(path)
+        if candidate.is_dir():
+            candidate = candidate / f"{split}.jsonl"
+        if not candidate.is_file():
+            raise ClozeMathError(f"{candidate}: no such data file")
+        return candidate
+    root = os.environ.get(DATA_DIR_ENV)
+    if not root:
+        return None
+    if dataset == "gsm_p2":
+        candidate = Path(root) / "gsm_symbolic" / "GSM_p2.jsonl"
+    else:
+        candidate = Path(root) / dataset / f"{split}.jsonl"
+    if not candidate.is_file():
+        raise ClozeMathError(f"{candidate}: no such data file (from {DATA_DIR_ENV}={root})")
+    return candidate
+
+
+def _hub_rows(dataset: str, split: str) -> Iterator[tuple[str, dict[str, Any]]]:
+    from datasets import load_dataset
+
+    name, configs = _HUB[dataset]
+    for config in configs:
+        hub_split = "test" if dataset == "gsm_p2" else split
+        try:
+            rows = load_dataset(name, config, split=hub_split)
+        except Exception as exc:  # noqa: BLE001 - any hub failure becomes one line naming the dataset
+            raise ClozeMathError(
+                f"cannot load {name} ({config}, {hub_split}) from the HF hub: {type(exc).__name__}; "
+                f"set {DATA_DIR_ENV} or data.path to a local copy"
+            ) from None
+        for index, row in enumerate(rows):
+            yield f"{name}[{config}/{hub_split}]:{index}", row
+
+
+def load_problems(
+    dataset: str, split: str, path: str | Path | None = None, limit: int | None = None
+) -> list[Problem]:
+    """Problems of one split, in file order; `limit` keeps the first N."""
+    if dataset not in _PARSERS:
+        if dataset in ("gsm_symbolic", "gsm_p1"):
+            raise ClozeMathError(f"'{dataset}' is generated from templates, not read: see `clozemath data gsm-symbolic`")
+        raise ClozeMathError(f"unknown dataset '{dataset}' (known: {', '.join(_PARSERS)})")
+    file = local_file(dataset, split, path)
+    rows = read_jsonl(file) if file is not None else _hub_rows(dataset, split)
+    parse = _PARSERS[dataset]
+    problems = []
+    for index, (where, row) in enumerate(rows):
+        if limit is not None and index >= limit:
+            break
+        problems.append(parse(row, index, split, where))
+    return problems

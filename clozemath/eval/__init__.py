@@ -1,0 +1,1 @@
+"""Evaluation: decoding, answer grading, evaluating a model on a set."""

@@ -1,0 +1,1 @@
+"""Models: loading, LoRA, special tokens, PrefixLM attention masks."""

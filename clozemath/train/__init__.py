@@ -1,0 +1,1 @@
+"""Training: one worker's loop on a DeepSpeed engine."""

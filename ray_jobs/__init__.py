@@ -1,0 +1,1 @@
+"""Ray orchestration: Data preprocessing, Train launch, Tune grid, batch evaluation. Thin; calls clozemath."""
