@@ -44,7 +44,10 @@ class ModelConfig(_Strict):
     """Where the tokenizer lives when not beside the weights (same forms as `path`)."""
     random_init: dict[str, Any] | None = None
     """`LlamaConfig` keyword arguments: a randomly initialised model, for tests and benchmarks."""
+    eos_token: str | None = None
+    """Override the tokenizer's end-of-sequence token (SmolLM2's GGUF names `<|im_start|>`; its turns end `<|im_end|>`)."""
     dtype: Literal["auto", "float32", "bfloat16"] = "auto"
+    """auto: bfloat16 on GPU, float32 on CPU."""
     attn_implementation: Literal["sdpa", "flex_attention", "eager"] = "sdpa"
     lora: LoraConfig = LoraConfig()
 
@@ -180,6 +183,9 @@ class GridConfig(_Strict):
 _REFERENCE_FOLDERS = {"model": "models", "method": "methods", "data": "data"}
 
 
+_REFERENCE_MODELS: dict[str, type[BaseModel]] = {"model": ModelConfig, "method": MethodConfig, "data": DataConfig}
+
+
 def configs_root(near: Path | None = None) -> Path:
     """The `configs/` folder a reference resolves in: the one holding `near`, else `./configs`."""
     if near is not None:
@@ -213,7 +219,9 @@ def _resolve_reference(kind: str, ref: str, root: Path, source: Path | str) -> d
     if not candidate.is_file():
         known = sorted(p.stem for p in folder.glob("*.yaml")) if folder.is_dir() else []
         raise ClozeMathError(f"{source}: unknown {kind} '{ref}' (known: {', '.join(known) or 'none'})")
-    return read_yaml(candidate)
+    raw = read_yaml(candidate)
+    _validate(_REFERENCE_MODELS[kind], raw, candidate)  # a mistake inside it is reported against that file
+    return raw
 
 
 def _resolve_references(raw: dict[str, Any], root: Path, source: Path | str) -> dict[str, Any]:
