@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import json
 import re
+import statistics
 from functools import cache
 
 import pytest
 
+from clozemath.cli import main
 from clozemath.data.segment import Segment, clean_solution, equation_units, segment_solution
-from clozemath.data.sources import Problem, load_problems
+from clozemath.data.sources import Problem, load_problems, local_file
 from clozemath.errors import ClozeMathError
 
 SPLITS = ("train", "test")
@@ -203,3 +206,47 @@ def test_math_escaped_dollars_nested_text_and_unbalanced_spans() -> None:
     assert [s.text for s in equations(segment_solution("math", nested))] == ["f(x) = 1 \\text{ if $x > 0$}"]
     for broken in ("so $x = 1", "\\[x = 1", "\\begin{align*} a &= b \\\\ c &= d", "[asy] label(\"$x=1$\");"):
         assert segment_solution("math", broken) == [Segment("text", broken)]
+
+
+# --- clozemath data stats ------------------------------------------------------------------------------------------
+
+
+def run_stats(capsys: pytest.CaptureFixture[str], *args: str) -> str:
+    assert main(["data", "stats", *args]) == 0
+    return capsys.readouterr().out
+
+
+def test_stats_gsm8k_train_json(capsys: pytest.CaptureFixture[str]) -> None:
+    stats = json.loads(run_stats(capsys, "--dataset", "gsm8k", "--split", "train", "--json"))
+    per_solution = [p.solution.count("<<") for p in problems("gsm8k", "train")]
+    assert stats["problems"] == 7473
+    assert stats["equations"] == {
+        "total": 23_716,
+        "mean": round(23_716 / 7473, 3),
+        "median": statistics.median(per_solution),
+        "max": max(per_solution),
+    }
+    assert stats["solutions_without_equations"] == 95
+    assert stats["groups"] == {"count": 0, "equations": 0}
+    assert stats["units"]["total"] == 23_716
+
+
+def test_stats_math_test_from_a_path(capsys: pytest.CaptureFixture[str]) -> None:
+    path = local_file("math", "test")
+    assert path is not None
+    stats = json.loads(run_stats(capsys, "--dataset", "math", "--split", "test", "--path", str(path), "--json"))
+    found = [equations(segments) for segments in segmented("math", "test")]
+    grouped = [s for found_here in found for s in found_here if s.group is not None]
+    groups = sum(len({s.group for s in found_here if s.group is not None}) for found_here in found)
+    assert stats["problems"] == 5000
+    assert stats["equations"]["total"] == sum(map(len, found))
+    assert stats["solutions_without_equations"] == sum(not f for f in found)
+    assert stats["groups"] == {"count": groups, "equations": len(grouped)} and groups > 0
+    assert stats["units"]["total"] == sum(map(len, found)) - len(grouped) + groups
+
+
+def test_stats_table(capsys: pytest.CaptureFixture[str]) -> None:
+    table = run_stats(capsys, "--dataset", "gsm8k", "--split", "test")
+    assert re.search(r"^problems +1319$", table, re.M)
+    assert re.search(r"^equations total +\d+$", table, re.M)
+    assert re.search(r"^solutions without equations +\d+$", table, re.M)
