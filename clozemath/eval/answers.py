@@ -144,8 +144,7 @@ def math_answers_equal(gold: str, pred: str, *, timeout_s: float = MATH_VERIFY_T
 
 
 # The normalization of the MATH paper's `is_equiv` (Hendrycks et al. 2021), written afresh.
-_DOUBLED_BACKSLASH_RE = re.compile(r"\\\\(?=[A-Za-z])")  # `\\frac` -> `\frac`; a matrix row break `\\ ` stays
-_SPACING_RE = re.compile(r"\\[!,;: ]|\\q?quad\b")
+_SPACING_RE = re.compile(r"(?<!\\)\\[!,;: ]|\\q?quad\b")  # not the `\\` of a matrix row break
 _LEFT_RIGHT_RE = re.compile(r"\\(?:left|right)(?![a-zA-Z])")
 _DEGREES_RE = re.compile(r"\^\s*\{?\s*\\circ\s*\}?")
 _TEXT_RE = re.compile(r"\\(?:text|textbf|textit|mbox|mathrm)\s*\{([^{}]*)\}")
@@ -162,8 +161,7 @@ def normalize_math_answer(answer: str) -> str:
     """A canonical string for a MATH answer: spacing, `\\left`/`\\right`, degrees, `\\$`, `%`, trailing
     `\\text{}` units and a leading `x =` dropped; `\\dfrac`/`\\tfrac` -> `\\frac` with braced arguments;
     `\\sqrt3` -> `\\sqrt{3}`; decimals and `a/b` -> `\\frac{a}{b}`; spaces removed."""
-    s = _DOUBLED_BACKSLASH_RE.sub(r"\\", answer.replace("\n", ""))
-    s = _SPACING_RE.sub(" ", s)
+    s = _SPACING_RE.sub(" ", answer.replace("\n", ""))
     s = re.sub(r"\\[dtc]frac", r"\\frac", s)
     s = _LEFT_RIGHT_RE.sub("", s)
     s = _DEGREES_RE.sub("", s)

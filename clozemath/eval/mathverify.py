@@ -34,8 +34,7 @@ class _Worker:
         self._process = subprocess.Popen(
             [sys.executable, "-P", os.path.abspath(__file__)],  # -P: don't put this package's folder on sys.path
             stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            bufsize=0,
+            stdout=subprocess.PIPE,  # read straight from its fd, never through the file object, so select() is exact
         )
         self._buffer = b""
         self._ready = False
@@ -48,6 +47,7 @@ class _Worker:
             self._ready = True
         try:
             self._process.stdin.write(json.dumps([gold, pred]).encode() + b"\n")
+            self._process.stdin.flush()
         except BrokenPipeError:
             return None
         line = self._read_line(time.monotonic() + timeout_s)
@@ -128,9 +128,11 @@ def _serve() -> None:
     """Worker loop: read `[gold, pred]` JSON lines from stdin, answer each with `true`/`false` on stdout."""
     import logging
     import resource
+    import signal
 
-    protocol = os.fdopen(os.dup(sys.stdout.fileno()), "w", buffering=1)
-    sys.stdout = sys.stderr  # nothing a library prints may corrupt the protocol
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the caller's to handle; end of stdin ends this loop
+    protocol = os.fdopen(os.dup(1), "w", buffering=1)
+    os.dup2(2, 1)  # whatever a library prints, from Python or C, goes to stderr, never into the protocol
     resource.setrlimit(resource.RLIMIT_AS, (WORKER_MEMORY_LIMIT_BYTES, WORKER_MEMORY_LIMIT_BYTES))
     logging.disable(logging.CRITICAL)  # math-verify warns that its own timeout is off: this process is the timeout
 
