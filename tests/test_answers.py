@@ -48,6 +48,8 @@ def _sample(golds: list[str], n: int = SAMPLE, seed: int = 0) -> list[str]:
         ("They raised 1,000 dollars", "1000", "1000", "flexible"),
         ("The change is -$12.", "-12", "-12", "flexible"),
         ("The list 1,2,3", "3", "3", "flexible"),
+        ("The score was 10-7", "7", "7", "flexible"),  # a hyphen, not a sign
+        ("So x =-4", "-4", "-4", "flexible"),
         ("It is 0.33334 of it", "0.3333", "0.33334", "flexible"),  # within 1e-4
     ],
 )
@@ -98,8 +100,9 @@ def test_every_numeric_test_gold_is_correct_against_itself(dataset: str) -> None
 
 
 def test_numeric_errors_name_the_culprit() -> None:
-    with pytest.raises(ClozeMathError, match="'forty'"):
-        grade("gsm8k", "#### 40", "forty")
+    for generation in ["#### 40", "no number"]:
+        with pytest.raises(ClozeMathError, match="'forty'"):
+            grade("gsm8k", generation, "forty")
     with pytest.raises(ClozeMathError, match="unknown dataset 'svamp'"):
         grade("svamp", "#### 40", "40")
 
@@ -258,6 +261,8 @@ TIMEOUT_S = 1.0
 
 
 def _timed_grade(pred: str) -> tuple[bool, float]:
+    """Grade `pred` against `3` on a started worker (its start, a second or more, is not the check's time)."""
+    assert grade("math", "\\boxed{1}", "1").correct
     start = time.monotonic()
     graded = grade("math", f"\\boxed{{{pred}}}", "3", timeout_s=TIMEOUT_S)
     return graded.correct, time.monotonic() - start

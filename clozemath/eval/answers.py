@@ -34,14 +34,15 @@ class Graded:
 def grade(dataset: str, generation: str, gold: str, *, timeout_s: float = MATH_VERIFY_TIMEOUT_S) -> Graded:
     """Extract the answer of `generation` and compare it with `gold` (the dataset's gold answer string)."""
     found = _find_answer(dataset, generation)
+    gold_number = None if dataset == "math" else _gold_number(gold)
     if found is None:
         return Graded(None, False, "none")
     (start, end), rule = found
-    if dataset == "math":
+    if gold_number is None:
         extracted = generation[start:end]
         return Graded(extracted, math_answers_equal(gold, extracted, timeout_s=timeout_s), rule)
     extracted = _clean_number(generation[start:end])
-    return Graded(extracted, abs(float(extracted) - _gold_number(gold)) <= NUMERIC_TOLERANCE, rule)
+    return Graded(extracted, abs(float(extracted) - gold_number) <= NUMERIC_TOLERANCE, rule)
 
 
 def answer_span(dataset: str, text: str) -> tuple[int, int] | None:
@@ -60,9 +61,9 @@ def _find_answer(dataset: str, text: str) -> tuple[tuple[int, int], str] | None:
 
 # --- GSM8K-like: numbers -----------------------------------------------------------------------------------------
 
-# A sign (also `-$5`), then digits with optional thousands commas and decimals; a leading `$` and a trailing `.`,
-# `%` or unit stay outside. `1,2,3` is three numbers; `1,000` is one.
-_NUMBER = r"(?:-\$?)?(?:\d{1,3}(?:,\d{3})+(?!\d)|\d+)(?:\.\d+)?"
+# A sign (also `-$5`; not the hyphen of `10-7`), then digits with optional thousands commas and decimals; a leading
+# `$` and a trailing `.`, `%` or unit stay outside. `1,2,3` is three numbers; `1,000` is one.
+_NUMBER = r"(?:(?<![\w.])-\$?)?(?:\d{1,3}(?:,\d{3})+(?!\d)|\d+)(?:\.\d+)?"
 _NUMBER_RE = re.compile(_NUMBER)
 _STRICT_RE = re.compile(rf"####\s*\$?\s*({_NUMBER})")
 
