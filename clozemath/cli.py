@@ -29,10 +29,24 @@ def _data_stats(args: argparse.Namespace) -> None:
     print_stats(args.dataset, args.split, args.path, as_json=args.json)
 
 
+def _add_score(commands: argparse._SubParsersAction) -> None:
+    score = commands.add_parser("score", help="regrade a predictions JSONL file and print its accuracy")
+    score.add_argument("predictions", help="a predictions JSONL file (as `clozemath eval` writes)")
+    score.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    score.set_defaults(handler=_score)
+
+
+def _score(args: argparse.Namespace) -> None:
+    from clozemath.eval.evaluate import print_score
+
+    print_score(args.predictions, as_json=args.json)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="clozemath", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
     _add_data(commands)
+    _add_score(commands)
     return parser
 
 
