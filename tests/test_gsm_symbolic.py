@@ -96,6 +96,15 @@ def test_a_template_fix_makes_the_solution_and_answer_agree() -> None:
         assert instance.gold == str(paid + values["extra"])
 
 
+def test_every_template_fix_applies_to_a_released_template() -> None:
+    for key, fix in gsm_symbolic.TEMPLATE_FIXES.items():
+        template = load_template(template_path(*key.split("/")))
+        if fix.answer:
+            assert template.answer.source == fix.answer and "(fixed by clozemath)" in template.answer.where, key
+        if fix.condition:
+            assert template.conditions[-1].source == fix.condition, key
+
+
 # --- refusals -----------------------------------------------------------------------------------------------------
 
 BASE = {

@@ -38,6 +38,8 @@ from fractions import Fraction
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
+from tqdm import tqdm
+
 from clozemath.data.sources import DATA_DIR_ENV, Problem
 from clozemath.errors import ClozeMathError
 from clozemath.eval.answers import gsm8k_gold
@@ -718,6 +720,7 @@ class Expression:
     constant: bool = field(repr=False, compare=False)
 
     def value(self, scope: _Scope) -> Any:
+        """Its value within a draw; a division by zero rejects the draw."""
         try:
             return self.run(scope)
         except ZeroDivisionError:
@@ -1118,7 +1121,8 @@ def _plan(template: Template, tabulate: bool) -> _Plan:
     }
     conditions = [c for c in template.conditions if not c.constant]
     enumerable = [c for c in conditions if tabulate and not c.random and c.reads and c.reads <= domains.keys()]
-    tables, covered = [], set()
+    tables: list[_Table] = []
+    covered: set[int] = set()
     for group in _linked(enumerable):
         enumerated = _enumerate(template, group, domains)
         if enumerated is not None:
@@ -1307,8 +1311,6 @@ def write_jsonl(
     progress: bool = True,
 ) -> Written:
     """Instances as JSONL rows (question, answer, id, template, instance), with a progress bar on stderr."""
-    from tqdm import tqdm
-
     _check_count(per_template)
     templates = load_templates(variant, templates_dir)
     dataset = DATASETS[variant]
