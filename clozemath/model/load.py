@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from huggingface_hub.errors import HFValidationError
 from peft import LoraConfig as PeftLoraConfig
 from peft import PeftModel, get_peft_model
 from transformers import (
@@ -57,7 +58,7 @@ def resolve_location(spec: str) -> str:
 def load_tokenizer(cfg: ModelConfig) -> PreTrainedTokenizerBase:
     """The model's tokenizer: `cfg.tokenizer` if set, else the one beside the weights (inside the GGUF file if any)."""
     if cfg.tokenizer is not None:
-        location, gguf_file = resolve_location(cfg.tokenizer), None
+        location, gguf_file = _checked_location(cfg.tokenizer, None, "tokenizer path")
     else:
         location, gguf_file = _checked_location(cfg.path, cfg.gguf_file)
     return _from_pretrained(AutoTokenizer, location, gguf_file=gguf_file)
@@ -72,14 +73,14 @@ def _looks_local(location: str) -> bool:
     return Path(location).exists() or location.startswith(("/", ".", "~")) or location.count("/") > 1
 
 
-def _checked_location(spec: str | None, gguf_file: str | None) -> tuple[str, str | None]:
+def _checked_location(spec: str | None, gguf_file: str | None, what: str = "model path") -> tuple[str, str | None]:
     """Resolve `spec`; a local folder (and the GGUF file in it) must exist."""
     assert spec is not None, "ModelConfig guarantees a path or a tokenizer"
     location = resolve_location(spec)
     if _looks_local(location):
         folder = Path(location).expanduser()
         if not folder.is_dir():
-            raise ClozeMathError(f"model path '{spec}': no such folder")
+            raise ClozeMathError(f"{what} '{spec}': no such folder")
         if gguf_file is not None and not (folder / gguf_file).is_file():
             raise ClozeMathError(f"GGUF file '{gguf_file}' not found in {folder}")
         return str(folder), gguf_file
@@ -91,7 +92,7 @@ def _from_pretrained(factory: Any, location: str, **kwargs: Any) -> Any:
     kwargs = {key: value for key, value in kwargs.items() if value is not None}
     try:
         return factory.from_pretrained(location, **kwargs)
-    except OSError as exc:
+    except (OSError, HFValidationError) as exc:
         reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise ClozeMathError(f"model '{location}': cannot be loaded ({reason})") from None
 
