@@ -175,9 +175,10 @@ def test_smollm2_gguf_loads_with_added_special_tokens() -> None:
         ({"path": "package:no_such_package_here"}, "no_such_package_here"),
         ({"path": "nobody/no-such-model"}, "nobody/no-such-model"),
         ({"path": "not a model id"}, "not a model id"),
+        ({"path": str(CONFIGS)}, "no config.json"),
         ({"tokenizer": "/nonexistent/tokenizer", "random_init": {"hidden_size": 64}}, "/nonexistent/tokenizer"),
     ],
-    ids=["model-path", "gguf-file", "package", "hub-id-offline", "malformed-hub-id", "tokenizer-path"],
+    ids=["model-path", "gguf-file", "package", "hub-id-offline", "malformed-hub-id", "not-a-model-folder", "tokenizer-path"],
 )
 def test_missing_models_give_one_line_errors(
     overrides: dict[str, str], culprit: str, monkeypatch: pytest.MonkeyPatch

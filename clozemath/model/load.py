@@ -68,6 +68,10 @@ def load_tokenizer(cfg: ModelConfig) -> PreTrainedTokenizerBase:
 # Locations and errors
 
 
+_FOLDER_MARKERS = {"model path": ("config.json",), "tokenizer path": ("tokenizer.json", "tokenizer_config.json")}
+"""A local folder without any of these files is not what it is meant to be (a GGUF file stands in for them)."""
+
+
 def _looks_local(location: str) -> bool:
     """A folder rather than a hub id (`org/name` or `name`)."""
     return Path(location).exists() or location.startswith(("/", ".", "~")) or location.count("/") > 1
@@ -83,6 +87,9 @@ def _checked_location(spec: str | None, gguf_file: str | None, what: str = "mode
             raise ClozeMathError(f"{what} '{spec}': no such folder")
         if gguf_file is not None and not (folder / gguf_file).is_file():
             raise ClozeMathError(f"GGUF file '{gguf_file}' not found in {folder}")
+        markers = _FOLDER_MARKERS[what]
+        if gguf_file is None and not any((folder / marker).is_file() for marker in markers):
+            raise ClozeMathError(f"{what} '{spec}': no {' or '.join(markers)} in {folder}")
         return str(folder), gguf_file
     return location, gguf_file
 
