@@ -30,7 +30,7 @@ from typing import Literal
 import torch
 
 from clozemath.config import DataConfig, MethodConfig, RandomSpanConfig
-from clozemath.data.segment import Segment
+from clozemath.data.segment import Segment, equation_units, segment_solution
 from clozemath.data.sources import Problem
 from clozemath.data.tokenize import EOS, SEP, sentinel
 from clozemath.errors import ClozeMathError
@@ -199,8 +199,6 @@ def samples_from_segments(
 
 def build_samples(problem: Problem, method: MethodConfig, prompt_template: str, seed: int) -> list[Sample]:
     """A problem's samples before balancing: Ray Data's flat_map calls this once per problem."""
-    from clozemath.data.segment import equation_units, segment_solution  # TODO(objectives): top-level once merged
-
     segments = segment_solution(problem.dataset, problem.solution)
     prompt = format_prompt(prompt_template, problem.question)
     return samples_from_segments(problem.id, prompt, segments, equation_units(segments), method, seed)

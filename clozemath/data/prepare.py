@@ -85,7 +85,11 @@ def _shown(prepared: PreparedData, show: int) -> list[dict[str, Any]]:
 def _print_summary(summary: dict[str, Any], out: TextIO) -> None:
     kinds = ", ".join(f"{kind} {n}" for kind, n in summary["samples"].items())
     dropped = ", ".join(f"{kind} {n}" for kind, n in summary["dropped_for_length"].items()) or "none"
-    mapping = ", ".join(f"{name}={token}" for name, token in summary["special_tokens"].items() if name != token)
+    tokens = summary["special_tokens"]
+    shown = list(tokens.items())
+    if len(shown) > 4:  # the sentinels run in order: the first and the last say it all
+        shown = [*shown[:3], ("...", "..."), shown[-1]]
+    mapping = ", ".join(name if name == "..." else f"{name}={token}" for name, token in shown)
     print(f"problems: {summary['problems']}", file=out)
     print(f"samples: {kinds} (total {summary['total']}, LM copies included)", file=out)
     print(f"dropped for length (> {summary['max_length']} tokens): {dropped}", file=out)
