@@ -22,9 +22,11 @@ from clozemath.data.tokenize import (
     encode_sample,
     encode_samples,
     install_special_tokens,
+    leading_special_ids,
     num_sentinels_needed,
     sentinel,
     special_names,
+    split_on_names,
 )
 from clozemath.errors import ClozeMathError
 from clozemath.model.load import load_tokenizer, resolve_location
@@ -61,11 +63,9 @@ def test_llama3_special_tokens_are_its_reserved_tokens() -> None:
 
 
 def test_a_tokenizer_without_reserved_tokens_grows_by_the_special_tokens() -> None:
-    tokenizer = load_tokenizer(SMOLLM2)
-    before = len(tokenizer)
-    specials = install_special_tokens(tokenizer, 4, eos_token="<|im_end|>")
-    assert specials.added and len(tokenizer) == before + len(special_names(4))
-    assert set(specials.trainable_ids) == set(range(before, before + 6))
+    tokenizer, specials, before = smollm2_and_its_size()
+    assert specials.added and len(tokenizer) == before + len(special_names(16))
+    assert set(specials.trainable_ids) == set(range(before, before + len(special_names(16))))
     assert tokenizer.eos_token == "<|im_end|>" and specials.ids[EOS] == tokenizer.convert_tokens_to_ids("<|im_end|>")
     sample = build_samples(load_problems("gsm8k", "train", limit=1)[0], CLOZEMATH, DATA.prompt_template, 0)[1]
     encoded = encode_sample(sample, tokenizer, specials, 1024)
@@ -177,3 +177,36 @@ def test_prepare_shows_decoded_samples_and_a_summary(capsys) -> None:
 def test_prepare_refuses_a_method_without_training_samples(capsys) -> None:
     assert main(["prepare", "configs/experiments/smoke.yaml", "method=base", "--limit", "1"]) == 2
     assert "'base' does not train" in capsys.readouterr().err
+
+
+# --- tokenizing line by line is exact --------------------------------------------------------------------------------
+
+
+@cache
+def smollm2_and_its_size() -> tuple[PreTrainedTokenizerBase, SpecialTokens, int]:
+    """SmolLM2's GGUF tokenizer (loaded once: it takes seconds), its special tokens, its size before them."""
+    tokenizer = load_tokenizer(SMOLLM2)
+    size = len(tokenizer)
+    return tokenizer, install_special_tokens(tokenizer, 16, eos_token="<|im_end|>"), size
+
+
+def smollm2() -> tuple[PreTrainedTokenizerBase, SpecialTokens]:
+    return smollm2_and_its_size()[:2]
+
+
+def whole_piece_ids(sample: Sample, tokenizer: PreTrainedTokenizerBase, specials: SpecialTokens) -> list[int]:
+    """The reference: each text piece between special tokens tokenized whole."""
+    ids = list(leading_special_ids(tokenizer))
+    for piece in split_on_names(sample.prefix + sample.target):
+        ids += [specials.ids[piece]] if piece in specials.ids else tokenizer(piece, add_special_tokens=False)["input_ids"]
+    return ids
+
+
+@pytest.mark.parametrize("which", [llama, smollm2], ids=["llama-3.2", "smollm2"])
+def test_encoding_line_by_line_gives_the_ids_of_whole_pieces(which) -> None:
+    tokenizer, specials = which()
+    math = [s for p in load_problems("math", "train", limit=1500) for s in build_samples(p, CLOZEMATH, DATA.prompt_template, 0)]
+    samples = [*gsm8k_samples(300), *math]
+    assert sum("\n" in s.prefix + s.target for s in samples) > len(samples) // 2
+    encoded = encode_samples(samples, tokenizer, specials, 100_000)
+    assert [e["input_ids"] for e in encoded] == [whole_piece_ids(s, tokenizer, specials) for s in samples]

@@ -91,6 +91,7 @@ def install_special_tokens(
 IGNORE_INDEX = -100
 _NAME = re.compile(r"(<SEP>|<mask>|<EOS>|<M_\d+>)")
 """Our special-token names: a sample's text is split on them, the text between is tokenized on its own."""
+_LINE_CUT = re.compile(r"(?<=\S\n)(?=\S)")
 
 
 def split_on_names(text: str) -> list[str]:
@@ -116,6 +117,19 @@ def _encode_texts(texts: list[str], tokenizer: PreTrainedTokenizerBase) -> list[
     return tokenizer(texts, add_special_tokens=False)["input_ids"]
 
 
+def _encode_by_lines(pieces: Iterable[str], tokenizer: PreTrainedTokenizerBase) -> dict[str, list[int]]:
+    """Token ids of each distinct piece, each distinct line tokenized once.
+
+    A piece is cut after every newline that ends a line of text and starts another (`x.\nY`). Byte-level BPE
+    tokenizers (Llama 3, GPT-2/SmolLM2, DeepSeek) never merge across such a cut, so the ids are those of the whole
+    piece; the samples of a problem repeat most of its lines, which are then tokenized once.
+    """
+    lines_of = {piece: _LINE_CUT.split(piece) for piece in dict.fromkeys(pieces)}
+    lines = list(dict.fromkeys(line for lines in lines_of.values() for line in lines))
+    ids_of_line = dict(zip(lines, _encode_texts(lines, tokenizer)))
+    return {piece: [i for line in lines for i in ids_of_line[line]] for piece, lines in lines_of.items()}
+
+
 def _special_id(name: str, specials: SpecialTokens, problem_id: str) -> int:
     try:
         return specials.ids[name]
@@ -130,8 +144,7 @@ def encode_samples(
 ) -> list[dict[str, Any] | None]:
     """`encode_sample` over many samples, tokenizing each distinct text piece once in one batched call."""
     split = [(split_on_names(s.prefix), split_on_names(s.target)) for s in samples]
-    texts = list(dict.fromkeys(p for pair in split for part in pair for p in part if not _NAME.fullmatch(p)))
-    ids_of = dict(zip(texts, _encode_texts(texts, tokenizer)))
+    ids_of = _encode_by_lines((p for pair in split for part in pair for p in part if not _NAME.fullmatch(p)), tokenizer)
     leading = leading_special_ids(tokenizer)
 
     def ids(pieces: list[str], problem_id: str) -> list[int]:
