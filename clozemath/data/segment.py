@@ -2,11 +2,27 @@
 
 Segmentation is lossless: the segments' texts joined give back `clean_solution(...)` exactly. Whitespace always
 belongs to text segments, so an equation starts and ends on a visible character.
+
+GSM8K: one equation per `<<expr=result>>` calculator annotation, the arithmetic visible around it: the expression
+left of it with its `=` and the result right of it (`48/2 = <<48/2=24>>24` gives `48/2 = 24`), or the result alone
+where no expression is visible. Currency, percent signs, thousands commas and unit words (`7 stickers/page * 6
+pages= 42`) belong to the equation; the `#### N` line is never one.
+
+MATH: equations are the relation-bearing (`=`, `<`, `\\le`, `\\equiv`, ...) parts of LaTeX math spans (`$..$`,
+`$$..$$`, `\\(..\\)`, `\\[..\\]`, `align`, `equation`, `eqnarray`); a span without a relation (`$x$`) is text, and so
+are `[asy]` pictures and spans that never close. The delimiters stay in the text, so that masking `$x = 5$` leaves
+`$<M_0>$`: the context still says "a formula stands here", and the model fills in only the formula. A span of several
+rows (`\\\\`-separated lines of a display, an align environment, a `cases`/`array`/`aligned` system) is a group: each
+relation-bearing row is an equation of the group, while the separators and alignment context (`\\begin{aligned}`, a
+row's leading `&`, its closing punctuation) are text. A rows environment inside a relation (`f(x) = \\begin{cases}`)
+is part of one equation, and matrix rows (`pmatrix`) never split.
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator
+from itertools import accumulate
 from dataclasses import dataclass
 from typing import Literal
 
@@ -114,17 +130,8 @@ _CONTINUATION = re.compile(rf"(?:{_OPERATOR}{_OPERAND})+{_EQUALS}")
 
 def _strip_annotations(solution: str) -> tuple[str, list[int]]:
     """The clean solution and, for each annotation in order, the clean offset where it stood."""
-    pieces: list[str] = []
-    anchors: list[int] = []
-    position = length = 0
-    for match in _ANNOTATION.finditer(solution):
-        piece = solution[position : match.start()]
-        pieces.append(piece)
-        length += len(piece)
-        anchors.append(length)
-        position = match.end()
-    pieces.append(solution[position:])
-    return "".join(pieces), anchors
+    pieces = _ANNOTATION.split(solution)
+    return "".join(pieces), list(accumulate(len(piece) for piece in pieces[:-1]))
 
 
 def _gsm8k_equations(clean: str, anchors: list[int]) -> list[_Span]:
@@ -133,13 +140,13 @@ def _gsm8k_equations(clean: str, anchors: list[int]) -> list[_Span]:
     floor = 0  # the previous equation's end: equations never overlap
     for anchor in anchors:
         result = _RESULT.match(clean, anchor)
-        end = result.end() if result else anchor
+        if result is None:  # nothing visible to mask (never so in GSM8K)
+            continue
         start = anchor - 1 if anchor > floor and clean[anchor - 1] in _CURRENCY else anchor
         line_start = clean.rfind("\n", 0, start) + 1
         start = _expression_start(clean[max(floor, line_start) : start], start, continues=floor > line_start)
-        if end > start:
-            spans.append(_Span(start, end))
-            floor = end
+        spans.append(_Span(start, result.end()))
+        floor = result.end()
     return spans
 
 
@@ -153,8 +160,145 @@ def _expression_start(before: str, result_start: int, continues: bool) -> int:
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# MATH
+# MATH: `We have $x = 5$.` -> text `We have $`, equation `x = 5`, text `$.`
+
+# Top-level math environments: their body is math, their `\begin`/`\end` are delimiters.
+_MATH_ENVIRONMENTS = r"align|equation|eqnarray"
+# Where text turns into math, or must be skipped whole: an Asymptote picture, a math environment, `$$`, `$`, `\[`,
+# `\(`; or any other escaped pair (`\$`, `\\`), matched so that its second character opens nothing.
+_OPENER = re.compile(rf"\[asy\]|\\begin\{{(?:{_MATH_ENVIRONMENTS})\*?\}}|\$\$|\$|\\\[|\\\(|\\.", re.S)
+# The closing delimiter of each opener but environments (`\begin{align}` closes at `\end{align}`).
+_CLOSERS = {"$": "$", "$$": "$$", "\\[": "\\]", "\\(": "\\)"}
+# Inside math: an escaped pair (`\$`, `\}`, `\]`), a brace, or dollars; every closing delimiter is one of these.
+_MATH_TOKEN = re.compile(r"\\.|[{}]|\$\$?", re.S)
+# Nesting inside a math body: `\begin{..}`/`\end{..}` and braces; row separators `\\` (with an optional `[4pt]`
+# and the `\hline`s after it) count only outside any nesting; other escaped pairs (`\{`) are skipped.
+_NESTING_TOKEN = re.compile(r"\\begin\{[^{}]*\}|\\end\{[^{}]*\}|\\\\(?:\[[^\]]*\])?(?:\s*\\hline)*|\\.|[{}]", re.S)
+# Environments whose rows are lines of equations (a system or derivation), with their column argument (`{rcl}`).
+_ROWS_ENVIRONMENT = re.compile(
+    r"\\begin\{(aligned|alignedat|align\*?|eqnarray\*?|gathered|split|cases|array)\}(?:\{[^{}]*\})?"
+)
+# A relation: `=`, `<`, `>`, or a relation command that is not the start of a longer one (`\le`, not `\left`).
+_RELATION = re.compile(
+    r"[=<>]|\\(?:le|leq|leqslant|ge|geq|geqslant|ne|neq|equiv|approx|lt|gt|cong|sim|simeq|doteq|propto)(?![A-Za-z])"
+)
+# What a row may start with that is layout, not equation: spaces, alignment `&`, `\hline`.
+_ROW_HEAD = re.compile(r"(?:\s|&|\\hline)*")
+# What a row may end with that is punctuation or spacing, not equation: `.`, `,`, `\quad`, `\,`, `~`, `\nonumber`
+# (but never the second character of a command: the `.` of `\right.` is the equation's).
+_ROW_TAIL = re.compile(r"(?<!\\)(?<!\\right)(?<!\\left)(?:\s|[.,;:~&]|\\[,;:! ]|\\q?quad|\\nonumber)*\Z")
 
 
 def _math_equations(solution: str) -> list[_Span]:
-    return []
+    """Equations of every math span in the solution, groups numbered from 0 in order."""
+    spans: list[_Span] = []
+    groups = 0
+    for body_start, body_end in _math_bodies(solution):
+        rows = _equation_rows(solution, body_start, body_end)
+        group = groups if len(rows) > 1 else None
+        groups += group is not None
+        spans.extend(_Span(start, end, group) for start, end in rows)
+    return spans
+
+
+def _math_bodies(text: str) -> list[tuple[int, int]]:
+    """`[start, end)` of the body of every closed math span, skipping `[asy]` pictures and escaped characters."""
+    bodies: list[tuple[int, int]] = []
+    position = 0
+    while match := _OPENER.search(text, position):
+        opener = match.group()
+        position = match.end()
+        if opener == "[asy]":
+            end = text.find("[/asy]", position)
+            position = len(text) if end < 0 else end + len("[/asy]")
+        elif closer := _closer(opener):
+            end = _closing(text, position, closer)
+            if end is not None:
+                bodies.append((position, end))
+                position = end + len(closer)
+    return bodies
+
+
+def _closer(opener: str) -> str | None:
+    """What closes a math span opened by `opener`; None for an escaped character (`\\$`), which opens nothing."""
+    if opener.startswith("\\begin"):
+        return opener.replace("\\begin", "\\end", 1)
+    return _CLOSERS.get(opener)
+
+
+def _closing(text: str, start: int, closer: str) -> int | None:
+    """Where `closer` first stands at brace depth 0 from `start` (escaped `\\$` never closes); None if nowhere."""
+    if closer.startswith("\\end"):
+        end = text.find(closer, start)
+        return None if end < 0 else end
+    depth = 0
+    for token in _MATH_TOKEN.finditer(text, start):
+        value = token.group()
+        if value == "{":
+            depth += 1
+        elif value == "}":
+            depth -= 1
+        elif depth <= 0 and (value == closer or (closer == "$" and value == "$$")):
+            return token.start()
+    return None
+
+
+def _equation_rows(text: str, start: int, end: int) -> list[tuple[int, int]]:
+    """The relation-bearing rows of a math body, each trimmed of its layout and closing punctuation."""
+    region_start, region_end = _rows_region(text, start, end)
+    rows = []
+    row_start = region_start
+    for token, depth in _nesting(text, region_start, region_end):
+        if depth == 0 and token.group().startswith("\\\\"):
+            rows.append(_trim(text, row_start, token.start()))
+            row_start = token.end()
+    rows.append(_trim(text, row_start, region_end))
+    return [(row_start, row_end) for row_start, row_end in rows if _has_relation(text[row_start:row_end])]
+
+
+def _rows_region(text: str, start: int, end: int) -> tuple[int, int]:
+    """Where the rows of a body lie: inside its rows environment (`\\[\\begin{aligned}...\\end{aligned}\\]`) when
+    the rest of the body holds no relation, else the whole body (a piecewise `f(x) = \\begin{cases}` is one row)."""
+    environment = _outer_rows_environment(text, start, end)
+    if environment is None:
+        return start, end
+    begin, finish = environment
+    if _has_relation(text[start : begin.start()] + text[finish.end() : end]):
+        return start, end
+    return begin.end(), finish.start()
+
+
+def _outer_rows_environment(text: str, start: int, end: int) -> tuple[re.Match[str], re.Match[str]] | None:
+    """The `\\begin{..}{args}` and `\\end{..}` of the first rows environment at nesting depth 0, if any."""
+    begin: re.Match[str] | None = None
+    for token, depth in _nesting(text, start, end):
+        value = token.group()
+        if begin is None and depth == 0 and value.startswith("\\begin"):
+            begin = _ROWS_ENVIRONMENT.match(text, token.start(), end)
+        elif begin is not None and depth == 0 and value.startswith("\\end"):
+            return begin, token
+    return None
+
+
+def _nesting(text: str, start: int, end: int) -> Iterator[tuple[re.Match[str], int]]:
+    """Each nesting token between `start` and `end` with the depth (braces and environments) it stands at."""
+    depth = 0
+    for token in _NESTING_TOKEN.finditer(text, start, end):
+        value = token.group()
+        if value.startswith("\\end") or value == "}":
+            depth -= 1
+        yield token, depth
+        if value.startswith("\\begin") or value == "{":
+            depth += 1
+
+
+def _trim(text: str, start: int, end: int) -> tuple[int, int]:
+    """`[start, end)` without leading layout (`&`, spaces) or trailing punctuation and spacing."""
+    start = _ROW_HEAD.match(text, start, end).end()
+    tail = _ROW_TAIL.search(text, start, end)
+    return start, tail.start() if tail else end
+
+
+def _has_relation(math: str) -> bool:
+    """Whether `math` states a relation between things (`x = 5`), not just shows a symbol (`$<$`)."""
+    return _RELATION.search(math) is not None and re.search(r"[0-9A-Za-z]", _RELATION.sub("", math)) is not None
