@@ -7,7 +7,8 @@ from functools import cache
 
 import pytest
 import torch
-from transformers import PreTrainedTokenizerBase
+from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+from transformers import PreTrainedTokenizerBase, PreTrainedTokenizerFast
 
 from clozemath.cli import main
 from clozemath.config import DataConfig, MethodConfig, ModelConfig
@@ -42,8 +43,12 @@ def gsm8k_samples(limit: int) -> list[Sample]:
     return dataset_samples(load_problems("gsm8k", "train", limit=limit), CLOZEMATH, DATA)
 
 
+SENTINELS = 80
+"""More than any GSM8K or MATH sample uses."""
+
+
 @cache
-def llama(num_sentinels: int = 16) -> tuple[PreTrainedTokenizerBase, SpecialTokens]:
+def llama(num_sentinels: int = SENTINELS) -> tuple[PreTrainedTokenizerBase, SpecialTokens]:
     tokenizer = load_tokenizer(LLAMA)
     return tokenizer, install_special_tokens(tokenizer, num_sentinels)
 
@@ -64,8 +69,8 @@ def test_llama3_special_tokens_are_its_reserved_tokens() -> None:
 
 def test_a_tokenizer_without_reserved_tokens_grows_by_the_special_tokens() -> None:
     tokenizer, specials, before = smollm2_and_its_size()
-    assert specials.added and len(tokenizer) == before + len(special_names(16))
-    assert set(specials.trainable_ids) == set(range(before, before + len(special_names(16))))
+    assert specials.added and len(tokenizer) == before + len(special_names(SENTINELS))
+    assert set(specials.trainable_ids) == set(range(before, before + len(special_names(SENTINELS))))
     assert tokenizer.eos_token == "<|im_end|>" and specials.ids[EOS] == tokenizer.convert_tokens_to_ids("<|im_end|>")
     sample = build_samples(load_problems("gsm8k", "train", limit=1)[0], CLOZEMATH, DATA.prompt_template, 0)[1]
     encoded = encode_sample(sample, tokenizer, specials, 1024)
@@ -179,7 +184,7 @@ def test_prepare_refuses_a_method_without_training_samples(capsys) -> None:
     assert "'base' does not train" in capsys.readouterr().err
 
 
-# --- tokenizing line by line is exact --------------------------------------------------------------------------------
+# --- tokenizing in chunks is exact -----------------------------------------------------------------------------------
 
 
 @cache
@@ -187,11 +192,23 @@ def smollm2_and_its_size() -> tuple[PreTrainedTokenizerBase, SpecialTokens, int]
     """SmolLM2's GGUF tokenizer (loaded once: it takes seconds), its special tokens, its size before them."""
     tokenizer = load_tokenizer(SMOLLM2)
     size = len(tokenizer)
-    return tokenizer, install_special_tokens(tokenizer, 16, eos_token="<|im_end|>"), size
+    return tokenizer, install_special_tokens(tokenizer, SENTINELS, eos_token="<|im_end|>"), size
 
 
 def smollm2() -> tuple[PreTrainedTokenizerBase, SpecialTokens]:
     return smollm2_and_its_size()[:2]
+
+
+@cache
+def sentencepiece_like() -> tuple[PreTrainedTokenizerBase, SpecialTokens]:
+    """A small BPE that marks word starts (`▁`), as SentencePiece does: cutting text would change its ids."""
+    backend = Tokenizer(models.BPE(unk_token="<unk>"))
+    backend.pre_tokenizer = pre_tokenizers.Metaspace()
+    texts = [f"{p.question} {p.solution}" for p in load_problems("gsm8k", "train", limit=500)]
+    trainer = trainers.BpeTrainer(vocab_size=400, special_tokens=["<unk>", "<s>", "</s>"], show_progress=False)
+    backend.train_from_iterator(texts, trainer)
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend, unk_token="<unk>", bos_token="<s>", eos_token="</s>")
+    return tokenizer, install_special_tokens(tokenizer, SENTINELS)
 
 
 def whole_piece_ids(sample: Sample, tokenizer: PreTrainedTokenizerBase, specials: SpecialTokens) -> list[int]:
@@ -202,8 +219,8 @@ def whole_piece_ids(sample: Sample, tokenizer: PreTrainedTokenizerBase, specials
     return ids
 
 
-@pytest.mark.parametrize("which", [llama, smollm2], ids=["llama-3.2", "smollm2"])
-def test_encoding_line_by_line_gives_the_ids_of_whole_pieces(which) -> None:
+@pytest.mark.parametrize("which", [llama, smollm2, sentencepiece_like], ids=["llama-3.2", "smollm2", "metaspace"])
+def test_encoding_in_chunks_gives_the_ids_of_whole_pieces(which) -> None:
     tokenizer, specials = which()
     math = [s for p in load_problems("math", "train", limit=1500) for s in build_samples(p, CLOZEMATH, DATA.prompt_template, 0)]
     samples = [*gsm8k_samples(300), *math]

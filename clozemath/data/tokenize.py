@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Sequence
+from itertools import chain
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -91,12 +92,17 @@ def install_special_tokens(
 IGNORE_INDEX = -100
 _NAME = re.compile(r"(<SEP>|<mask>|<EOS>|<M_\d+>)")
 """Our special-token names: a sample's text is split on them, the text between is tokenized on its own."""
-_LINE_CUT = re.compile(r"(?<=\S\n)(?=\S)")
+_CUT = re.compile(r"\S\n(?=\S)|[.,;:?!](?= \S)")
+"""Where a text piece is cut into chunks that are tokenized apart: after a newline between two lines of text, and
+after a punctuation mark followed by a space and more text. A byte-level BPE tokenizer (Llama 3, GPT-2/SmolLM2) never
+merges across these cuts, so the ids are those of the whole piece; the samples of one problem share most chunks,
+which are then tokenized once."""
+_CUT_PROBE = "Let $x=2$.\nThen x, y; z: w! So 1.5 . (a) b? Yes:\n\\[ y = 3 \\]\nDone"
 
 
 def split_on_names(text: str) -> list[str]:
-    """`a<SEP> b` -> ['a', '<SEP>', ' b']: text pieces and names alternate (empty text pieces dropped)."""
-    return [piece for piece in _NAME.split(text) if piece]
+    """`a<SEP> b` -> ['a', '<SEP>', ' b']: text at even positions ('' between adjacent names), names at odd ones."""
+    return _NAME.split(text)
 
 
 def leading_special_ids(tokenizer: PreTrainedTokenizerBase) -> list[int]:
@@ -110,62 +116,61 @@ def leading_special_ids(tokenizer: PreTrainedTokenizerBase) -> list[int]:
 
 
 def _encode_texts(texts: list[str], tokenizer: PreTrainedTokenizerBase) -> list[list[int]]:
-    """Token ids of plain text pieces, in one batched call (the Rust backend directly when there is one)."""
+    """Token ids of plain texts, in one batched call (the Rust backend directly when there is one)."""
     backend = getattr(tokenizer, "backend_tokenizer", None)
     if backend is not None:
         return [encoding.ids for encoding in backend.encode_batch(texts, add_special_tokens=False)]
     return tokenizer(texts, add_special_tokens=False)["input_ids"]
 
 
-def _encode_by_lines(pieces: Iterable[str], tokenizer: PreTrainedTokenizerBase) -> dict[str, list[int]]:
-    """Token ids of each distinct piece, each distinct line tokenized once.
-
-    A piece is cut after every newline that ends a line of text and starts another (`x.\nY`). Byte-level BPE
-    tokenizers (Llama 3, GPT-2/SmolLM2, DeepSeek) never merge across such a cut, so the ids are those of the whole
-    piece; the samples of a problem repeat most of its lines, which are then tokenized once.
-    """
-    lines_of = {piece: _LINE_CUT.split(piece) for piece in dict.fromkeys(pieces)}
-    lines = list(dict.fromkeys(line for lines in lines_of.values() for line in lines))
-    ids_of_line = dict(zip(lines, _encode_texts(lines, tokenizer)))
-    return {piece: [i for line in lines for i in ids_of_line[line]] for piece, lines in lines_of.items()}
+def _chunks(piece: str) -> list[str]:
+    ends = [match.end() for match in _CUT.finditer(piece)]
+    return [piece[start:end] for start, end in zip([0, *ends], [*ends, len(piece)])]
 
 
-def _special_id(name: str, specials: SpecialTokens, problem_id: str) -> int:
-    try:
-        return specials.ids[name]
-    except KeyError:
+def _cuts_are_exact(tokenizer: PreTrainedTokenizerBase) -> bool:
+    """Whether cutting at `_CUT` keeps this tokenizer's ids (not so for one that marks a word start, SentencePiece)."""
+    whole, *parts = _encode_texts([_CUT_PROBE, *_chunks(_CUT_PROBE)], tokenizer)
+    return whole == list(chain.from_iterable(parts))
+
+
+def _encode_pieces(pieces: Iterable[str], tokenizer: PreTrainedTokenizerBase) -> dict[str, list[int]]:
+    """Token ids of each distinct text piece; each distinct chunk of them tokenized once, in one batched call."""
+    cut = _chunks if _cuts_are_exact(tokenizer) else (lambda piece: [piece])
+    chunks_of = {piece: cut(piece) for piece in pieces}
+    chunks = list(dict.fromkeys(chain.from_iterable(chunks_of.values())))
+    ids_of_chunk = dict(zip(chunks, _encode_texts(chunks, tokenizer)))
+    return {piece: list(chain.from_iterable(map(ids_of_chunk.__getitem__, c))) for piece, c in chunks_of.items()}
+
+
+def _require_installed(names: set[str], specials: SpecialTokens, samples: Sequence[Sample]) -> None:
+    missing = sorted(names - specials.ids.keys(), key=lambda name: (len(name), name))
+    if missing:
+        culprit = next(s for s in samples if missing[0] in s.prefix + s.target)
         raise ClozeMathError(
-            f"sample of {problem_id} uses {name}, which is not installed (install more sentinels)"
-        ) from None
+            f"sample of {culprit.problem_id} uses {missing[0]}, which is not installed (install more sentinels)"
+        )
 
 
 def encode_samples(
     samples: Sequence[Sample], tokenizer: PreTrainedTokenizerBase, specials: SpecialTokens, max_length: int
 ) -> list[dict[str, Any] | None]:
-    """`encode_sample` over many samples, tokenizing each distinct text piece once in one batched call."""
+    """`encode_sample` over many samples at once: each distinct chunk of text is tokenized once, in one call."""
     split = [(split_on_names(s.prefix), split_on_names(s.target)) for s in samples]
-    ids_of = _encode_by_lines((p for pair in split for part in pair for p in part if not _NAME.fullmatch(p)), tokenizer)
+    names = {name for pair in split for part in pair for name in part[1::2]}
+    _require_installed(names, specials, samples)
+    ids_of = _encode_pieces({text for pair in split for part in pair for text in part[::2]}, tokenizer)
+    ids_of.update((name, [specials.ids[name]]) for name in names)
     leading = leading_special_ids(tokenizer)
-
-    def ids(pieces: list[str], problem_id: str) -> list[int]:
-        out: list[int] = []
-        for piece in pieces:
-            if _NAME.fullmatch(piece):
-                out.append(_special_id(piece, specials, problem_id))
-            else:
-                out.extend(ids_of[piece])
-        return out
-
     encoded: list[dict[str, Any] | None] = []
-    for sample, (prefix_pieces, target_pieces) in zip(samples, split):
-        prefix = leading + ids(prefix_pieces, sample.problem_id)
-        target = ids(target_pieces, sample.problem_id)
+    for prefix_parts, target_parts in split:
+        prefix = leading + list(chain.from_iterable(map(ids_of.__getitem__, prefix_parts)))
+        target = list(chain.from_iterable(map(ids_of.__getitem__, target_parts)))
         if len(prefix) + len(target) > max_length:
             encoded.append(None)
-            continue
-        encoded.append(
-            {"input_ids": prefix + target, "labels": [IGNORE_INDEX] * len(prefix) + target, "prefix_len": len(prefix)}
-        )
+        else:
+            labels = [IGNORE_INDEX] * len(prefix) + target
+            encoded.append({"input_ids": prefix + target, "labels": labels, "prefix_len": len(prefix)})
     return encoded
 
 
