@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import random
 import re
 from collections import Counter
@@ -133,6 +134,30 @@ def test_a_masked_group_hides_the_same_random_half_of_its_members_until_revealed
     assert len(halves) > 1, "the half is drawn at random"
 
 
+def test_math_cloze_samples_hide_lone_equations_whole_and_a_fixed_half_of_each_group() -> None:
+    problems = load_problems("math", "train", limit=2500)
+    groups_seen = 0
+    for problem in problems:
+        segments = segment_solution("math", problem.solution)
+        units = equation_units(segments)
+        cloze = [s for s in build_samples(problem, CLOZEMATH, DATA.prompt_template, 0) if s.kind == "cloze"]
+        assert len(cloze) == len(units)
+        hidden_per_unit = [len(u) if len(u) == 1 else max(1, len(u) // 2) for u in units]
+        pieces = [[text for _, text in target_pieces(sample)] for sample in cloze]
+        for t, sample in enumerate(cloze):
+            assert len(pieces[t]) == sum(hidden_per_unit[t:])
+            assert pieces[t] == pieces[0][sum(hidden_per_unit[:t]) :]  # the same members stay hidden until revealed
+            assert restored(sample) == lm_text(problem)
+        start = 0
+        for unit, count in zip(units, hidden_per_unit):
+            members = [segments[i].text for i in unit]
+            hidden = pieces[0][start : start + count] if cloze else []
+            assert hidden == [m for m in members if m in hidden][:count] and set(hidden) <= set(members)
+            start += count
+            groups_seen += len(unit) > 1
+    assert groups_seen > 100
+
+
 # --- random spans ----------------------------------------------------------------------------------------------------
 
 
@@ -256,3 +281,18 @@ def test_a_bad_method_or_key_is_a_one_line_error(override: str, message: str, ca
     assert main(["prepare", "configs/experiments/smoke.yaml", override]) == 2
     err = capsys.readouterr().err
     assert err.startswith("clozemath: error:") and message in err and err.count("\n") == 1
+
+
+# --- clozemath data stats --------------------------------------------------------------------------------------------
+
+
+def test_data_stats_counts_the_samples_each_objective_makes(capsys) -> None:
+    assert main(["data", "stats", "--dataset", "gsm8k", "--split", "train", "--json"]) == 0
+    samples = json.loads(capsys.readouterr().out)["samples"]
+    trained = count_kinds(dataset_samples(gsm8k(), CLOZEMATH, DATA))
+    assert samples["lm_balanced"] == trained["lm"] and samples["cloze"] == trained["cloze"]
+    assert samples["balanced_total"] == trained.total() and samples["lm"] == len(gsm8k())
+    for key, spans in (("random_span_short", SHORT), ("random_span_long", LONG)):
+        method = random_span_method(spans)
+        built = sum(s.kind == "random_span" for p in gsm8k() for s in build_samples(p, method, DATA.prompt_template, 0))
+        assert samples[key] == built

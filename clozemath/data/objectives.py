@@ -234,6 +234,41 @@ def balance(samples: Iterable[Sample], repeats: float, seed: int) -> list[Sample
     return out
 
 
+PAPER_SPANS = {
+    "random_span_short": RandomSpanConfig(coverage=0.15, mean_span_words=3),
+    "random_span_long": RandomSpanConfig(coverage=0.5, mean_span_words=12),
+}
+"""The paper's random-span ablations, as in configs/methods/random_span_{short,long}.yaml."""
+
+
+def objective_counts(problems: Iterable[Problem], lm_share: float, seed: int) -> dict[str, int]:
+    """How many samples each objective makes on these problems (counted by building them), and the balanced total.
+
+    `lm`: one per problem before balancing; `lm_balanced`: its copies once balanced against the cloze samples at
+    `lm_share`; `balanced_total`: ClozeMath's training set (lm_balanced + cloze).
+    """
+    clozemath = MethodConfig(name="clozemath", objectives=["lm", "cloze"], lm_share=lm_share)
+    span_methods = {
+        key: MethodConfig(name=key, objectives=["random_span"], random_span=spans) for key, spans in PAPER_SPANS.items()
+    }
+    counts: Counter[str] = Counter()
+    problem_ids = []
+    for problem in problems:
+        segments = segment_solution(problem.dataset, problem.solution)
+        units = equation_units(segments)
+        counts += count_kinds(samples_from_segments(problem.id, "", segments, units, clozemath, seed))
+        for key, method in span_methods.items():
+            counts[key] += len(samples_from_segments(problem.id, "", segments, units, method, seed))
+        problem_ids.append(problem.id)
+    repeats = lm_repeats(Counter(lm=counts["lm"], cloze=counts["cloze"]), lm_share)
+    lm_balanced = sum(lm_copies(problem_id, repeats, seed) for problem_id in problem_ids)
+    return {
+        **{key: counts[key] for key in ("lm", "cloze", *span_methods)},
+        "lm_balanced": lm_balanced,
+        "balanced_total": lm_balanced + counts["cloze"],
+    }
+
+
 def dataset_samples(problems: Iterable[Problem], method: MethodConfig, data: DataConfig) -> list[Sample]:
     """Every training sample of a dataset, balanced, in problem order (LM copies first, then infilling)."""
     unbalanced = [s for problem in problems for s in build_samples(problem, method, data.prompt_template, data.seed)]
