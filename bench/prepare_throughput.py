@@ -62,11 +62,13 @@ def run(method: MethodConfig, single: int) -> None:
             for sample in subset:
                 encode_sample(sample, tokenizer, specials, data.max_length)
             per_sample = (time.perf_counter() - start) / len(subset)
+            batched = times[f"{dataset}: tokenize (batched)"]
             print(f"  single-sample encoder: {per_sample * 1e6:.0f} us/sample, "
-                  f"~{per_sample * len(samples):.1f} s for all (batched: {times[f'{dataset}: tokenize (batched)']:.1f} s)")
+                  f"~{per_sample * len(samples):.1f} s for all (batched: {batched:.1f} s)")
     total = sum(times.values())
-    print(f"total {total:.1f} s wall ({time.process_time() - cpu_start:.1f} s CPU, tokenizer load included) for {total_samples:,} samples, {total_tokens:,} tokens "
-          f"({total_samples / total:,.0f} samples/s)")
+    cpu = time.process_time() - cpu_start
+    print(f"total {total:.1f} s wall ({cpu:.1f} s CPU, tokenizer load included) for {total_samples:,} samples, "
+          f"{total_tokens:,} tokens ({total_samples / total:,.0f} samples/s)")
 
 
 def main() -> None:

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import json
+import os
 import random
 import re
 from collections import Counter
 from functools import cache
+from pathlib import Path
 
 import pytest
 import torch
@@ -286,13 +288,16 @@ def test_a_bad_method_or_key_is_a_one_line_error(override: str, message: str, ca
 # --- clozemath data stats --------------------------------------------------------------------------------------------
 
 
-def test_data_stats_counts_the_samples_each_objective_makes(capsys) -> None:
-    assert main(["data", "stats", "--dataset", "gsm8k", "--split", "train", "--json"]) == 0
+def test_data_stats_counts_the_samples_each_objective_makes(tmp_path, capsys) -> None:
+    rows = Path(os.environ["CLOZEMATH_DATA_DIR"], "gsm8k", "train.jsonl").read_text().splitlines()[:800]
+    (tmp_path / "train.jsonl").write_text("\n".join(rows) + "\n")
+    assert main(["data", "stats", "--dataset", "gsm8k", "--path", str(tmp_path), "--json"]) == 0
     samples = json.loads(capsys.readouterr().out)["samples"]
-    trained = count_kinds(dataset_samples(gsm8k(), CLOZEMATH, DATA))
+    problems = gsm8k()[:800]
+    trained = count_kinds(dataset_samples(problems, CLOZEMATH, DATA))
     assert samples["lm_balanced"] == trained["lm"] and samples["cloze"] == trained["cloze"]
-    assert samples["balanced_total"] == trained.total() and samples["lm"] == len(gsm8k())
+    assert samples["balanced_total"] == trained.total() and samples["lm"] == len(problems)
     for key, spans in (("random_span_short", SHORT), ("random_span_long", LONG)):
         method = random_span_method(spans)
-        built = sum(s.kind == "random_span" for p in gsm8k() for s in build_samples(p, method, DATA.prompt_template, 0))
-        assert samples[key] == built
+        built = count_kinds(s for p in problems for s in build_samples(p, method, DATA.prompt_template, 0))
+        assert samples[key] == built["random_span"]

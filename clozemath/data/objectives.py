@@ -3,14 +3,15 @@
 Text convention (one rule for every objective, so that methods differ in one thing only). With P the formatted
 prompt (`Question: ...\\nAnswer:`) and Y the clean solution:
 
-- LM sample:         prefix `P<SEP>`,            target ` Y<EOS>`
-- infilling sample:  prefix ` `-joined `P Y'<SEP>`, target `<M_0> a<M_1> b<EOS>`
+- LM sample:         prefix `P<SEP>`,     target ` Y<EOS>`
+- infilling sample:  prefix `P Y'<SEP>`,  target `<M_0> a<M_1> b<EOS>`   (P and Y' joined by one space)
 
 where Y' is Y with each masked piece replaced by its sentinel (the whitespace around the piece stays in Y'), and
 a, b are the masked pieces, each written after its sentinel with exactly one space, as the LM target writes Y
 after `<SEP>`. No other whitespace is put next to a special token. A masked piece never has whitespace at its
 ends: an equation is masked without the whitespace around it, a random span runs from a word's first character
-to a word's last one.
+to a word's last one. When tokenized, each name becomes its one token and the text between names is tokenized on
+its own (`clozemath.data.tokenize`), so ` Y` and ` a` start with the tokenizer's word-initial tokens.
 
 Randomness (which members of a group are masked, where random spans fall, which problems get an extra LM copy) comes
 from a per-problem RNG derived from (seed, problem id, purpose): the samples of a problem do not depend on the
@@ -32,12 +33,11 @@ import torch
 from clozemath.config import DataConfig, MethodConfig, RandomSpanConfig
 from clozemath.data.segment import Segment, equation_units, segment_solution
 from clozemath.data.sources import Problem
-from clozemath.data.tokenize import EOS, SEP, sentinel
+from clozemath.data.tokenize import EOS, IGNORE_INDEX, SEP, sentinel
 from clozemath.errors import ClozeMathError
 
 SampleKind = Literal["lm", "cloze", "random_span"]
 INFILLING_KINDS: tuple[SampleKind, ...] = ("cloze", "random_span")
-IGNORE_INDEX = -100
 
 _WORD = re.compile(r"\S+")
 

@@ -98,10 +98,9 @@ def _print_summary(summary: dict[str, Any], out: TextIO) -> None:
     print(f"special tokens: {how}", file=out)
 
 
-def show_prepared(
-    config: ExperimentConfig, limit: int | None, show: int, fmt: Literal["text", "jsonl"], out: TextIO = sys.stdout
-) -> None:
-    """Print samples as the model sees them, then a summary (JSONL: samples on `out`, summary as JSON on stderr)."""
+def show_prepared(config: ExperimentConfig, limit: int | None, show: int, fmt: Literal["text", "jsonl"]) -> None:
+    """Print samples as the model sees them, then a summary (JSONL: samples on stdout, summary as JSON on stderr)."""
+    out = sys.stdout
     prepared = prepare_data(config, limit)
     rows = _shown(prepared, show)
     summary = prepared.summary(config.data.max_length)
