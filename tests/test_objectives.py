@@ -216,6 +216,7 @@ def test_samples_depend_on_the_seed_only_not_on_order_or_sharding(method: Method
     problems = gsm8k()[:300]
     reference = dataset_samples(problems, method, DATA)
     assert dataset_samples(problems, method, DATA) == reference
+    assert [Sample(**s.to_dict()) for s in reference] == reference  # rows for Ray Data
     shuffled = list(problems)
     random.Random(1).shuffle(shuffled)
     assert Counter(dataset_samples(shuffled, method, DATA)) == Counter(reference)
