@@ -31,7 +31,7 @@ PromptAttention = Literal["causal", "bidirectional"]
 FinishReason = Literal["eos", "stop", "length"]
 AnswerSpan = Callable[[str], "tuple[int, int] | None"]
 
-COMPACT_SHARE = 0.25
+_COMPACT_SHARE = 0.25
 """Greedy rows: drop finished rows once they are this share of the batch (a copy of the cache, against wasted work)."""
 _NEG = -1.0e9
 """Beam search: the score that takes a beam out of the running (transformers' constant, for identical tie-breaks)."""
@@ -217,7 +217,7 @@ def _continue_greedily(
         live = [slot for slot, row_index in enumerate(slots) if rows[row_index].finish_reason is None]
         if not live:
             return
-        if len(slots) - len(live) >= COMPACT_SHARE * len(slots):
+        if len(slots) - len(live) >= _COMPACT_SHARE * len(slots):
             index = torch.tensor(live, device=tokens.device)
             batch.take(index)
             tokens = tokens[index]
@@ -302,7 +302,8 @@ def _beam_generation(
     tokenizer: PreTrainedTokenizerBase, token_ids: list[int], score: float, stops: _Stops
 ) -> Generation:
     if token_ids and token_ids[-1] in stops.eos_ids:
-        return Generation(tokenizer.decode(token_ids[:-1], skip_special_tokens=True), token_ids[:-1], "eos", score=score)
+        kept = token_ids[:-1]
+        return Generation(tokenizer.decode(kept, skip_special_tokens=True), kept, "eos", score=score)
     text = tokenizer.decode(token_ids, skip_special_tokens=True)
     cut = _first_stop(text, stops.strings)
     return Generation(text[:cut], token_ids, "length" if cut is None else "stop", score=score)
@@ -323,7 +324,7 @@ def _beam(
     eos = torch.tensor(sorted(stops.eos_ids), device=device)
     kept = max(2, 1 + len(stops.eos_ids)) * beams
     in_top = torch.arange(kept, device=device) < beams
-    window = max(map(len, stops.strings), default=0) + 2
+    window = max(map(len, stops.strings), default=0) + 2  # tokens: each spells at least one character
     batch.repeat(beams)
     log_probs = logits.float().log_softmax(dim=-1).repeat_interleave(beams, dim=0)
     running = torch.zeros((items, beams, max_new), dtype=torch.long, device=device)
@@ -398,7 +399,9 @@ def _length_batches(lengths: Sequence[int], batch_size: int) -> list[list[int]]:
     return [order[i : i + batch_size] for i in range(0, len(order), batch_size)]
 
 
-def _eos_ids(model: Any, tokenizer: PreTrainedTokenizerBase, eos_token_ids: int | Sequence[int] | None) -> frozenset:
+def _eos_ids(
+    model: Any, tokenizer: PreTrainedTokenizerBase, eos_token_ids: int | Sequence[int] | None
+) -> frozenset[int]:
     if eos_token_ids is not None:
         return frozenset([eos_token_ids] if isinstance(eos_token_ids, int) else eos_token_ids)
     ids = {tokenizer.eos_token_id}
@@ -471,6 +474,8 @@ def decode(
     stops = _Stops(_eos_ids(model, tokenizer, eos_token_ids), tuple(stop), max_new_tokens)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else min(stops.eos_ids)
 
+    if not prompts:
+        return []
     encoded = _encode(tokenizer, prompts, add_special_tokens)
     results: list[Generation | None] = [None] * len(encoded)
     with sdpa_kernel(_SDPA_BACKENDS):
