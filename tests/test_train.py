@@ -13,10 +13,12 @@ from peft import get_peft_model
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from clozemath.config import ExperimentConfig, MethodConfig, ModelConfig, TrainConfig
+from clozemath.data.tokenize import EOS, MASK, SEP, SpecialTokens
 from clozemath.train.loop import StepMetrics, train
 
 VOCAB = 300
-PAD, MASK = 0, 1
+PAD = 0
+SPECIALS = SpecialTokens(tokens={SEP: SEP, MASK: MASK}, ids={SEP: 2, MASK: 1, EOS: 0}, added=True)
 
 
 def tiny_peft_model(seed: int = 0) -> torch.nn.Module:
@@ -27,7 +29,7 @@ def tiny_peft_model(seed: int = 0) -> torch.nn.Module:
     )
     model = LlamaForCausalLM(config)
     lora = PeftLoraConfig(r=8, lora_alpha=16, target_modules="all-linear", lora_dropout=0.0,
-                          trainable_token_indices={"embed_tokens": [MASK, 2], "lm_head": [MASK, 2]})
+                          trainable_token_indices={"embed_tokens": [1, 2], "lm_head": [1, 2]})
     return get_peft_model(model, lora)
 
 
@@ -82,21 +84,24 @@ def trainable_state(engine: Any) -> dict[str, torch.Tensor]:
     return {n: p.detach().clone() for n, p in engine.module.named_parameters() if p.requires_grad}
 
 
-@pytest.mark.parametrize("stage", [2, 3])
-def test_loop_loss_falls_and_resume_is_exact(tmp_path: Path, stage: int) -> None:
-    config = experiment(zero_stage=stage, max_steps=8, grad_accum=2)
+@pytest.mark.parametrize(("stage", "method"), [(2, "prefix_lm"), (3, "mft")])
+def test_loop_loss_falls_and_resume_is_exact(tmp_path: Path, stage: int, method: str) -> None:
+    """Resuming from the step-3 checkpoint replays steps 4..8 exactly (same data, same MFT noise, same weights)."""
+    config = experiment(method, zero_stage=stage, max_steps=8, grad_accum=2)
     rows = copy_rows(24)
 
     straight = Recorder(tmp_path / "straight")
-    engine = train(tiny_peft_model(), rows, config, pad_id=PAD, mask_id=MASK, report=straight)
+    engine = train(tiny_peft_model(), rows, config, specials=SPECIALS, pad_id=PAD, report=straight)
     losses = [m.loss for m in straight.metrics]
     assert [m.step for m in straight.metrics] == list(range(1, 9))
     assert losses[-1] < 0.8 * losses[0], losses
     assert sorted(straight.checkpoints) == [3, 6, 8]
+    assert (straight.checkpoints[8] / "adapter" / "adapter_model.safetensors").is_file()
+    assert not (straight.checkpoints[6] / "adapter").exists()
     final = trainable_state(engine)
 
     resumed = Recorder(tmp_path / "resumed")
-    engine = train(tiny_peft_model(), rows, config, pad_id=PAD, mask_id=MASK, report=resumed,
+    engine = train(tiny_peft_model(), rows, config, specials=SPECIALS, pad_id=PAD, report=resumed,
                    resume_from=straight.checkpoints[3])
     assert [m.step for m in resumed.metrics] == [4, 5, 6, 7, 8]
     assert [m.loss for m in resumed.metrics] == pytest.approx(losses[3:], rel=1e-5)

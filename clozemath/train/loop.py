@@ -3,7 +3,8 @@
 Ray-free: the caller hands in the worker's tokenized rows and a `report` callback that receives the metrics of
 every optimizer step and, every `checkpoint_every` steps and at the last one, a folder holding a checkpoint; what
 it does with them (print, `ray.train.report`, copy) is its business. Every rank calls `report` the same number
-of times.
+of times. The last checkpoint also holds the trained adapter in `adapter/` (written by rank 0), so that a run's
+final checkpoint is its result.
 
 The data order is a pure function of (seed, epoch, rank, the rows): a seeded permutation per epoch, read as an
 endless stream of micro-batches. A checkpoint therefore only needs the step it was taken at; resuming replays
@@ -28,13 +29,15 @@ import torch.distributed as dist
 
 from clozemath.config import ExperimentConfig, TrainConfig
 from clozemath.data.objectives import apply_mft_noise, mft_rate
-from clozemath.data.tokenize import SpecialTokens, collate
+from clozemath.data.tokenize import MASK, SpecialTokens, collate
 from clozemath.errors import ClozeMathError
 from clozemath.model.attention import attention_inputs, prefix_mask_from_lengths
 from clozemath.model.load import save_adapter
 
 CHECKPOINT_TAG = "state"
 """DeepSpeed's tag (sub-folder) for the engine state inside a checkpoint folder."""
+ADAPTER_DIR = "adapter"
+"""Sub-folder of the last checkpoint holding the adapter (`clozemath.model.load.save_adapter`'s files)."""
 
 
 class InjectedFailure(RuntimeError):
@@ -226,8 +229,8 @@ def train(
     rows: Sequence[Mapping[str, Any]],
     config: ExperimentConfig,
     *,
+    specials: SpecialTokens,
     pad_id: int,
-    mask_id: int,
     report: Report,
     resume_from: Path | None = None,
     scratch_dir: Path | None = None,
@@ -237,6 +240,7 @@ def train(
     Checkpoints are written under `scratch_dir` (default: the system's temp folder) and removed after `report`."""
     train_cfg = config.train
     vocab_size = model.config.vocab_size
+    mask_id = specials.ids[MASK]
     dtype = next(model.parameters()).dtype
     init_distributed(next(model.parameters()).device)
     rank = dist.get_rank()
@@ -276,6 +280,8 @@ def train(
         if step % train_cfg.checkpoint_every == 0 or step == plan.total_steps:
             with _checkpoint_folder(scratch_dir) as folder:
                 save_checkpoint(engine, folder, step, plan, next_micro_batch=step * train_cfg.grad_accum)
+                if step == plan.total_steps:
+                    export_adapter(engine, folder / ADAPTER_DIR, specials)
                 report(metrics, folder)
         else:
             report(metrics, None)
