@@ -29,6 +29,7 @@ from clozemath.data.objectives import Sample, balance, build_samples, lm_repeats
 from clozemath.data.sources import Problem, load_problems
 from clozemath.data.tokenize import encode_samples, install_special_tokens, num_sentinels_needed
 from clozemath.model.load import load_tokenizer
+from ray_jobs.cluster import init_ray
 
 ROWS_DIR = "rows"
 TOKENIZER_DIR = "tokenizer"
@@ -136,8 +137,9 @@ def _kind_counts(kinds: Any) -> dict[str, int]:
 
 def _build(config: ExperimentConfig, problems: list[Problem], folder: Path) -> dict[str, Any]:
     """Run the pipeline into `folder`; returns the metadata it writes beside the rows."""
-    tokenizer = load_tokenizer(config.model)  # on the driver first: a wrong model path fails here, in one line
-    tokenizer.save_pretrained(folder / TOKENIZER_DIR)
+    tokenizer = load_tokenizer(config.model)  # before Ray starts: a wrong model path fails fast, in one line
+    init_ray()
+    tokenizer.save_pretrained(folder / TOKENIZER_DIR)  # the encoders load this copy (a GGUF one takes long to read)
     problems_ds = ray.data.from_items(
         [p.to_dict() for p in problems], override_num_blocks=math.ceil(len(problems) / PROBLEMS_PER_BLOCK)
     )
@@ -174,7 +176,7 @@ def _build(config: ExperimentConfig, problems: list[Problem], folder: Path) -> d
 
 
 def preprocess(config: ExperimentConfig, cache_root: Path) -> Prepared:
-    """The run's token ids, from the cache when an identical run made them before."""
+    """The run's token ids, from the cache when an identical run made them before (Ray is started if needed)."""
     data = config.data
     problems = load_problems(data.dataset, data.split, data.path, data.limit)
     folder = cache_root / cache_key(config, problems)

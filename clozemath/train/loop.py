@@ -165,14 +165,21 @@ def model_inputs(
     return {"input_ids": batch["input_ids"], "labels": batch["labels"], **masks}
 
 
-def noised(batch: dict[str, torch.Tensor], config: ExperimentConfig, step: int, total_steps: int,
-           mask_id: int, vocab_size: int, generator: torch.Generator) -> dict[str, torch.Tensor]:
-    """MFT: the batch with target tokens replaced at the step's rate (labels unchanged); others untouched."""
+def step_seed(seed: int, step: int, rank: int) -> int:
+    """The seed of everything random in one step on one rank (dropout, MFT noise): resuming redraws the same."""
+    return (seed * 1_000_003 + step) * 1009 + rank
+
+
+def noised(
+    batch: dict[str, torch.Tensor], config: ExperimentConfig, step: int, total_steps: int, mask_id: int, vocab_size: int
+) -> dict[str, torch.Tensor]:
+    """MFT: the batch with target tokens replaced at the step's rate (labels unchanged); others untouched.
+    Drawn from the global RNG, which `train` seeds per step."""
     mft = config.method.mft
     if mft is None:
         return batch
     rate = mft_rate(step, total_steps, mft.r_max)
-    input_ids = apply_mft_noise(batch["input_ids"], batch["labels"], rate, mft.noise, mask_id, vocab_size, generator)
+    input_ids = apply_mft_noise(batch["input_ids"], batch["labels"], rate, mft.noise, mask_id, vocab_size)
     return {**batch, "input_ids": input_ids}
 
 
@@ -254,10 +261,10 @@ def train(
         if train_cfg.fail_at_step == step + 1 and resume_from is None and rank == 0:
             raise InjectedFailure(f"train.fail_at_step={train_cfg.fail_at_step}: failing on purpose")
         started, tally = time.perf_counter(), _StepTally()
-        for micro in range(train_cfg.grad_accum):
+        torch.manual_seed(step_seed(train_cfg.seed, step, rank))  # dropout: a function of the step, as the data
+        for _ in range(train_cfg.grad_accum):
             batch = collate([rows[i] for i in next(batches)], pad_id)
-            generator = torch.Generator().manual_seed(train_cfg.seed * 7919 + (step * train_cfg.grad_accum + micro) * 131 + rank)
-            batch = noised(batch, config, step, plan.total_steps, mask_id, vocab_size, generator)
+            batch = noised(batch, config, step, plan.total_steps, mask_id, vocab_size)
             inputs = {k: v.to(engine.device) if isinstance(v, torch.Tensor) else v
                       for k, v in model_inputs(batch, config, dtype).items()}
             loss = engine(**inputs).loss
