@@ -22,6 +22,16 @@ def _add_data(commands: argparse._SubParsersAction) -> None:
     stats.add_argument("--json", action="store_true", help="print JSON instead of a table")
     stats.set_defaults(handler=_data_stats)
 
+    symbolic = sub.add_parser("gsm-symbolic", help="instantiate the GSM-Symbolic templates into a JSONL file")
+    symbolic.add_argument("--variant", required=True, choices=["symbolic", "p1", "p2"])
+    symbolic.add_argument("--per-template", type=int, default=50, help="instances per template (default: 50)")
+    symbolic.add_argument("--seed", type=int, default=0)
+    symbolic.add_argument("--out", required=True, help="the JSONL file to write")
+    symbolic.add_argument(
+        "--templates", help="folder holding <variant>/*.json (default: $CLOZEMATH_DATA_DIR/gsm_symbolic/templates)"
+    )
+    symbolic.set_defaults(handler=_data_gsm_symbolic)
+
 
 def _data_stats(args: argparse.Namespace) -> None:
     from clozemath.data.stats import print_stats
@@ -42,11 +52,31 @@ def _run(args: argparse.Namespace) -> None:
     run_command(args.config, args.overrides)
 
 
+def _add_score(commands: argparse._SubParsersAction) -> None:
+    score = commands.add_parser("score", help="regrade a predictions JSONL file and print its accuracy")
+    score.add_argument("predictions", help="a predictions JSONL file (as `clozemath eval` writes)")
+    score.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    score.set_defaults(handler=_score)
+
+
+def _score(args: argparse.Namespace) -> None:
+    from clozemath.eval.evaluate import print_score
+
+    print_score(args.predictions, as_json=args.json)
+
+
+def _data_gsm_symbolic(args: argparse.Namespace) -> None:
+    from clozemath.data.gsm_symbolic import write_jsonl
+
+    print(write_jsonl(args.variant, args.per_template, args.seed, args.out, args.templates))
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="clozemath", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
     _add_data(commands)
     _add_run(commands)
+    _add_score(commands)
     return parser
 
 

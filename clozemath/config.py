@@ -43,7 +43,7 @@ class ModelConfig(_Strict):
     tokenizer: str | None = None
     """Where the tokenizer lives when not beside the weights (same forms as `path`)."""
     random_init: dict[str, Any] | None = None
-    """`LlamaConfig` keyword arguments: a randomly initialised model, for tests and benchmarks."""
+    """`LlamaConfig` keyword arguments (and `seed`, default 0): a randomly initialised model, for tests and benchmarks."""
     eos_token: str | None = None
     """Override the tokenizer's end-of-sequence token (SmolLM2's GGUF names `<|im_start|>`; its turns end `<|im_end|>`)."""
     dtype: Literal["auto", "float32", "bfloat16"] = "auto"

@@ -2,11 +2,18 @@
 
 A sequence is described by two [batch, seq] tensors: `attention_mask` (1 for real tokens, 0 for padding, on either
 side) and `prefix_mask` (True at the positions of the bidirectional prefix; all False gives a causal mask).
+The rule lives in one `mask_mod` (FlexAttention's form); the dense masks for sdpa/eager evaluate the same function.
 """
 
 from __future__ import annotations
 
+from typing import Any, Callable, Literal
+
 import torch
+from torch.nn.attention.flex_attention import BlockMask, create_block_mask
+
+AttnImplementation = Literal["sdpa", "flex_attention", "eager"]
+MaskMod = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
 
 def prefix_mask_from_lengths(prefix_len: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
@@ -15,15 +22,30 @@ def prefix_mask_from_lengths(prefix_len: torch.Tensor, attention_mask: torch.Ten
     return attention_mask.bool() & (real_rank < prefix_len.to(real_rank.device).unsqueeze(1))
 
 
+def prefix_lm_mask_mod(attention_mask: torch.Tensor, prefix_mask: torch.Tensor) -> MaskMod:
+    """FlexAttention `mask_mod(batch, head, q, kv)`: may query q attend key kv.
+
+    A query always sees itself, so that a padding query has a non-empty row (no NaN); real queries never see padding.
+    """
+    real = attention_mask.bool()
+    prefix = prefix_mask.bool() & real
+
+    def mask_mod(b: torch.Tensor, h: torch.Tensor, q: torch.Tensor, kv: torch.Tensor) -> torch.Tensor:
+        visible = (q >= kv) | (prefix[b, q] & prefix[b, kv])
+        return (visible & real[b, kv]) | (q == kv)
+
+    return mask_mod
+
+
 def allowed_pairs(attention_mask: torch.Tensor, prefix_mask: torch.Tensor) -> torch.Tensor:
     """Boolean [batch, 1, q, k]: may query q attend key k."""
-    seq = attention_mask.shape[1]
-    positions = torch.arange(seq, device=attention_mask.device)
-    causal = positions.view(1, seq, 1) >= positions.view(1, 1, seq)
-    bidirectional = prefix_mask.unsqueeze(2) & prefix_mask.unsqueeze(1)
-    allowed = (causal | bidirectional) & attention_mask.bool().unsqueeze(1)
-    allowed |= torch.eye(seq, dtype=torch.bool, device=attention_mask.device)  # no empty row for a padding query
-    return allowed.unsqueeze(1)
+    batch, seq = attention_mask.shape
+    device = attention_mask.device
+    b = torch.arange(batch, device=device).view(batch, 1, 1, 1)
+    positions = torch.arange(seq, device=device)
+    head = torch.zeros((), dtype=torch.long, device=device)
+    mask_mod = prefix_lm_mask_mod(attention_mask, prefix_mask)
+    return mask_mod(b, head, positions.view(1, 1, seq, 1), positions.view(1, 1, 1, seq))
 
 
 def additive_mask(attention_mask: torch.Tensor, prefix_mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -34,3 +56,36 @@ def additive_mask(attention_mask: torch.Tensor, prefix_mask: torch.Tensor, dtype
     allowed = allowed_pairs(attention_mask, prefix_mask)
     mask = torch.zeros(allowed.shape, dtype=dtype, device=attention_mask.device)
     return mask.masked_fill_(~allowed, torch.finfo(dtype).min)
+
+
+def block_mask(attention_mask: torch.Tensor, prefix_mask: torch.Tensor) -> BlockMask:
+    """The same rule as a FlexAttention BlockMask (one per batch row, shared by all heads)."""
+    batch, seq = attention_mask.shape
+    mask_mod = prefix_lm_mask_mod(attention_mask, prefix_mask)
+    return create_block_mask(mask_mod, batch, None, seq, seq, device=attention_mask.device)
+
+
+def position_ids_for(attention_mask: torch.Tensor) -> torch.Tensor:
+    """Positions counted over real tokens only, so that left padding does not shift a row's positions."""
+    return (attention_mask.long().cumsum(dim=1) - 1).clamp_(min=0)
+
+
+def attention_inputs(
+    attn_implementation: AttnImplementation,
+    attention_mask: torch.Tensor,
+    prefix_mask: torch.Tensor | None,
+    dtype: torch.dtype,
+) -> dict[str, Any]:
+    """Keyword arguments (`attention_mask`, `position_ids`) for a transformers causal LM over whole sequences.
+
+    `prefix_mask=None` means causal attention: the 2D padding mask is passed and the model builds its own (fastest)
+    causal mask. Otherwise a 4D mask: additive float for sdpa/eager (`dtype` = the model's compute dtype), a
+    BlockMask for flex_attention. transformers passes a 4D mask or a BlockMask through untouched.
+    """
+    if prefix_mask is None:
+        mask: torch.Tensor | BlockMask = attention_mask
+    elif attn_implementation == "flex_attention":
+        mask = block_mask(attention_mask, prefix_mask)
+    else:
+        mask = additive_mask(attention_mask, prefix_mask, dtype)
+    return {"attention_mask": mask, "position_ids": position_ids_for(attention_mask)}

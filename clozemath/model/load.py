@@ -1,0 +1,276 @@
+"""Base model + tokenizer (hub id, local folder, GGUF file, or random init), the method's special tokens, LoRA.
+
+The special tokens' rows of the input embedding (and of the output matrix when it is untied) train along with LoRA
+through peft's `trainable_token_indices`: peft keeps a small trainable copy of those rows and writes them over the
+frozen matrix in every forward pass, so every other row stays bit-for-bit the base model's.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from huggingface_hub.errors import HFValidationError
+from peft import LoraConfig as PeftLoraConfig
+from peft import PeftModel, get_peft_model
+from transformers import (
+    AutoModelForCausalLM,
+    AutoTokenizer,
+    LlamaConfig,
+    LlamaForCausalLM,
+    PreTrainedModel,
+    PreTrainedTokenizerBase,
+)
+
+from clozemath.config import LoraConfig, ModelConfig
+from clozemath.data.tokenize import SpecialTokens, install_special_tokens, special_names
+from clozemath.errors import ClozeMathError
+
+PACKAGE_PREFIX = "package:"
+SPECIALS_FILE = "special_tokens.json"
+SEED = 0
+"""Seed of random weights (a `random_init` model unless its settings carry `seed`, rows added to a vocabulary):
+training and reloading must build the same base."""
+
+
+def resolve_location(spec: str) -> str:
+    """`package:<module>[/sub/dir]` -> that folder inside the installed package; any other spec unchanged."""
+    if not spec.startswith(PACKAGE_PREFIX):
+        return spec
+    module, _, sub = spec[len(PACKAGE_PREFIX) :].partition("/")
+    try:
+        found = importlib.util.find_spec(module)
+    except (ImportError, ValueError):
+        found = None
+    if found is None:
+        raise ClozeMathError(f"{spec}: package '{module}' is not installed")
+    roots = list(found.submodule_search_locations or [Path(found.origin).parent])
+    folder = Path(roots[0]) / sub
+    if not folder.exists():
+        raise ClozeMathError(f"{spec}: no such folder {folder}")
+    return str(folder)
+
+
+def load_tokenizer(cfg: ModelConfig) -> PreTrainedTokenizerBase:
+    """The model's tokenizer: `cfg.tokenizer` if set, else the one beside the weights (inside the GGUF file if any)."""
+    if cfg.tokenizer is not None:
+        location, gguf_file = _checked_location(cfg.tokenizer, None, "tokenizer path")
+    else:
+        location, gguf_file = _checked_location(cfg.path, cfg.gguf_file)
+    return _from_pretrained(AutoTokenizer, location, gguf_file=gguf_file)
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Locations and errors
+
+
+_FOLDER_MARKERS = {"model path": ("config.json",), "tokenizer path": ("tokenizer.json", "tokenizer_config.json")}
+"""A local folder without any of these files is not what it is meant to be (a GGUF file stands in for them)."""
+
+
+def _looks_local(location: str) -> bool:
+    """A folder rather than a hub id (`org/name` or `name`)."""
+    return Path(location).exists() or location.startswith(("/", ".", "~")) or location.count("/") > 1
+
+
+def _checked_location(spec: str | None, gguf_file: str | None, what: str = "model path") -> tuple[str, str | None]:
+    """Resolve `spec`; a local folder (and the GGUF file in it) must exist."""
+    assert spec is not None, "ModelConfig guarantees a path or a tokenizer"
+    location = resolve_location(spec)
+    if _looks_local(location):
+        folder = Path(location).expanduser()
+        if not folder.is_dir():
+            raise ClozeMathError(f"{what} '{spec}': no such folder")
+        if gguf_file is not None and not (folder / gguf_file).is_file():
+            raise ClozeMathError(f"GGUF file '{gguf_file}' not found in {folder}")
+        markers = _FOLDER_MARKERS[what]
+        if gguf_file is None and not any((folder / marker).is_file() for marker in markers):
+            raise ClozeMathError(f"{what} '{spec}': no {' or '.join(markers)} in {folder}")
+        return str(folder), gguf_file
+    return location, gguf_file
+
+
+def _from_pretrained(factory: Any, location: str, **kwargs: Any) -> Any:
+    """`factory.from_pretrained` with a missing or unreachable model turned into a one-line error."""
+    kwargs = {key: value for key, value in kwargs.items() if value is not None}
+    try:
+        return factory.from_pretrained(location, **kwargs)
+    except (OSError, HFValidationError) as exc:
+        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise ClozeMathError(f"model '{location}': cannot be loaded ({reason})") from None
+
+
+# --------------------------------------------------------------------------------------------------------------
+# The base model
+
+
+def compute_dtype(cfg: ModelConfig, device: torch.device | str) -> torch.dtype:
+    """`auto`: bfloat16 on GPU, float32 on CPU."""
+    if cfg.dtype == "auto":
+        return torch.bfloat16 if torch.device(device).type == "cuda" else torch.float32
+    return getattr(torch, cfg.dtype)
+
+
+def _random_model(cfg: ModelConfig, tokenizer: PreTrainedTokenizerBase) -> PreTrainedModel:
+    """A Llama from `cfg.random_init`, vocabulary sized to the tokenizer, seeded (built on CPU, so any device agrees)."""
+    settings = dict(cfg.random_init or {})
+    seed = int(settings.pop("seed", SEED))
+    config = LlamaConfig(
+        vocab_size=len(tokenizer),
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        attn_implementation=cfg.attn_implementation,
+        **settings,
+    )
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        return LlamaForCausalLM(config)
+
+
+def _pretrained_model(cfg: ModelConfig, dtype: torch.dtype) -> PreTrainedModel:
+    location, gguf_file = _checked_location(cfg.path, cfg.gguf_file)
+    return _from_pretrained(
+        AutoModelForCausalLM,
+        location,
+        gguf_file=gguf_file,
+        dtype=dtype,
+        attn_implementation=cfg.attn_implementation,
+    )
+
+
+def _fit_vocabulary(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> None:
+    """Grow the embedding (and untied output) matrix to the tokenizer when tokens were added.
+
+    New rows are drawn around the mean of the existing rows (transformers' `mean_resizing`), seeded so that a reload
+    rebuilds the same rows.
+    """
+    if len(tokenizer) <= model.get_input_embeddings().num_embeddings:
+        return
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(SEED)
+        model.resize_token_embeddings(len(tokenizer), mean_resizing=True)
+
+
+def _use_tokenizer_ids(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> None:
+    """Generation stops at the tokenizer's end-of-sequence token (which `eos_token` may have changed) and pads with its pad."""
+    for config in (model.config, model.generation_config):
+        config.eos_token_id = tokenizer.eos_token_id
+        config.pad_token_id = tokenizer.pad_token_id
+
+
+def embeddings_are_tied(model: PreTrainedModel) -> bool:
+    """Whether the output layer shares the input embedding's weight (of a model not yet wrapped by peft)."""
+    output = model.get_output_embeddings()
+    return output is None or output.weight is model.get_input_embeddings().weight
+
+
+# --------------------------------------------------------------------------------------------------------------
+# LoRA and trainable special-token rows
+
+
+def _module_name(model: torch.nn.Module, module: torch.nn.Module) -> str:
+    return next(name for name, candidate in model.named_modules() if candidate is module)
+
+
+def trainable_token_indices(model: PreTrainedModel, token_ids: list[int]) -> list[int] | dict[str, list[int]]:
+    """peft's `trainable_token_indices` for these rows.
+
+    Tied: a list; peft wraps the input embedding and ties the output layer to the same trainable rows.
+    Untied: the input embedding and the output layer by name, each with trainable rows of its own.
+    """
+    if embeddings_are_tied(model):
+        return list(token_ids)
+    names = (_module_name(model, model.get_input_embeddings()), _module_name(model, model.get_output_embeddings()))
+    return {name: list(token_ids) for name in names}
+
+
+def apply_lora(model: PreTrainedModel, lora: LoraConfig, specials: SpecialTokens) -> PeftModel:
+    """LoRA on `lora.target_modules` ("all-linear": every linear projection but the output layer)."""
+    config = PeftLoraConfig(
+        r=lora.rank,
+        lora_alpha=lora.alpha,
+        lora_dropout=lora.dropout,
+        target_modules=lora.target_modules,
+        trainable_token_indices=(
+            trainable_token_indices(model, specials.trainable_ids) if lora.train_special_tokens else None
+        ),
+        task_type="CAUSAL_LM",
+    )
+    return get_peft_model(model, config)
+
+
+# --------------------------------------------------------------------------------------------------------------
+# The entry points
+
+
+@dataclass
+class Loaded:
+    model: PreTrainedModel | PeftModel
+    """peft-wrapped (LoRA + trainable special-token rows) when loaded for training; a plain model otherwise."""
+    tokenizer: PreTrainedTokenizerBase
+    specials: SpecialTokens
+
+
+def load_model(
+    cfg: ModelConfig, num_sentinels: int, device: torch.device | str = "cpu", training: bool = True
+) -> Loaded:
+    """Tokenizer with the special tokens installed, base model fitted to it, LoRA on top when `training`."""
+    tokenizer = load_tokenizer(cfg)
+    specials = install_special_tokens(tokenizer, num_sentinels, cfg.eos_token)
+    dtype = compute_dtype(cfg, device)
+    if cfg.random_init is not None:
+        model = _random_model(cfg, tokenizer).to(dtype=dtype)
+    else:
+        model = _pretrained_model(cfg, dtype)
+    _fit_vocabulary(model, tokenizer)
+    _use_tokenizer_ids(model, tokenizer)
+    model.to(device)
+    if not training:
+        return Loaded(model=model.eval(), tokenizer=tokenizer, specials=specials)
+    peft_model = apply_lora(model, cfg.lora, specials)
+    return Loaded(model=peft_model.train(), tokenizer=tokenizer, specials=specials)
+
+
+def save_adapter(
+    model: PeftModel, folder: str | Path, specials: SpecialTokens, state_dict: dict[str, torch.Tensor] | None = None
+) -> Path:
+    """Write the LoRA weights and the trained special-token rows (`adapter_model.safetensors`, via peft) and the
+    special-token map (`special_tokens.json`) into `folder`.
+
+    `state_dict`: the model's full state dict when it was gathered elsewhere (DeepSpeed ZeRO-3); peft picks the
+    adapter's entries out of it. The frozen embedding matrix is never written, resized or not: the rows that were
+    added are all special tokens, and those are in the file.
+    """
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(folder, state_dict=state_dict, save_embedding_layers=False)
+    (folder / SPECIALS_FILE).write_text(json.dumps({"tokens": specials.tokens, "ids": specials.ids}, indent=1))
+    return folder
+
+
+def _saved_specials(folder: Path) -> dict[str, Any]:
+    if not (folder / "adapter_config.json").is_file():
+        raise ClozeMathError(f"adapter folder '{folder}': no adapter_config.json (not an adapter saved by clozemath)")
+    try:
+        return json.loads((folder / SPECIALS_FILE).read_text())
+    except (OSError, ValueError) as exc:
+        raise ClozeMathError(f"{folder / SPECIALS_FILE}: cannot be read ({exc})") from None
+
+
+def load_for_inference(cfg: ModelConfig, adapter_folder: str | Path, device: torch.device | str = "cpu") -> Loaded:
+    """Base model + a saved adapter, LoRA and special-token rows merged into the weights, in eval mode."""
+    folder = Path(adapter_folder)
+    saved = _saved_specials(folder)
+    num_sentinels = len(saved["tokens"]) - len(special_names(0))
+    loaded = load_model(cfg, num_sentinels, device, training=False)
+    if loaded.specials.ids != saved["ids"]:
+        raise ClozeMathError(
+            f"{folder / SPECIALS_FILE}: special-token ids {saved['ids']} differ from model '{cfg.name}''s {loaded.specials.ids}"
+        )
+    merged = PeftModel.from_pretrained(loaded.model, folder).merge_and_unload()
+    return Loaded(model=merged.eval(), tokenizer=loaded.tokenizer, specials=loaded.specials)
