@@ -10,6 +10,7 @@ output folder. The metrics reach MLflow through a callback on the Train controll
 
 from __future__ import annotations
 
+import os
 import shutil
 import time
 from contextlib import nullcontext
@@ -40,8 +41,11 @@ def train_worker(settings: dict[str, Any]) -> None:
     from clozemath.train.loop import train
 
     config = ExperimentConfig.model_validate(settings["experiment"])
+    device = ray.train.torch.get_device()
+    if device.type == "cpu":  # Ray gives a 1-CPU worker one thread; on CPU the node's cores are the accelerator
+        torch.set_num_threads(max(1, len(os.sched_getaffinity(0)) // ray.train.get_context().get_local_world_size()))
     torch.manual_seed(config.train.seed)  # every rank builds the same LoRA initialisation
-    loaded = load_model(config.model, settings["num_sentinels"], ray.train.torch.get_device(), training=True)
+    loaded = load_model(config.model, settings["num_sentinels"], device, training=True)
     rows = list(ray.train.get_dataset_shard("train").iter_rows())
 
     def report(metrics: StepMetrics, checkpoint: Path | None) -> None:

@@ -18,7 +18,7 @@ from clozemath.config import ExperimentConfig, MethodConfig, ModelConfig, TrainC
 from clozemath.data.tokenize import EOS, MASK, SEP, SpecialTokens
 from clozemath.errors import ClozeMathError
 from clozemath.model.load import load_for_inference
-from clozemath.train.loop import StepMetrics, train
+from clozemath.train.loop import StepMetrics, epoch_micro_batches, train
 from ray_jobs.preprocess import Prepared, preprocess
 from ray_jobs.run import run_experiment
 from ray_jobs.train import check_plan
@@ -89,6 +89,22 @@ class Recorder:
 
 def trainable_state(engine: Any) -> dict[str, torch.Tensor]:
     return {n: p.detach().clone() for n, p in engine.module.named_parameters() if p.requires_grad}
+
+
+def padding(lengths: list[int], batches: list[list[int]]) -> int:
+    return sum(len(batch) * max(lengths[i] for i in batch) - sum(lengths[i] for i in batch) for batch in batches)
+
+
+def test_epoch_micro_batches_cover_each_row_once_and_grouping_pads_less() -> None:
+    lengths = torch.randint(50, 400, (1000,), generator=torch.Generator().manual_seed(0)).tolist()
+    plain = epoch_micro_batches(lengths, 124, 8, seed=1, epoch=0, group_by_length=False)
+    grouped = epoch_micro_batches(lengths, 124, 8, seed=1, epoch=0, group_by_length=True)
+    for batches in (plain, grouped):
+        rows = [i for batch in batches for i in batch]
+        assert len(batches) == 124 and all(len(b) == 8 for b in batches) and len(set(rows)) == len(rows) == 992
+    assert sorted(i for b in grouped for i in b) == sorted(i for b in plain for i in b)  # same rows, other batches
+    assert padding(lengths, grouped) < 0.2 * padding(lengths, plain)
+    assert epoch_micro_batches(lengths, 124, 8, seed=1, epoch=1, group_by_length=True) != grouped
 
 
 @pytest.mark.parametrize(("stage", "method"), [(2, "prefix_lm"), (3, "mft")])

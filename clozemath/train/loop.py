@@ -36,6 +36,8 @@ from clozemath.model.load import save_adapter
 
 CHECKPOINT_TAG = "state"
 """DeepSpeed's tag (sub-folder) for the engine state inside a checkpoint folder."""
+LENGTH_WINDOW = 32
+"""Micro-batches whose rows are sorted by length together (`train.group_by_length`)."""
 ADAPTER_DIR = "adapter"
 """Sub-folder of the last checkpoint holding the adapter (`clozemath.model.load.save_adapter`'s files)."""
 
@@ -139,15 +141,38 @@ def build_engine(model: torch.nn.Module, train: TrainConfig, total_steps: int, w
     return engine
 
 
-def micro_batch_rows(num_rows: int, plan: Plan, micro_batch_size: int, seed: int, start: int) -> Iterator[list[int]]:
-    """Row indices of micro-batch `start`, `start + 1`, ...: a fresh seeded permutation each epoch, last partial
-    micro-batch dropped."""
+def epoch_micro_batches(
+    lengths: Sequence[int], micro_batches: int, micro_batch_size: int, seed: int, epoch: int, group_by_length: bool
+) -> list[list[int]]:
+    """One epoch's micro-batches (row indices): a seeded permutation, the last partial micro-batch dropped.
+
+    `group_by_length`: within windows of `LENGTH_WINDOW` micro-batches the rows are sorted by length before they are
+    cut, and the micro-batches then shuffled, so that a batch pads little and the order stays random.
+    """
+    generator = torch.Generator().manual_seed(seed * 100_003 + epoch)
+    order = torch.randperm(len(lengths), generator=generator).tolist()[: micro_batches * micro_batch_size]
+    if group_by_length:
+        window = micro_batch_size * LENGTH_WINDOW
+        order = [
+            i for start in range(0, len(order), window) for i in sorted(order[start : start + window], key=lengths.__getitem__)
+        ]
+    batches = [order[k * micro_batch_size : (k + 1) * micro_batch_size] for k in range(micro_batches)]
+    if group_by_length:
+        batches = [batches[k] for k in torch.randperm(micro_batches, generator=generator).tolist()]
+    return batches
+
+
+def micro_batch_rows(
+    lengths: Sequence[int], plan: Plan, train: TrainConfig, seed: int, start: int
+) -> Iterator[list[int]]:
+    """Row indices of micro-batch `start`, `start + 1`, ... of the endless stream of epochs."""
     index = start
     while True:
         epoch, offset = divmod(index, plan.micro_batches_per_epoch)
-        order = torch.randperm(num_rows, generator=torch.Generator().manual_seed(seed * 100_003 + epoch))
-        for k in range(offset, plan.micro_batches_per_epoch):
-            yield order[k * micro_batch_size : (k + 1) * micro_batch_size].tolist()
+        batches = epoch_micro_batches(
+            lengths, plan.micro_batches_per_epoch, train.micro_batch_size, seed, epoch, train.group_by_length
+        )
+        yield from batches[offset:]
         index = (epoch + 1) * plan.micro_batches_per_epoch
 
 
@@ -254,8 +279,8 @@ def train(
     plan = plan_steps(all_ranks_min(len(rows)), train_cfg)  # the same on every rank, or collectives would hang
     engine = build_engine(model, train_cfg, plan.total_steps, plan.warmup_steps)
     step, next_micro_batch = load_checkpoint(engine, resume_from, plan) if resume_from is not None else (0, 0)
-    batches = micro_batch_rows(len(rows), plan, train_cfg.micro_batch_size, train_cfg.seed * 1009 + rank,
-                               start=next_micro_batch)
+    lengths = [len(row["input_ids"]) for row in rows]
+    batches = micro_batch_rows(lengths, plan, train_cfg, seed=train_cfg.seed * 1009 + rank, start=next_micro_batch)
     engine.train()
     while step < plan.total_steps:
         if train_cfg.fail_at_step == step + 1 and resume_from is None and rank == 0:
