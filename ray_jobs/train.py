@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import shutil
 import time
+import warnings
 from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
@@ -40,6 +41,8 @@ def train_worker(settings: dict[str, Any]) -> None:
     from clozemath.model.load import load_model
     from clozemath.train.loop import train
 
+    # DeepSpeed's gloo path calls torch.distributed functions torch has deprecated: nothing a user can act on.
+    warnings.filterwarnings("ignore", message=r"`torch\.distributed\.\w+` is deprecated", category=FutureWarning)
     config = ExperimentConfig.model_validate(settings["experiment"])
     device = ray.train.torch.get_device()
     if device.type == "cpu":  # Ray gives a 1-CPU worker one thread; on CPU the node's cores are the accelerator

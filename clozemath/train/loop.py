@@ -208,16 +208,17 @@ def noised(
     return {**batch, "input_ids": input_ids}
 
 
-def all_ranks_sum(values: list[float]) -> list[float]:
-    tensor = torch.tensor(values, dtype=torch.float64)
-    if dist.is_initialized() and dist.get_world_size() > 1:
-        dist.all_reduce(tensor)  # gloo and nccl both take a CPU float64 tensor for sums this small
+def all_ranks_sum(values: list[float], device: torch.device) -> list[float]:
+    """Sums over the ranks (on `device`: NCCL reduces GPU tensors only)."""
+    tensor = torch.tensor(values, dtype=torch.float64, device=device)
+    if dist.get_world_size() > 1:
+        dist.all_reduce(tensor)
     return tensor.tolist()
 
 
-def all_ranks_min(value: int) -> int:
-    tensor = torch.tensor([value], dtype=torch.int64)
-    if dist.is_initialized() and dist.get_world_size() > 1:
+def all_ranks_min(value: int, device: torch.device) -> int:
+    tensor = torch.tensor([value], dtype=torch.int64, device=device)
+    if dist.get_world_size() > 1:
         dist.all_reduce(tensor, op=dist.ReduceOp.MIN)
     return int(tensor.item())
 
@@ -273,10 +274,10 @@ def train(
     train_cfg = config.train
     vocab_size = model.config.vocab_size
     mask_id = specials.ids[MASK]
-    dtype = next(model.parameters()).dtype
-    init_distributed(next(model.parameters()).device)
+    dtype, device = next(model.parameters()).dtype, next(model.parameters()).device
+    init_distributed(device)
     rank = dist.get_rank()
-    plan = plan_steps(all_ranks_min(len(rows)), train_cfg)  # the same on every rank, or collectives would hang
+    plan = plan_steps(all_ranks_min(len(rows), device), train_cfg)  # the same on every rank, or collectives hang
     engine = build_engine(model, train_cfg, plan.total_steps, plan.warmup_steps)
     step, next_micro_batch = load_checkpoint(engine, resume_from, plan) if resume_from is not None else (0, 0)
     lengths = [len(row["input_ids"]) for row in rows]
@@ -290,15 +291,14 @@ def train(
         for _ in range(train_cfg.grad_accum):
             batch = collate([rows[i] for i in next(batches)], pad_id)
             batch = noised(batch, config, step, plan.total_steps, mask_id, vocab_size)
-            inputs = {k: v.to(engine.device) if isinstance(v, torch.Tensor) else v
-                      for k, v in model_inputs(batch, config, dtype).items()}
+            inputs = model_inputs({k: v.to(device) for k, v in batch.items()}, config, dtype)
             loss = engine(**inputs).loss
             engine.backward(loss)
             engine.step()
             tally.add(float(loss.detach()), batch["attention_mask"])
         step += 1
         loss_sum, micro_batches, tokens, positions = all_ranks_sum(
-            [tally.loss, tally.micro_batches, tally.tokens, tally.positions]
+            [tally.loss, tally.micro_batches, tally.tokens, tally.positions], device
         )
         metrics = StepMetrics(
             step=step,
