@@ -25,7 +25,7 @@ import random
 import re
 from collections import Counter
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Literal
 
 import torch
@@ -50,6 +50,10 @@ class Sample:
     kind: SampleKind
     prefix: str
     target: str
+
+    def to_dict(self) -> dict[str, str]:
+        """A row for Ray Data (`Sample(**row)` reads it back)."""
+        return asdict(self)
 
 
 Piece = tuple[str, bool]
