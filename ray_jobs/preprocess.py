@@ -15,7 +15,7 @@ import math
 import os
 import shutil
 import uuid
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -94,12 +94,12 @@ def cache_key(config: ExperimentConfig, problems: list[Problem]) -> str:
 
 def samples_of_problem(row: dict[str, Any], method: MethodConfig, prompt_template: str, seed: int) -> list[dict[str, Any]]:
     samples = build_samples(Problem(**row), method, prompt_template, seed)
-    return [{**asdict(s), "sentinels": num_sentinels_needed([s])} for s in samples]
+    return [{**s.to_dict(), "sentinels": num_sentinels_needed([s])} for s in samples]
 
 
 def balanced_copies(row: dict[str, Any], repeats: float, seed: int) -> list[dict[str, Any]]:
-    sample = Sample(row["problem_id"], row["kind"], row["prefix"], row["target"])
-    return [asdict(s) for s in balance([sample], repeats, seed)]
+    sample = Sample(**row)
+    return [s.to_dict() for s in balance([sample], repeats, seed)]
 
 
 class EncodeSamples:

@@ -6,9 +6,11 @@ it does with them (print, `ray.train.report`, copy) is its business. Every rank 
 of times. The last checkpoint also holds the trained adapter in `adapter/` (written by rank 0), so that a run's
 final checkpoint is its result.
 
-The data order is a pure function of (seed, epoch, rank, the rows): a seeded permutation per epoch, read as an
-endless stream of micro-batches. A checkpoint therefore only needs the step it was taken at; resuming replays
-nothing and the run ends at the planned number of optimizer steps whatever happened on the way.
+Resuming is exact. The data order is a pure function of (seed, epoch, rank, the rows): a seeded permutation per
+epoch, read as an endless stream of micro-batches; everything random within a step (dropout, MFT noise) is drawn
+after seeding with (seed, step, rank). A checkpoint holds the engine state (trainable weights, optimizer
+partitions, schedule), the step and the data position (the next micro-batch); a resumed run redoes no step and
+ends at the planned number of optimizer steps whatever happened on the way.
 """
 
 from __future__ import annotations
