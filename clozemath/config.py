@@ -108,6 +108,8 @@ class TrainConfig(_Strict):
     zero_stage: Literal[2, 3] = 2
     micro_batch_size: int = 4
     grad_accum: int = 1
+    group_by_length: bool = True
+    """Batch rows of similar length together (in shuffled windows): less padding, same randomness of order."""
     epochs: float = 1.0
     max_steps: int | None = None
     lr: float = 5e-5

@@ -1,0 +1,351 @@
+"""One training worker's loop on a DeepSpeed engine: ZeRO-2/3 LoRA fine-tuning, checkpoints, exact resume.
+
+Ray-free: the caller hands in the worker's tokenized rows and a `report` callback that receives the metrics of
+every optimizer step and, every `checkpoint_every` steps and at the last one, a folder holding a checkpoint; what
+it does with them (print, `ray.train.report`, copy) is its business. Every rank calls `report` the same number
+of times. The last checkpoint also holds the trained adapter in `adapter/` (written by rank 0), so that a run's
+final checkpoint is its result.
+
+Resuming is exact. The data order is a pure function of (seed, epoch, rank, the rows): a seeded permutation per
+epoch, read as an endless stream of micro-batches; everything random within a step (dropout, MFT noise) is drawn
+after seeding with (seed, step, rank). A checkpoint holds the engine state (trainable weights, optimizer
+partitions, schedule), the step and the data position (the next micro-batch); a resumed run redoes no step and
+ends at the planned number of optimizer steps whatever happened on the way.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import socket
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from tempfile import TemporaryDirectory
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from clozemath.config import ExperimentConfig, TrainConfig
+from clozemath.data.objectives import apply_mft_noise, mft_rate
+from clozemath.data.tokenize import MASK, SpecialTokens, collate
+from clozemath.errors import ClozeMathError
+from clozemath.model.attention import attention_inputs, prefix_mask_from_lengths
+from clozemath.model.load import save_adapter
+
+CHECKPOINT_TAG = "state"
+"""DeepSpeed's tag (sub-folder) for the engine state inside a checkpoint folder."""
+LENGTH_WINDOW = 32
+"""Micro-batches whose rows are sorted by length together (`train.group_by_length`)."""
+ADAPTER_DIR = "adapter"
+"""Sub-folder of the last checkpoint holding the adapter (`clozemath.model.load.save_adapter`'s files)."""
+
+
+class InjectedFailure(RuntimeError):
+    """Raised by the `train.fail_at_step` test hook."""
+
+
+@dataclass(frozen=True)
+class StepMetrics:
+    """One optimizer step, averaged over its micro-batches and over all ranks."""
+
+    step: int
+    total_steps: int
+    epoch: float
+    loss: float
+    lr: float
+    tokens_per_s: float
+    """Real (non-padding) tokens of all ranks per second of this step."""
+    pad_share: float
+    """Share of the batch positions that are padding."""
+
+    def as_dict(self) -> dict[str, float | int]:
+        values = asdict(self)
+        return {
+            "step": values.pop("step"),
+            "total_steps": values.pop("total_steps"),
+            **{f"train/{name}": value for name, value in values.items()},
+        }
+
+
+Report = Callable[[StepMetrics, Path | None], None]
+"""Called after every optimizer step; the folder (or None) holds a checkpoint valid for the call's duration."""
+
+
+@dataclass(frozen=True)
+class Plan:
+    """How many micro-batches an epoch has on this worker, and how many optimizer steps the run makes."""
+
+    micro_batches_per_epoch: int
+    total_steps: int
+    warmup_steps: int
+
+
+def plan_steps(num_rows: int, train: TrainConfig) -> Plan:
+    """Steps of the whole run from one worker's row count (every rank must get the same count)."""
+    per_epoch = num_rows // train.micro_batch_size
+    if per_epoch < train.grad_accum:
+        raise ClozeMathError(
+            f"too few training samples: {num_rows} per worker cannot fill one step of "
+            f"train.micro_batch_size={train.micro_batch_size} x train.grad_accum={train.grad_accum}"
+        )
+    total = train.max_steps or max(1, int(train.epochs * per_epoch) // train.grad_accum)
+    return Plan(per_epoch, total, warmup_steps=math.ceil(train.warmup_ratio * total))
+
+
+def deepspeed_config(train: TrainConfig, bf16: bool) -> dict[str, Any]:
+    return {
+        "train_micro_batch_size_per_gpu": train.micro_batch_size,
+        "gradient_accumulation_steps": train.grad_accum,
+        "gradient_clipping": train.max_grad_norm,
+        "zero_optimization": {"stage": train.zero_stage},
+        "bf16": {"enabled": bf16},
+        "steps_per_print": 1 << 30,
+    }
+
+
+def ensure_distributed_env() -> None:
+    """Single-process defaults for the variables DeepSpeed reads, when no launcher (or Ray Train) set them."""
+    if "RANK" in os.environ:
+        return
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    defaults = {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
+    for key, value in defaults.items():
+        os.environ.setdefault(key, value)
+
+
+def init_distributed(device: torch.device) -> None:
+    """Join torch.distributed through DeepSpeed; an existing process group (Ray Train's) is reused."""
+    import deepspeed
+
+    ensure_distributed_env()
+    deepspeed.init_distributed(dist_backend="nccl" if device.type == "cuda" else "gloo")
+
+
+def build_engine(model: torch.nn.Module, train: TrainConfig, total_steps: int, warmup_steps: int) -> Any:
+    """AdamW (only the trainable parameters) and a cosine schedule with linear warmup, on a DeepSpeed engine."""
+    import deepspeed
+    from transformers import get_cosine_schedule_with_warmup
+
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(trainable, lr=train.lr, weight_decay=train.weight_decay)
+    engine, _, _, _ = deepspeed.initialize(
+        model=model,
+        optimizer=optimizer,
+        lr_scheduler=lambda opt: get_cosine_schedule_with_warmup(opt, warmup_steps, total_steps),
+        config=deepspeed_config(train, bf16=next(model.parameters()).dtype == torch.bfloat16),
+    )
+    return engine
+
+
+def epoch_micro_batches(
+    lengths: Sequence[int], micro_batches: int, micro_batch_size: int, seed: int, epoch: int, group_by_length: bool
+) -> list[list[int]]:
+    """One epoch's micro-batches (row indices): a seeded permutation, the last partial micro-batch dropped.
+
+    `group_by_length`: within windows of `LENGTH_WINDOW` micro-batches the rows are sorted by length before they are
+    cut, and the micro-batches then shuffled, so that a batch pads little and the order stays random.
+    """
+    generator = torch.Generator().manual_seed(seed * 100_003 + epoch)
+    order = torch.randperm(len(lengths), generator=generator).tolist()[: micro_batches * micro_batch_size]
+    if group_by_length:
+        window = micro_batch_size * LENGTH_WINDOW
+        order = [
+            i for start in range(0, len(order), window) for i in sorted(order[start : start + window], key=lengths.__getitem__)
+        ]
+    batches = [order[k * micro_batch_size : (k + 1) * micro_batch_size] for k in range(micro_batches)]
+    if group_by_length:
+        batches = [batches[k] for k in torch.randperm(micro_batches, generator=generator).tolist()]
+    return batches
+
+
+def micro_batch_rows(
+    lengths: Sequence[int], plan: Plan, train: TrainConfig, seed: int, start: int
+) -> Iterator[list[int]]:
+    """Row indices of micro-batch `start`, `start + 1`, ... of the endless stream of epochs."""
+    index = start
+    while True:
+        epoch, offset = divmod(index, plan.micro_batches_per_epoch)
+        batches = epoch_micro_batches(
+            lengths, plan.micro_batches_per_epoch, train.micro_batch_size, seed, epoch, train.group_by_length
+        )
+        yield from batches[offset:]
+        index = (epoch + 1) * plan.micro_batches_per_epoch
+
+
+def model_inputs(
+    batch: Mapping[str, torch.Tensor], config: ExperimentConfig, dtype: torch.dtype
+) -> dict[str, torch.Tensor | Any]:
+    """Forward arguments: the batch with the method's attention mask (PrefixLM from `prefix_len`, or causal)."""
+    attention_mask = batch["attention_mask"]
+    prefix_mask = (
+        prefix_mask_from_lengths(batch["prefix_len"], attention_mask)
+        if config.method.attention == "prefix_lm"
+        else None
+    )
+    masks = attention_inputs(config.model.attn_implementation, attention_mask, prefix_mask, dtype)
+    return {"input_ids": batch["input_ids"], "labels": batch["labels"], **masks}
+
+
+def step_seed(seed: int, step: int, rank: int) -> int:
+    """The seed of everything random in one step on one rank (dropout, MFT noise): resuming redraws the same."""
+    return (seed * 1_000_003 + step) * 1009 + rank
+
+
+def noised(
+    batch: dict[str, torch.Tensor], config: ExperimentConfig, step: int, total_steps: int, mask_id: int, vocab_size: int
+) -> dict[str, torch.Tensor]:
+    """MFT: the batch with target tokens replaced at the step's rate (labels unchanged); others untouched.
+    Drawn from the global RNG, which `train` seeds per step."""
+    mft = config.method.mft
+    if mft is None:
+        return batch
+    rate = mft_rate(step, total_steps, mft.r_max)
+    input_ids = apply_mft_noise(batch["input_ids"], batch["labels"], rate, mft.noise, mask_id, vocab_size)
+    return {**batch, "input_ids": input_ids}
+
+
+def all_ranks_sum(values: list[float], device: torch.device) -> list[float]:
+    """Sums over the ranks (on `device`: NCCL reduces GPU tensors only)."""
+    tensor = torch.tensor(values, dtype=torch.float64, device=device)
+    if dist.get_world_size() > 1:
+        dist.all_reduce(tensor)
+    return tensor.tolist()
+
+
+def all_ranks_min(value: int, device: torch.device) -> int:
+    tensor = torch.tensor([value], dtype=torch.int64, device=device)
+    if dist.get_world_size() > 1:
+        dist.all_reduce(tensor, op=dist.ReduceOp.MIN)
+    return int(tensor.item())
+
+
+def save_checkpoint(engine: Any, folder: Path, step: int, plan: Plan, next_micro_batch: int) -> None:
+    """Engine state (trainable weights, optimizer partitions, schedule), the step and the data position (the next
+    micro-batch of the stream); every rank writes its part, frozen base weights are left out."""
+    state = {"step": step, "total_steps": plan.total_steps, "next_micro_batch": next_micro_batch}
+    engine.save_checkpoint(str(folder), tag=CHECKPOINT_TAG, client_state=state, exclude_frozen_parameters=True)
+
+
+def load_checkpoint(engine: Any, folder: Path, plan: Plan) -> tuple[int, int]:
+    """Restore the engine from `folder`; returns the step it was taken at and the next micro-batch to read."""
+    path, client_state = engine.load_checkpoint(str(folder), tag=CHECKPOINT_TAG, load_module_strict=False)
+    if path is None:
+        raise ClozeMathError(f"{folder}: no DeepSpeed checkpoint '{CHECKPOINT_TAG}' in it")
+    if client_state["total_steps"] != plan.total_steps:
+        raise ClozeMathError(
+            f"{folder}: checkpoint planned {client_state['total_steps']} steps, this run plans {plan.total_steps}"
+            " (data or train.* changed?)"
+        )
+    return int(client_state["step"]), int(client_state["next_micro_batch"])
+
+
+@dataclass
+class _StepTally:
+    loss: float = 0.0
+    micro_batches: int = 0
+    tokens: int = 0
+    positions: int = 0
+
+    def add(self, loss: float, attention_mask: torch.Tensor) -> None:
+        self.loss += loss
+        self.micro_batches += 1
+        self.tokens += int(attention_mask.sum())
+        self.positions += attention_mask.numel()
+
+
+def train(
+    model: torch.nn.Module,
+    rows: Sequence[Mapping[str, Any]],
+    config: ExperimentConfig,
+    *,
+    specials: SpecialTokens,
+    pad_id: int,
+    report: Report,
+    resume_from: Path | None = None,
+    scratch_dir: Path | None = None,
+) -> Any:
+    """Fine-tune `model` (peft, trainable parameters already chosen) on this worker's `rows` (input_ids, labels,
+    prefix_len); return the DeepSpeed engine. `resume_from`: a checkpoint folder `report` was given earlier.
+    Checkpoints are written under `scratch_dir` (default: the system's temp folder) and removed after `report`."""
+    train_cfg = config.train
+    vocab_size = model.config.vocab_size
+    mask_id = specials.ids[MASK]
+    dtype, device = next(model.parameters()).dtype, next(model.parameters()).device
+    init_distributed(device)
+    rank = dist.get_rank()
+    plan = plan_steps(all_ranks_min(len(rows), device), train_cfg)  # the same on every rank, or collectives hang
+    engine = build_engine(model, train_cfg, plan.total_steps, plan.warmup_steps)
+    step, next_micro_batch = load_checkpoint(engine, resume_from, plan) if resume_from is not None else (0, 0)
+    lengths = [len(row["input_ids"]) for row in rows]
+    batches = micro_batch_rows(lengths, plan, train_cfg, seed=train_cfg.seed * 1009 + rank, start=next_micro_batch)
+    engine.train()
+    while step < plan.total_steps:
+        if train_cfg.fail_at_step == step + 1 and resume_from is None and rank == 0:
+            raise InjectedFailure(f"train.fail_at_step={train_cfg.fail_at_step}: failing on purpose")
+        started, tally = time.perf_counter(), _StepTally()
+        torch.manual_seed(step_seed(train_cfg.seed, step, rank))  # dropout: a function of the step, as the data
+        for _ in range(train_cfg.grad_accum):
+            batch = collate([rows[i] for i in next(batches)], pad_id)
+            batch = noised(batch, config, step, plan.total_steps, mask_id, vocab_size)
+            inputs = model_inputs({k: v.to(device) for k, v in batch.items()}, config, dtype)
+            loss = engine(**inputs).loss
+            engine.backward(loss)
+            engine.step()
+            tally.add(float(loss.detach()), batch["attention_mask"])
+        step += 1
+        loss_sum, micro_batches, tokens, positions = all_ranks_sum(
+            [tally.loss, tally.micro_batches, tally.tokens, tally.positions], device
+        )
+        metrics = StepMetrics(
+            step=step,
+            total_steps=plan.total_steps,
+            epoch=step * train_cfg.grad_accum / plan.micro_batches_per_epoch,
+            loss=loss_sum / micro_batches,
+            lr=engine.get_lr()[0],
+            tokens_per_s=tokens / (time.perf_counter() - started),
+            pad_share=1.0 - tokens / positions,
+        )
+        if step % train_cfg.checkpoint_every == 0 or step == plan.total_steps:
+            with _checkpoint_folder(scratch_dir) as folder:
+                save_checkpoint(engine, folder, step, plan, next_micro_batch=step * train_cfg.grad_accum)
+                if step == plan.total_steps:
+                    export_adapter(engine, folder / ADAPTER_DIR, specials)
+                report(metrics, folder)
+        else:
+            report(metrics, None)
+    return engine
+
+
+@contextmanager
+def _checkpoint_folder(scratch_dir: Path | None) -> Iterator[Path]:
+    with TemporaryDirectory(prefix="clozemath-ckpt-", dir=scratch_dir) as folder:
+        yield Path(folder)
+
+
+@contextmanager
+def full_trainable_parameters(engine: Any) -> Iterator[None]:
+    """Under ZeRO-3, gather the trainable parameters (LoRA, special-token rows) on every rank for the duration."""
+    if engine.zero_optimization_stage() != 3:
+        yield
+        return
+    import deepspeed
+
+    trainable = [p for p in engine.module.parameters() if p.requires_grad]
+    with deepspeed.zero.GatheredParameters(trainable, modifier_rank=None):
+        yield
+
+
+def export_adapter(engine: Any, folder: Path, specials: SpecialTokens) -> None:
+    """Rank 0 writes the adapter (LoRA + special-token rows, safetensors) and the special-token map; under ZeRO-3
+    every rank takes part in gathering the trainable parameters first."""
+    with full_trainable_parameters(engine):
+        if dist.get_rank() == 0:
+            save_adapter(engine.module, folder, specials)
+    if dist.get_world_size() > 1:
+        dist.barrier()

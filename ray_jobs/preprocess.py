@@ -1,0 +1,195 @@
+"""Ray Data preprocessing: problems -> samples (flat_map) -> balanced -> token ids (map_batches, actor pool).
+
+The token ids are written as Parquet under `<cache root>/<key>/`, where the key hashes everything they depend on:
+the problems themselves, the method, the data settings that shape a sample, the tokenizer's settings and the
+source of the code that builds and encodes samples. A second run with the same key reads the Parquet files and
+skips the pipeline. The folder appears atomically (written beside, then renamed), so a crash leaves no half cache.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import inspect
+import json
+import math
+import os
+import shutil
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import ray
+import ray.data
+
+from clozemath.config import ExperimentConfig, MethodConfig, ModelConfig
+from clozemath.data import objectives, segment, sources, tokenize
+from clozemath.data.objectives import Sample, balance, build_samples, lm_repeats
+from clozemath.data.sources import Problem, load_problems
+from clozemath.data.tokenize import encode_samples, install_special_tokens, num_sentinels_needed
+from clozemath.model.load import load_tokenizer
+from ray_jobs.cluster import init_ray
+
+ROWS_DIR = "rows"
+TOKENIZER_DIR = "tokenizer"
+META_FILE = "meta.json"
+TOKEN_COLUMNS = ["input_ids", "labels", "prefix_len"]
+PROBLEMS_PER_BLOCK = 1000
+"""Few blocks for a small set: each block is a task, and on a small machine every extra worker process costs more
+(importing torch and transformers) than its share of the work."""
+ENCODE_BATCH = 256
+MAX_ENCODERS = 4
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """A run's tokenized training set and what the model needs to know about it."""
+
+    folder: Path
+    num_rows: int
+    num_sentinels: int
+    kinds: dict[str, int]
+    """Rows per sample kind (after balancing and the length cut)."""
+    dropped_for_length: int
+    from_cache: bool
+
+    def dataset(self) -> ray.data.Dataset:
+        """The token ids, in a fixed order (Parquet files are read in name order)."""
+        return ray.data.read_parquet(str(self.folder / ROWS_DIR), columns=TOKEN_COLUMNS)
+
+
+def _sha256(*parts: str | bytes) -> str:
+    digest = hashlib.sha256()
+    for part in parts:
+        digest.update(part.encode() if isinstance(part, str) else part)
+        digest.update(b"\0")
+    return digest.hexdigest()
+
+
+def code_version() -> str:
+    """The source of every module that decides what a sample's token ids are."""
+    modules = (sources, segment, objectives, tokenize, inspect.getmodule(code_version))
+    return _sha256(*(inspect.getsource(module) for module in modules))
+
+
+def tokenizer_settings(model: ModelConfig) -> dict[str, Any]:
+    return {key: getattr(model, key) for key in ("path", "gguf_file", "tokenizer", "eos_token")}
+
+
+def cache_key(config: ExperimentConfig, problems: list[Problem]) -> str:
+    data = config.data
+    return _sha256(
+        _sha256(*(json.dumps(p.to_dict(), sort_keys=True) for p in problems)),
+        config.method.model_dump_json(),
+        json.dumps({"prompt_template": data.prompt_template, "max_length": data.max_length, "seed": data.seed}),
+        json.dumps(tokenizer_settings(config.model), sort_keys=True),
+        code_version(),
+    )[:24]
+
+
+# --------------------------------------------------------------------------------------------------------------
+# The pipeline's steps (run on Ray workers)
+
+
+def samples_of_problem(row: dict[str, Any], method: MethodConfig, prompt_template: str, seed: int) -> list[dict[str, Any]]:
+    samples = build_samples(Problem(**row), method, prompt_template, seed)
+    return [{**s.to_dict(), "sentinels": num_sentinels_needed([s])} for s in samples]
+
+
+def balanced_copies(row: dict[str, Any], repeats: float, seed: int) -> list[dict[str, Any]]:
+    sample = Sample(**row)
+    return [s.to_dict() for s in balance([sample], repeats, seed)]
+
+
+class EncodeSamples:
+    """Token ids of a batch of samples; each actor loads the tokenizer once (from the copy the driver saved)."""
+
+    def __init__(self, tokenizer_dir: str, eos_token: str | None, num_sentinels: int, max_length: int) -> None:
+        from transformers import AutoTokenizer
+
+        self.tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
+        self.specials = install_special_tokens(self.tokenizer, num_sentinels, eos_token)
+        self.max_length = max_length
+
+    def __call__(self, batch: dict[str, Any]) -> pa.Table:
+        samples = [
+            Sample(str(p), str(k), str(x), str(y))
+            for p, k, x, y in zip(batch["problem_id"], batch["kind"], batch["prefix"], batch["target"])
+        ]
+        kept = [(s, e) for s, e in zip(samples, encode_samples(samples, self.tokenizer, self.specials, self.max_length))
+                if e is not None]
+        return pa.table({
+            "kind": pa.array([s.kind for s, _ in kept], pa.string()),
+            "input_ids": pa.array([e["input_ids"] for _, e in kept], pa.list_(pa.int32())),
+            "labels": pa.array([e["labels"] for _, e in kept], pa.list_(pa.int32())),
+            "prefix_len": pa.array([e["prefix_len"] for _, e in kept], pa.int32()),
+        })
+
+
+# --------------------------------------------------------------------------------------------------------------
+# The driver's side
+
+
+def _kind_counts(kinds: Any) -> dict[str, int]:
+    return {str(kind): int(n) for kind, n in kinds.value_counts().items()}
+
+
+def _build(config: ExperimentConfig, problems: list[Problem], folder: Path) -> dict[str, Any]:
+    """Run the pipeline into `folder`; returns the metadata it writes beside the rows."""
+    tokenizer = load_tokenizer(config.model)  # before Ray starts: a wrong model path fails fast, in one line
+    init_ray()
+    tokenizer.save_pretrained(folder / TOKENIZER_DIR)  # the encoders load this copy (a GGUF one takes long to read)
+    problems_ds = ray.data.from_items(
+        [p.to_dict() for p in problems], override_num_blocks=math.ceil(len(problems) / PROBLEMS_PER_BLOCK)
+    )
+    samples = problems_ds.flat_map(
+        samples_of_problem,
+        fn_kwargs={"method": config.method, "prompt_template": config.data.prompt_template, "seed": config.data.seed},
+    ).materialize()
+    stats = samples.select_columns(["kind", "sentinels"]).to_pandas()  # two small columns: one pass, no shuffle
+    num_sentinels = int(stats["sentinels"].max()) if len(stats) else 0
+    repeats = lm_repeats(_kind_counts(stats["kind"]), config.method.lm_share)
+    balanced = samples.drop_columns(["sentinels"]).flat_map(
+        balanced_copies, fn_kwargs={"repeats": repeats, "seed": config.data.seed}
+    ).materialize()
+    encoded = balanced.map_batches(
+        EncodeSamples,
+        fn_constructor_kwargs={
+            "tokenizer_dir": str(folder / TOKENIZER_DIR),
+            "eos_token": config.model.eos_token,
+            "num_sentinels": num_sentinels,
+            "max_length": config.data.max_length,
+        },
+        batch_size=ENCODE_BATCH,
+        batch_format="numpy",
+        compute=ray.data.ActorPoolStrategy(min_size=1, max_size=MAX_ENCODERS),
+    )
+    encoded.write_parquet(str(folder / ROWS_DIR))
+    kinds = _kind_counts(ray.data.read_parquet(str(folder / ROWS_DIR), columns=["kind"]).to_pandas()["kind"])
+    return {
+        "num_rows": sum(kinds.values()),
+        "num_sentinels": num_sentinels,
+        "kinds": kinds,
+        "dropped_for_length": balanced.count() - sum(kinds.values()),
+    }
+
+
+def preprocess(config: ExperimentConfig, cache_root: Path) -> Prepared:
+    """The run's token ids, from the cache when an identical run made them before (Ray is started if needed)."""
+    data = config.data
+    problems = load_problems(data.dataset, data.split, data.path, data.limit)
+    folder = cache_root / cache_key(config, problems)
+    from_cache = (folder / META_FILE).is_file()
+    if not from_cache:
+        staging = cache_root / f".{folder.name}.{uuid.uuid4().hex[:8]}"
+        staging.mkdir(parents=True)
+        try:
+            meta = _build(config, problems, staging)
+            (staging / META_FILE).write_text(json.dumps(meta, indent=1))
+            if not folder.exists():  # else an identical run finished first: keep its cache
+                os.replace(staging, folder)
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+    meta = json.loads((folder / META_FILE).read_text())
+    return Prepared(folder=folder, from_cache=from_cache, **meta)

@@ -1,0 +1,129 @@
+"""Ray Train (V2): `TorchTrainer` workers around `clozemath.train.loop`, checkpoints through `ray.train.report`.
+
+Each worker loads the model, reads its shard of the token ids (`get_dataset_shard`, split in a fixed order so that
+a restarted worker gets the same rows) and runs the loop. Every step's metrics go through `ray.train.report`; a
+checkpoint (DeepSpeed state + step + data position) goes with them every `checkpoint_every` steps and at the end.
+After a failure Ray restarts the workers (up to `max_failures` times) and each resumes from
+`ray.train.get_checkpoint()`. The last checkpoint holds the adapter, which the driver copies into the run's
+output folder. The metrics reach MLflow through a callback on the Train controller (on the driver's node).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import time
+import warnings
+from contextlib import nullcontext
+from pathlib import Path
+from typing import Any
+
+import ray
+import ray.train
+from ray.data import ExecutionOptions
+from ray.train import Checkpoint, CheckpointConfig, DataConfig, FailureConfig, RunConfig, ScalingConfig, UserCallback
+from ray.train.torch import TorchTrainer
+
+from clozemath import tracking
+from clozemath.config import ExperimentConfig
+from clozemath.errors import ClozeMathError
+from clozemath.train.loop import ADAPTER_DIR, StepMetrics, plan_steps
+from ray_jobs.preprocess import Prepared
+
+KEEP_CHECKPOINTS = 2
+
+
+def train_worker(settings: dict[str, Any]) -> None:
+    """One Ray Train worker: model, shard, loop; resumes from the run's latest checkpoint when there is one."""
+    import torch
+    import ray.train.torch
+
+    from clozemath.model.load import load_model
+    from clozemath.train.loop import train
+
+    # DeepSpeed's gloo path calls torch.distributed functions torch has deprecated: nothing a user can act on.
+    warnings.filterwarnings("ignore", message=r"`torch\.distributed\.\w+` is deprecated", category=FutureWarning)
+    config = ExperimentConfig.model_validate(settings["experiment"])
+    device = ray.train.torch.get_device()
+    if device.type == "cpu":  # Ray gives a 1-CPU worker one thread; on CPU the node's cores are the accelerator
+        torch.set_num_threads(max(1, len(os.sched_getaffinity(0)) // ray.train.get_context().get_local_world_size()))
+    torch.manual_seed(config.train.seed)  # every rank builds the same LoRA initialisation
+    loaded = load_model(config.model, settings["num_sentinels"], device, training=True)
+    rows = list(ray.train.get_dataset_shard("train").iter_rows())
+
+    def report(metrics: StepMetrics, checkpoint: Path | None) -> None:
+        ray.train.report(metrics.as_dict(), checkpoint=Checkpoint.from_directory(checkpoint) if checkpoint else None)
+
+    latest = ray.train.get_checkpoint()
+    with latest.as_directory() if latest is not None else nullcontext(None) as resume_from:
+        train(
+            loaded.model,
+            rows,
+            config,
+            specials=loaded.specials,
+            pad_id=loaded.tokenizer.pad_token_id,
+            report=report,
+            resume_from=Path(resume_from) if resume_from is not None else None,
+        )
+
+
+class ForwardMetrics(UserCallback):
+    """On the Train controller: log rank 0's step metrics to MLflow and print a progress line."""
+
+    def __init__(self, tracking_uri: str, run_id: str, label: str) -> None:
+        self.tracking_uri = tracking_uri
+        self.run_id = run_id
+        self.label = label
+
+    def after_report(self, run_context: Any, metrics: list[dict[str, Any]], checkpoint: Checkpoint | None) -> None:
+        reported = metrics[0]
+        values = {name: value for name, value in reported.items() if name.startswith("train/")}
+        tracking.log_metrics(self.tracking_uri, self.run_id, reported["step"], values)
+        print(
+            f"[{self.label}] step {reported['step']}/{reported['total_steps']}  loss {values['train/loss']:.4f}  "
+            f"lr {values['train/lr']:.2e}  {values['train/tokens_per_s']:.0f} tok/s"
+            + ("  (checkpoint)" if checkpoint is not None else ""),
+            flush=True,
+        )
+
+
+def use_gpu(config: ExperimentConfig) -> bool:
+    if config.train.use_gpu == "auto":
+        return ray.cluster_resources().get("GPU", 0) >= config.train.num_workers
+    return config.train.use_gpu
+
+
+def check_plan(config: ExperimentConfig, prepared: Prepared) -> None:
+    """Refuse, before any worker starts, what would fail in every worker (and again after each restart)."""
+    plan_steps(prepared.num_rows // config.train.num_workers, config.train)
+    fail_at = config.train.fail_at_step
+    if fail_at is not None and fail_at <= config.train.checkpoint_every:
+        raise ClozeMathError(
+            f"train.fail_at_step={fail_at} must come after the first checkpoint "
+            f"(train.checkpoint_every={config.train.checkpoint_every}), or the restarted run fails again"
+        )
+
+
+def fit(config: ExperimentConfig, prepared: Prepared, run_folder: Path, run_id: str) -> Path:
+    """Train on Ray; returns the adapter folder (`<run_folder>/adapter`)."""
+    check_plan(config, prepared)
+    trainer = TorchTrainer(
+        train_worker,
+        train_loop_config={"experiment": config.model_dump(), "num_sentinels": prepared.num_sentinels},
+        scaling_config=ScalingConfig(num_workers=config.train.num_workers, use_gpu=use_gpu(config)),
+        run_config=RunConfig(
+            name=time.strftime("train-%Y%m%d-%H%M%S"),
+            storage_path=str(run_folder / "ray"),
+            failure_config=FailureConfig(max_failures=config.train.max_failures),
+            checkpoint_config=CheckpointConfig(num_to_keep=KEEP_CHECKPOINTS),
+            callbacks=[ForwardMetrics(tracking.resolved_uri(config.tracking.uri), run_id, config.name)],
+        ),
+        datasets={"train": prepared.dataset()},
+        dataset_config=DataConfig(execution_options=ExecutionOptions(preserve_order=True)),
+    )
+    result = trainer.fit()
+    adapter = run_folder / ADAPTER_DIR
+    shutil.rmtree(adapter, ignore_errors=True)
+    with result.checkpoint.as_directory() as final:
+        shutil.copytree(Path(final) / ADAPTER_DIR, adapter)
+    return adapter

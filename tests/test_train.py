@@ -1,0 +1,262 @@
+"""Training: the DeepSpeed loop on a tiny random Llama (fast, in-process), then Ray Train end to end (slow)."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from peft import LoraConfig as PeftLoraConfig
+from peft import get_peft_model
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from clozemath import tracking
+from clozemath.cli import main
+from clozemath.config import ExperimentConfig, MethodConfig, ModelConfig, TrainConfig, flatten, load_config
+from clozemath.data.tokenize import EOS, MASK, SEP, SpecialTokens
+from clozemath.errors import ClozeMathError
+from clozemath.model.load import load_for_inference
+from clozemath.train.loop import StepMetrics, epoch_micro_batches, train
+from ray_jobs.preprocess import Prepared, preprocess
+from ray_jobs.run import run_experiment
+from ray_jobs.train import check_plan
+
+VOCAB = 300
+PAD = 0
+SPECIALS = SpecialTokens(tokens={SEP: SEP, MASK: MASK}, ids={SEP: 2, MASK: 1, EOS: 0}, added=True)
+
+
+def tiny_peft_model(seed: int = 0) -> torch.nn.Module:
+    torch.manual_seed(seed)
+    config = LlamaConfig(
+        vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, tie_word_embeddings=False, initializer_range=0.2,
+    )
+    model = LlamaForCausalLM(config)
+    lora = PeftLoraConfig(r=8, lora_alpha=16, target_modules="all-linear", lora_dropout=0.1,
+                          trainable_token_indices={"embed_tokens": [1, 2], "lm_head": [1, 2]})
+    return get_peft_model(model, lora)
+
+
+def copy_rows(n: int, seed: int = 0) -> list[dict[str, Any]]:
+    """Learnable synthetic samples: a random prefix, then its tokens mapped onto a 4-token alphabet.
+
+    (The tiny model has `initializer_range=0.2`: with the default 0.02 its final norm caps the logits too low for the
+    loss to fall far.)"""
+    generator = torch.Generator().manual_seed(seed)
+    rows = []
+    for _ in range(n):
+        length = int(torch.randint(4, 10, (1,), generator=generator))
+        prefix = torch.randint(3, 40, (length,), generator=generator).tolist() + [2]
+        target = [3 + t % 4 for t in prefix[:-1]]
+        rows.append({"input_ids": prefix + target, "labels": [-100] * len(prefix) + target, "prefix_len": len(prefix)})
+    return rows
+
+
+def experiment(method: str = "prefix_lm", **train: Any) -> ExperimentConfig:
+    methods = {
+        "prefix_lm": MethodConfig(name="it_prefixlm", attention="prefix_lm"),
+        "mft": MethodConfig(name="mft", attention="causal", mft={"r_max": 0.4, "noise": "random"}),
+    }
+    settings = {"micro_batch_size": 4, "lr": 3e-2, "warmup_ratio": 0.1, "checkpoint_every": 3, **train}
+    return ExperimentConfig(
+        name="loop",
+        model=ModelConfig(name="tiny", tokenizer="unused", random_init={}),
+        method=methods[method],
+        train=TrainConfig(**settings),
+    )
+
+
+class Recorder:
+    """A `report` callback that keeps the metrics and copies every checkpoint folder it is shown."""
+
+    def __init__(self, keep: Path) -> None:
+        self.metrics: list[StepMetrics] = []
+        self.checkpoints: dict[int, Path] = {}
+        self.keep = keep
+
+    def __call__(self, metrics: StepMetrics, checkpoint: Path | None) -> None:
+        self.metrics.append(metrics)
+        if checkpoint is not None:
+            import shutil
+
+            target = self.keep / f"step_{metrics.step}"
+            shutil.copytree(checkpoint, target)
+            self.checkpoints[metrics.step] = target
+
+
+def trainable_state(engine: Any) -> dict[str, torch.Tensor]:
+    return {n: p.detach().clone() for n, p in engine.module.named_parameters() if p.requires_grad}
+
+
+def padding(lengths: list[int], batches: list[list[int]]) -> int:
+    return sum(len(batch) * max(lengths[i] for i in batch) - sum(lengths[i] for i in batch) for batch in batches)
+
+
+def test_epoch_micro_batches_cover_each_row_once_and_grouping_pads_less() -> None:
+    lengths = torch.randint(50, 400, (1000,), generator=torch.Generator().manual_seed(0)).tolist()
+    plain = epoch_micro_batches(lengths, 124, 8, seed=1, epoch=0, group_by_length=False)
+    grouped = epoch_micro_batches(lengths, 124, 8, seed=1, epoch=0, group_by_length=True)
+    for batches in (plain, grouped):
+        rows = [i for batch in batches for i in batch]
+        assert len(batches) == 124 and all(len(b) == 8 for b in batches) and len(set(rows)) == len(rows) == 992
+    assert sorted(i for b in grouped for i in b) == sorted(i for b in plain for i in b)  # same rows, other batches
+    assert padding(lengths, grouped) < 0.2 * padding(lengths, plain)
+    assert epoch_micro_batches(lengths, 124, 8, seed=1, epoch=1, group_by_length=True) != grouped
+
+
+@pytest.mark.parametrize(("stage", "method"), [(2, "prefix_lm"), (3, "mft")])
+def test_loop_loss_falls_and_resume_is_exact(tmp_path: Path, stage: int, method: str) -> None:
+    """Resuming from the step-3 checkpoint replays steps 4..8 exactly (same data, dropout, MFT noise, weights)."""
+    config = experiment(method, zero_stage=stage, max_steps=8, grad_accum=2)
+    rows = copy_rows(24)
+
+    straight = Recorder(tmp_path / "straight")
+    engine = train(tiny_peft_model(), rows, config, specials=SPECIALS, pad_id=PAD, report=straight)
+    losses = [m.loss for m in straight.metrics]
+    assert [m.step for m in straight.metrics] == list(range(1, 9))
+    assert losses[-1] < 0.8 * losses[0], losses
+    assert sorted(straight.checkpoints) == [3, 6, 8]
+    assert (straight.checkpoints[8] / "adapter" / "adapter_model.safetensors").is_file()
+    assert not (straight.checkpoints[6] / "adapter").exists()
+    final = trainable_state(engine)
+
+    resumed = Recorder(tmp_path / "resumed")
+    engine = train(tiny_peft_model(), rows, config, specials=SPECIALS, pad_id=PAD, report=resumed,
+                   resume_from=straight.checkpoints[3])
+    assert [m.step for m in resumed.metrics] == [4, 5, 6, 7, 8]
+    assert [m.loss for m in resumed.metrics] == pytest.approx(losses[3:], rel=1e-5)
+    for name, value in trainable_state(engine).items():
+        torch.testing.assert_close(value, final[name], rtol=1e-5, atol=1e-6)
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Ray end to end: `clozemath run` on the smoke config, 2 workers (slow)
+
+SMOKE = "configs/experiments/smoke.yaml"
+LEARNS = ["model.random_init.initializer_range=0.2", "data.limit=4", "train.num_workers=2"]
+"""A few problems seen for several epochs, and a tiny model whose logits can grow (see `copy_rows`): the loss of
+8 steps falls clearly."""
+
+
+@pytest.fixture(scope="session")
+def workdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("train")
+
+
+def smoke_config(workdir: Path, *overrides: str) -> ExperimentConfig:
+    base = [f"train.output_dir={workdir / 'runs'}", f"tracking.uri=sqlite:///{workdir / 'mlruns.db'}"]
+    config = load_config(SMOKE, [*base, *LEARNS, *overrides])
+    assert isinstance(config, ExperimentConfig)
+    return config
+
+
+def logged_steps(config: ExperimentConfig, run_id: str) -> list[tuple[int, float]]:
+    history = tracking.client(config.tracking.uri).get_metric_history(run_id, "train/loss")
+    return [(m.step, m.value) for m in sorted(history, key=lambda m: m.timestamp)]
+
+
+def assert_loss_falls(losses: list[float]) -> None:
+    assert sum(losses[-2:]) < 0.95 * sum(losses[:2]), losses
+
+
+def assert_adapter_reloads_and_generates(config: ExperimentConfig, adapter: Path) -> None:
+    from safetensors.torch import load_file
+
+    weights = load_file(adapter / "adapter_model.safetensors")
+    lora_b = [tensor for name, tensor in weights.items() if "lora_B" in name]
+    assert lora_b and all(t.numel() > 0 for t in weights.values())  # gathered in full under ZeRO-3
+    assert any(t.abs().sum() > 0 for t in lora_b)  # trained (B starts at zero)
+    assert any("trainable_tokens" in name for name in weights)
+
+    loaded = load_for_inference(config.model, adapter, "cpu")
+    prompt = loaded.tokenizer("Question: 2+3?\nAnswer:", return_tensors="pt")
+    out = loaded.model.generate(**prompt, max_new_tokens=4, min_new_tokens=4, do_sample=False)
+    assert out.shape[1] == prompt["input_ids"].shape[1] + 4
+
+
+@pytest.mark.slow
+def test_preprocess_is_cached(workdir: Path, ray_session: None) -> None:
+    config = smoke_config(workdir)
+    first = preprocess(config, workdir / "runs" / "cache")
+    second = preprocess(config, workdir / "runs" / "cache")
+    assert (first.from_cache, second.from_cache) == (False, True)
+    assert second.folder == first.folder and second.num_rows == first.num_rows == sum(first.kinds.values())
+    assert set(first.kinds) == {"lm", "cloze"} and first.num_sentinels > 0
+    rows = first.dataset().take_all()
+    assert len(rows) == first.num_rows
+    for row in rows:
+        labels = list(row["labels"])
+        assert labels[: row["prefix_len"]] == [-100] * row["prefix_len"]
+        assert all(label != -100 for label in labels[row["prefix_len"] :])
+
+
+@pytest.mark.slow
+def test_zero2_run_learns_and_is_tracked(workdir: Path, ray_session: None) -> None:
+    config = smoke_config(workdir, "train.zero_stage=2")
+    outcome = run_experiment(config)
+
+    steps = logged_steps(config, outcome.run_id)
+    assert [step for step, _ in steps] == list(range(1, 9))
+    assert_loss_falls([loss for _, loss in steps])
+    assert outcome.adapter == workdir / "runs" / "smoke" / "adapter"
+    assert_adapter_reloads_and_generates(config, outcome.adapter)
+
+    client = tracking.client(config.tracking.uri)
+    run = client.get_run(outcome.run_id)
+    assert run.info.status == "FINISHED"
+    expected = {key: str(value) for key, value in flatten(config).items()}
+    assert {key: run.data.params[key] for key in expected} == expected
+    for name in tracking.TRAIN_METRICS:
+        assert len(client.get_metric_history(outcome.run_id, name)) == 8, name
+    artifacts = {info.path for info in client.list_artifacts(outcome.run_id)}
+    assert {"config.yaml", "adapter"} <= artifacts
+    assert "adapter/adapter_model.safetensors" in {info.path for info in client.list_artifacts(outcome.run_id, "adapter")}
+
+
+@pytest.mark.slow
+def test_zero3_worker_failure_resumes_from_checkpoint(workdir: Path, ray_session: None) -> None:
+    """Rank 0 fails before step 6; the workers restart from the step-4 checkpoint and stop at step 8."""
+    config = smoke_config(workdir, "name=smoke_zero3", "train.zero_stage=3", "train.fail_at_step=6")
+    assert config.train.checkpoint_every == 4 and config.train.max_steps == 8
+    outcome = run_experiment(config)
+
+    steps = logged_steps(config, outcome.run_id)
+    assert [step for step, _ in steps] == [1, 2, 3, 4, 5, 5, 6, 7, 8]
+    first_try, resumed = dict(steps[:5]), dict(steps[5:])
+    assert resumed[5] == pytest.approx(first_try[5], rel=1e-4)  # the same step 5 again: exact resume
+    assert_loss_falls([loss for _, loss in steps[:5]] + [loss for _, loss in steps[6:]])
+    assert_adapter_reloads_and_generates(config, outcome.adapter)
+
+
+# --------------------------------------------------------------------------------------------------------------
+# One-line errors
+
+
+@pytest.mark.parametrize(
+    ("overrides", "culprit"),
+    [
+        (["model=smollm2-135m", "model.path=/nonexistent/model"], "/nonexistent/model"),
+        (["model=smollm2-135m", "model.gguf_file=missing.Q4.gguf"], "missing.Q4.gguf"),
+        (["train.zero_stage=1"], "train.zero_stage"),
+    ],
+)
+def test_run_errors_are_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], overrides: list[str], culprit: str
+) -> None:
+    args = ["run", SMOKE, f"train.output_dir={tmp_path}", f"tracking.uri=sqlite:///{tmp_path / 'm.db'}", *overrides]
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    errors = [line for line in err.splitlines() if line.startswith("clozemath: error:")]
+    assert len(errors) == 1 and culprit in errors[0] and "Traceback" not in err, err
+
+
+def test_plan_refusals_are_user_errors() -> None:
+    prepared = Prepared(folder=Path("."), num_rows=10, num_sentinels=0, kinds={"lm": 10}, dropped_for_length=0,
+                        from_cache=True)
+    with pytest.raises(ClozeMathError, match="too few training samples"):
+        check_plan(experiment(num_workers=2, micro_batch_size=8), prepared)
+    with pytest.raises(ClozeMathError, match="fail_at_step"):
+        check_plan(experiment(micro_batch_size=1, checkpoint_every=4, fail_at_step=3), prepared)
