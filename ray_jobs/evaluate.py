@@ -81,8 +81,8 @@ def _actor_pool(cfg: ExperimentConfig, adapter: Path | None) -> dict[str, object
     """`map_batches` arguments for the actors: one per GPU of the cluster, else one using this machine's cores."""
     resources = ray.cluster_resources()
     gpus = int(resources.get("GPU", 0))
-    if gpus:
-        pool, threads = {"compute": ActorPoolStrategy(size=gpus), "num_gpus": 1}, 1
+    if gpus:  # from one actor up: GPUs that other work (a Tune trial's training) holds join the pool when freed
+        pool, threads = {"compute": ActorPoolStrategy(min_size=1, max_size=gpus), "num_gpus": 1}, 1
     else:
         threads = max(1, min(os.cpu_count() or 1, int(resources.get("CPU", 1)) - 1))
         pool = {"compute": ActorPoolStrategy(size=1), "num_cpus": threads}

@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass, fields, replace
 from fractions import Fraction
 from functools import cache, partial
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any
 
 from clozemath.config import EvalConfig, EvalSetConfig, ExperimentConfig
 from clozemath.data.gsm_symbolic import instances
@@ -35,6 +35,7 @@ from clozemath.eval.prompts import (
 if TYPE_CHECKING:  # torch, transformers and peft load in seconds: `clozemath score` does without them
     import torch
 
+    from clozemath.eval.decode import Generation, PromptAttention
     from clozemath.model.load import Loaded
 
 
@@ -169,9 +170,6 @@ def eval_problems(set_cfg: EvalSetConfig) -> list[Problem]:
 # --------------------------------------------------------------------------------------------------------------
 # Prompts
 
-PromptAttention = Literal["causal", "bidirectional"]
-
-
 @dataclass(frozen=True)
 class Prompting:
     """How the evaluated model is prompted."""
@@ -256,8 +254,9 @@ def _canonical_number(text: str) -> str:
         return cleaned
 
 
-def _decode(loaded: Loaded, prompts: list[Prompt], dataset: str, decoding: str, eval_cfg: EvalConfig,
-            prompting: Prompting) -> list[Any]:
+def _decode(
+    loaded: Loaded, prompts: list[Prompt], dataset: str, decoding: str, eval_cfg: EvalConfig, prompting: Prompting
+) -> list[Generation]:
     from clozemath.eval.decode import decode
 
     return decode(
