@@ -81,11 +81,32 @@ def _data_gsm_symbolic(args: argparse.Namespace) -> None:
     print(write_jsonl(args.variant, args.per_template, args.seed, args.out, args.templates))
 
 
+def _add_prepare(commands: argparse._SubParsersAction) -> None:
+    prepare = commands.add_parser("prepare", help="show the training samples a run would make, as token ids decode")
+    prepare.add_argument("config", help="an experiment YAML")
+    prepare.add_argument("overrides", nargs="*", metavar="key=value", help="dotted config overrides")
+    prepare.add_argument("--limit", type=int, help="use the first N problems (default: data.limit)")
+    prepare.add_argument("--show", type=int, default=3, metavar="K", help="print the first K distinct samples")
+    prepare.add_argument("--format", choices=["text", "jsonl"], default="text")
+    prepare.set_defaults(handler=_prepare)
+
+
+def _prepare(args: argparse.Namespace) -> None:
+    from clozemath.config import ExperimentConfig, load_config
+    from clozemath.data.prepare import show_prepared
+
+    config = load_config(args.config, args.overrides)
+    if not isinstance(config, ExperimentConfig):
+        raise ClozeMathError(f"{args.config}: a grid; `prepare` takes one experiment")
+    show_prepared(config, args.limit, args.show, args.format)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="clozemath", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
     _add_data(commands)
     _add_score(commands)
+    _add_prepare(commands)
     _add_eval(commands)
     return parser
 

@@ -6,6 +6,8 @@ import json
 import statistics
 from typing import Any
 
+from clozemath.config import MethodConfig
+from clozemath.data.objectives import objective_counts
 from clozemath.data.segment import equation_units, segment_solution
 from clozemath.data.sources import Problem, load_problems
 
@@ -35,7 +37,7 @@ def split_stats(dataset: str, split: str, path: str | None = None) -> dict[str, 
     """Everything `clozemath data stats` reports on one split, one entry per concern."""
     problems = load_problems(dataset, split, path)
     stats: dict[str, Any] = {"dataset": dataset, "split": split, **segmentation_stats(problems)}
-    # Samples per objective ("samples": {"lm": ..., "cloze": ..., ...}) join here, counted by clozemath.data.objectives.
+    stats["samples"] = objective_counts(problems, lm_share=MethodConfig.model_fields["lm_share"].default, seed=0)
     return stats
 
 

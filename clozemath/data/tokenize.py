@@ -3,16 +3,24 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable, Sequence
+from itertools import chain
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
+import torch
 from transformers import PreTrainedTokenizerBase
 
 from clozemath.errors import ClozeMathError
+
+if TYPE_CHECKING:
+    from clozemath.data.objectives import Sample
 
 SEP = "<SEP>"
 MASK = "<mask>"
 EOS = "<EOS>"
 _RESERVED = re.compile(r"^<\|reserved_special_token_(\d+)\|>$")
+_SENTINEL_INDEX = re.compile(r"<M_(\d+)>")
 
 
 def sentinel(k: int) -> str:
@@ -76,3 +84,140 @@ def install_special_tokens(
     ids = {name: tokenizer.convert_tokens_to_ids(token) for name, token in tokens.items()}
     ids[EOS] = tokenizer.eos_token_id
     return SpecialTokens(tokens=tokens, ids=ids, added=added)
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Samples -> token ids -> batches
+
+IGNORE_INDEX = -100
+_NAME = re.compile(r"(<SEP>|<mask>|<EOS>|<M_\d+>)")
+"""Our special-token names: a sample's text is split on them, the text between is tokenized on its own."""
+_CUT = re.compile(r"\S\n(?=\S)|[.,;:?!](?= \S)")
+"""Where a text piece is cut into chunks that are tokenized apart: after a newline between two lines of text, and
+after a punctuation mark followed by a space and more text. A byte-level BPE tokenizer (Llama 3, GPT-2/SmolLM2) never
+merges across these cuts, so the ids are those of the whole piece; the samples of one problem share most chunks,
+which are then tokenized once."""
+_CUT_PROBE = "Let $x=2$.\nThen x, y; z: w! So 1.5 . (a) b? Yes:\n\\[ y = 3 \\]\nDone"
+
+
+def split_on_names(text: str) -> list[str]:
+    """`a<SEP> b` -> ['a', '<SEP>', ' b']: text at even positions ('' between adjacent names), names at odd ones."""
+    return _NAME.split(text)
+
+
+def leading_special_ids(tokenizer: PreTrainedTokenizerBase) -> list[int]:
+    """The ids the tokenizer puts before a text of its own accord (Llama 3: `<|begin_of_text|>`), else []."""
+    bare = tokenizer("x", add_special_tokens=False)["input_ids"]
+    full = tokenizer("x", add_special_tokens=True)["input_ids"]
+    for start in range(len(full) - len(bare) + 1):
+        if full[start : start + len(bare)] == bare:
+            return list(full[:start])
+    return []
+
+
+def _encode_texts(texts: list[str], tokenizer: PreTrainedTokenizerBase) -> list[list[int]]:
+    """Token ids of plain texts, in one batched call (the Rust backend directly when there is one)."""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is not None:
+        return [encoding.ids for encoding in backend.encode_batch(texts, add_special_tokens=False)]
+    return tokenizer(texts, add_special_tokens=False)["input_ids"]
+
+
+def _chunks(piece: str) -> list[str]:
+    ends = [match.end() for match in _CUT.finditer(piece)]
+    return [piece[start:end] for start, end in zip([0, *ends], [*ends, len(piece)])]
+
+
+def _cuts_are_exact(tokenizer: PreTrainedTokenizerBase) -> bool:
+    """Whether cutting at `_CUT` keeps this tokenizer's ids (not so for one that marks a word start, SentencePiece)."""
+    whole, *parts = _encode_texts([_CUT_PROBE, *_chunks(_CUT_PROBE)], tokenizer)
+    return whole == list(chain.from_iterable(parts))
+
+
+def _encode_pieces(pieces: Iterable[str], tokenizer: PreTrainedTokenizerBase) -> dict[str, list[int]]:
+    """Token ids of each distinct text piece; each distinct chunk of them tokenized once, in one batched call."""
+    cut = _chunks if _cuts_are_exact(tokenizer) else (lambda piece: [piece])
+    chunks_of = {piece: cut(piece) for piece in pieces}
+    chunks = list(dict.fromkeys(chain.from_iterable(chunks_of.values())))
+    ids_of_chunk = dict(zip(chunks, _encode_texts(chunks, tokenizer)))
+    return {piece: list(chain.from_iterable(map(ids_of_chunk.__getitem__, c))) for piece, c in chunks_of.items()}
+
+
+def _require_installed(names: set[str], specials: SpecialTokens, samples: Sequence[Sample]) -> None:
+    missing = sorted(names - specials.ids.keys(), key=lambda name: (len(name), name))
+    if missing:
+        culprit = next(s for s in samples if missing[0] in s.prefix + s.target)
+        raise ClozeMathError(
+            f"sample of {culprit.problem_id} uses {missing[0]}, which is not installed (install more sentinels)"
+        )
+
+
+def encode_samples(
+    samples: Sequence[Sample], tokenizer: PreTrainedTokenizerBase, specials: SpecialTokens, max_length: int
+) -> list[dict[str, Any] | None]:
+    """`encode_sample` over many samples at once: each distinct chunk of text is tokenized once, in one call."""
+    split = [(split_on_names(s.prefix), split_on_names(s.target)) for s in samples]
+    names = {name for pair in split for part in pair for name in part[1::2]}
+    _require_installed(names, specials, samples)
+    ids_of = _encode_pieces({text for pair in split for part in pair for text in part[::2]}, tokenizer)
+    ids_of.update((name, [specials.ids[name]]) for name in names)
+    leading = leading_special_ids(tokenizer)
+    encoded: list[dict[str, Any] | None] = []
+    for prefix_parts, target_parts in split:
+        prefix = leading + list(chain.from_iterable(map(ids_of.__getitem__, prefix_parts)))
+        target = list(chain.from_iterable(map(ids_of.__getitem__, target_parts)))
+        if len(prefix) + len(target) > max_length:
+            encoded.append(None)
+        else:
+            labels = [IGNORE_INDEX] * len(prefix) + target
+            encoded.append({"input_ids": prefix + target, "labels": labels, "prefix_len": len(prefix)})
+    return encoded
+
+
+def encode_sample(
+    sample: Sample, tokenizer: PreTrainedTokenizerBase, specials: SpecialTokens, max_length: int
+) -> dict[str, Any] | None:
+    """`input_ids`, `labels` (-100 on the prefix) and `prefix_len` (leading BOS and `<SEP>` included), or None
+    when the sample is longer than `max_length` (the caller counts those).
+
+    Special tokens are written by name in the sample and mapped through `specials`; the tokenizer only ever sees
+    the text between them.
+    """
+    return encode_samples([sample], tokenizer, specials, max_length)[0]
+
+
+def collate(batch: Sequence[dict[str, Any]], pad_id: int) -> dict[str, torch.Tensor]:
+    """Right-padded tensors: input_ids, labels (-100 on padding), attention_mask, prefix_len."""
+    width = max(len(row["input_ids"]) for row in batch)
+    input_ids = torch.full((len(batch), width), pad_id, dtype=torch.long)
+    labels = torch.full((len(batch), width), IGNORE_INDEX, dtype=torch.long)
+    attention_mask = torch.zeros((len(batch), width), dtype=torch.long)
+    for row, item in enumerate(batch):
+        length = len(item["input_ids"])
+        input_ids[row, :length] = torch.as_tensor(item["input_ids"])
+        labels[row, :length] = torch.as_tensor(item["labels"])
+        attention_mask[row, :length] = 1
+    prefix_len = torch.tensor([int(item["prefix_len"]) for item in batch], dtype=torch.long)
+    return {"input_ids": input_ids, "labels": labels, "attention_mask": attention_mask, "prefix_len": prefix_len}
+
+
+def num_sentinels_needed(samples: Iterable[Sample]) -> int:
+    """How many sentinels `<M_0>..<M_{n-1}>` the samples use (0 when none masks anything)."""
+    return max((int(k) + 1 for s in samples for k in _SENTINEL_INDEX.findall(s.prefix)), default=0)
+
+
+def decode_with_names(ids: Iterable[int], tokenizer: PreTrainedTokenizerBase, specials: SpecialTokens) -> str:
+    """Token ids as text, our special tokens written by name (`<SEP>`, `<M_0>`, `<EOS>`, ...)."""
+    names = specials.name_of()
+    parts: list[str] = []
+    run: list[int] = []
+    for token_id in [*ids, None]:
+        if token_id is not None and token_id not in names:
+            run.append(int(token_id))
+            continue
+        if run:
+            parts.append(tokenizer.decode(run, skip_special_tokens=False, clean_up_tokenization_spaces=False))
+            run = []
+        if token_id is not None:
+            parts.append(names[token_id])
+    return "".join(parts)
