@@ -13,7 +13,9 @@ import torch
 
 from clozemath.cli import main
 from clozemath.config import EvalSetConfig, load_config
+from clozemath.data.objectives import build_samples
 from clozemath.data.sources import load_problems
+from clozemath.data.tokenize import encode_sample
 from clozemath.errors import ClozeMathError
 from clozemath.eval.answers import grade
 from clozemath.eval.evaluate import (
@@ -104,13 +106,18 @@ def test_prompting_follows_the_method(smoke):
     assert prompting(load_config(SMOKE, ["eval.few_shot=true"])).few_shot
 
 
-def test_fine_tuned_prompt_is_p_then_sep(loaded, smoke):
-    problem = load_problems("gsm8k", "test", limit=1)[0]
-    (prompt,) = build_prompts([problem], loaded, prompting(smoke))
-    assert prompt.text == f"Question: {problem.question}\nAnswer:<SEP>"
+def test_fine_tuned_prompt_ids_are_the_training_prefix(loaded, smoke):
+    """Token for token the prefix of each problem's LM training sample, as the training data path builds it."""
+    problems = load_problems("gsm8k", "test", limit=20) + load_problems("math", "test", limit=10)
+    prompts = build_prompts(problems, loaded, prompting(smoke))
+    for problem, prompt in zip(problems, prompts):
+        (lm,) = [s for s in build_samples(problem, smoke.method, smoke.data.prompt_template, 0) if s.kind == "lm"]
+        encoded = encode_sample(lm, loaded.tokenizer, loaded.specials, max_length=100_000)
+        assert prompt.ids == encoded["input_ids"][: encoded["prefix_len"]]
+        assert prompt.text == lm.prefix == f"Question: {problem.question}\nAnswer:<SEP>"
     sep = loaded.specials.ids["<SEP>"]
-    assert prompt.ids[0] == loaded.tokenizer.bos_token_id and prompt.ids[-1] == sep and prompt.ids.count(sep) == 1
-    assert loaded.tokenizer.decode(prompt.ids[1:-1]) == f"Question: {problem.question}\nAnswer:"
+    assert prompts[0].ids[0] == loaded.tokenizer.bos_token_id and prompts[0].ids[-1] == sep
+    assert loaded.tokenizer.decode(prompts[0].ids[1:-1]) == f"Question: {problems[0].question}\nAnswer:"
 
 
 def test_few_shot_prompts_are_the_harness_ones(loaded, smoke):

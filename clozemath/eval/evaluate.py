@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import random
+import sys
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, fields, replace
@@ -19,23 +20,23 @@ from typing import TYPE_CHECKING, Any
 from clozemath.config import EvalConfig, EvalSetConfig, ExperimentConfig
 from clozemath.data.gsm_symbolic import instances
 from clozemath.data.sources import Problem, load_problems, read_jsonl
-from clozemath.data.tokenize import SEP
+from clozemath.data.objectives import format_prompt, lm_sample
+from clozemath.data.tokenize import encode_samples
 from clozemath.errors import ClozeMathError
 from clozemath.eval.answers import DATASETS, answer_span, grade, normalize_math_answer
+from clozemath.eval.decode import Generation, PromptAttention, decode
 from clozemath.eval.prompts import (
     GSM8K_SHOTS,
     GSM8K_STOP,
     MINERVA_MATH_STOP,
-    finetuned_prompt,
     gsm8k_few_shot,
     gsm8k_shots,
     minerva_math_few_shot,
 )
 
-if TYPE_CHECKING:  # torch, transformers and peft load in seconds: `clozemath score` does without them
+if TYPE_CHECKING:  # peft takes seconds to import: `clozemath score` does without it
     import torch
 
-    from clozemath.eval.decode import Generation, PromptAttention
     from clozemath.model.load import Loaded
 
 
@@ -218,22 +219,24 @@ def stop_strings(dataset: str, prompting: Prompting) -> tuple[str, ...]:
     return MINERVA_MATH_STOP if dataset == "math" else GSM8K_STOP
 
 
-def finetuned_prompt_ids(problems: Sequence[Problem], loaded: Loaded, template: str) -> list[list[int]]:
-    """`P<SEP>` token ids: the leading special ids (BOS), P, then `<SEP>`'s id."""
-    tokenizer, sep_id = loaded.tokenizer, loaded.specials.ids[SEP]
-    texts = [template.format(question=problem.question) for problem in problems]
-    return [ids + [sep_id] for ids in tokenizer(texts, add_special_tokens=True)["input_ids"]]
+def finetuned_prompts(problems: Sequence[Problem], loaded: Loaded, template: str) -> list[Prompt]:
+    """`P<SEP>`, token for token the prefix of the problem's LM training sample (BOS, P, `<SEP>`): built and encoded by
+    the training code itself."""
+    samples = [lm_sample(problem.id, format_prompt(template, problem.question), "") for problem in problems]
+    encoded = encode_samples(samples, loaded.tokenizer, loaded.specials, max_length=sys.maxsize)
+    return [
+        Prompt(sample.prefix, row["input_ids"][: row["prefix_len"]])
+        for sample, row in zip(samples, encoded)
+        if row is not None
+    ]
 
 
 def build_prompts(problems: Sequence[Problem], loaded: Loaded, prompting: Prompting) -> list[Prompt]:
-    if prompting.few_shot:
-        texts = [few_shot_prompt(problem) for problem in problems]
-        ids = loaded.tokenizer(texts, add_special_tokens=True)["input_ids"]
-        return [Prompt(text, list(row)) for text, row in zip(texts, ids)]
-    ids = finetuned_prompt_ids(problems, loaded, prompting.template)
-    return [
-        Prompt(finetuned_prompt(problem.question, SEP, prompting.template), row) for problem, row in zip(problems, ids)
-    ]
+    if not prompting.few_shot:
+        return finetuned_prompts(problems, loaded, prompting.template)
+    texts = [few_shot_prompt(problem) for problem in problems]
+    ids = loaded.tokenizer(texts, add_special_tokens=True)["input_ids"]
+    return [Prompt(text, list(row)) for text, row in zip(texts, ids)]
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -257,8 +260,6 @@ def _canonical_number(text: str) -> str:
 def _decode(
     loaded: Loaded, prompts: list[Prompt], dataset: str, decoding: str, eval_cfg: EvalConfig, prompting: Prompting
 ) -> list[Generation]:
-    from clozemath.eval.decode import decode
-
     return decode(
         loaded.model, loaded.tokenizer, [prompt.ids for prompt in prompts], decoding,  # type: ignore[arg-type]
         max_new_tokens=eval_cfg.max_new_tokens, stop=stop_strings(dataset, prompting),
