@@ -167,6 +167,17 @@ def test_few_shot_generations_stop_at_the_harness_stops(loaded, smoke):
         assert not any(stop in prediction.generation for stop in GSM8K_STOP)
 
 
+def test_a_batch_mixing_sets_is_prompted_and_graded_per_set(loaded, smoke):
+    problems = [*load_problems("math", "test", limit=2), *load_problems("gsm8k", "test", limit=2)]
+    base = load_config(SMOKE, ["method=base", "eval.max_new_tokens=4"])
+    predictions = evaluate_batch(loaded, problems, "cot", base.eval, prompting(base))
+    assert [p.id for p in predictions] == [p.id for p in problems]
+    assert [p.prompt.startswith("Problem:") for p in predictions] == [True, True, False, False]
+    for prediction in predictions:
+        graded = grade(prediction.dataset, prediction.generation, prediction.gold)
+        assert (prediction.extracted, prediction.correct) == (graded.extracted, graded.correct)
+
+
 # --------------------------------------------------------------------------------------------------------------
 # Adapters and `clozemath eval`
 
