@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import sys
 import time
 from collections.abc import Iterator
@@ -189,6 +190,23 @@ def _write_metrics(folder: Path, values: dict[str, float]) -> None:
     (folder / "metrics.json").write_text(json.dumps(values, indent=1, sort_keys=True) + "\n")
 
 
+_REMOTE_USER_ERROR = re.compile(r"clozemath\.errors\.ClozeMathError: (.+)")
+
+
+def _user_error(exc: BaseException) -> ClozeMathError | None:
+    """A ClozeMathError raised in an actor (a model that cannot be loaded) reaches the driver inside Ray's own
+    exceptions, its one line kept in their text: that line again, for the CLI to print as it prints any other."""
+    seen: BaseException | None = exc
+    while seen is not None:
+        if isinstance(seen, ClozeMathError):
+            return seen
+        found = _REMOTE_USER_ERROR.findall(str(seen))
+        if found:
+            return ClozeMathError(found[-1])
+        seen = seen.__cause__ or seen.__context__
+    return None
+
+
 @dataclass
 class EvalResult:
     metrics: dict[str, float]
@@ -216,7 +234,13 @@ def run_evaluation(
         if tracking_run_id is None:
             log_config(uri, run_id, cfg)
         init_ray()
-        values = evaluate_on_ray(cfg, adapter, folder)
+        try:
+            values = evaluate_on_ray(cfg, adapter, folder)
+        except Exception as exc:
+            user_error = _user_error(exc)
+            if user_error is None:
+                raise
+            raise user_error from None
         log_metrics(uri, run_id, step, values)
         succeeded = True
     finally:

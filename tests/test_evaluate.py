@@ -251,6 +251,17 @@ def test_clozemath_eval_runs_on_ray_data_and_logs_to_mlflow(ray_session, adapter
     assert logged == {"eval/predictions/gsm8k.jsonl", "eval/predictions/gsm_p1.jsonl"}
 
 
+@pytest.mark.slow
+def test_a_model_the_actor_cannot_load_is_a_one_line_error(ray_session, tmp_path, capsys):
+    argv = [
+        "eval", str(SMOKE), "method=base", "model.tokenizer=/nowhere/tokenizer", f"train.output_dir={tmp_path}",
+        f"tracking.uri=sqlite:///{tmp_path / 'mlruns.db'}",
+    ]
+    assert main(argv) == 2
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    assert last == "clozemath: error: tokenizer path '/nowhere/tokenizer': no such folder"
+
+
 # --------------------------------------------------------------------------------------------------------------
 # The throughput benchmark's CPU path
 
