@@ -40,9 +40,16 @@ def _data_stats(args: argparse.Namespace) -> None:
 
 
 def _add_run(commands: argparse._SubParsersAction) -> None:
-    run = commands.add_parser("run", help="train one experiment on Ray (locally, or on the cluster at RAY_ADDRESS)")
-    run.add_argument("config", help="an experiment YAML")
-    run.add_argument("overrides", nargs="*", metavar="key=value", help="dotted config overrides")
+    run = commands.add_parser(
+        "run",
+        help="train and evaluate an experiment or a grid on Ray Tune (locally, or on the cluster at RAY_ADDRESS); "
+        "run again with the same config to resume an interrupted grid",
+    )
+    run.add_argument("config", help="an experiment YAML (a grid of one) or a grid YAML (configs/grids/)")
+    run.add_argument(
+        "overrides", nargs="*", metavar="key=value",
+        help="dotted config overrides (of a grid's base; `axes.<axis>=[...]` narrows an axis)",
+    )
     run.set_defaults(handler=_run)
 
 

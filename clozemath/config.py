@@ -8,7 +8,9 @@ values are such overrides. Every mistake becomes a one-line `ClozeMathError` nam
 
 from __future__ import annotations
 
+import copy
 import itertools
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
@@ -137,6 +139,8 @@ class EvalSetConfig(_Strict):
     """GSM-Symbolic instances drawn per template (100 templates x 50 = the paper's 5000)."""
     generate: bool = False
     """gsm_p2: instantiate the p2 templates (`per_template`, `seed`) instead of reading Apple's released instances."""
+    decodings: list[Decoding] | None = None
+    """This set's decodings, a subset of `eval.decodings` (default: all of them); e.g. CoT-decoding on GSM8K only."""
 
 
 class EvalConfig(_Strict):
@@ -156,6 +160,18 @@ class EvalConfig(_Strict):
     """Also evaluate at these training-step intervals, on `during_training_limit` problems of the first set."""
     during_training_limit: int = 100
 
+    @model_validator(mode="after")
+    def _set_decodings_are_known(self) -> EvalConfig:
+        for set_cfg in self.sets:
+            unknown = [decoding for decoding in set_cfg.decodings or [] if decoding not in self.decodings]
+            if unknown:
+                raise ValueError(f"set '{set_cfg.dataset}' asks for decoding '{unknown[0]}', not in eval.decodings")
+        return self
+
+    def decodings_of(self, set_cfg: EvalSetConfig) -> list[Decoding]:
+        """The decodings one set is evaluated with, in `decodings`' order."""
+        return [d for d in dict.fromkeys(self.decodings) if set_cfg.decodings is None or d in set_cfg.decodings]
+
 
 class TrackingConfig(_Strict):
     uri: str = "sqlite:///mlruns.db"
@@ -174,14 +190,28 @@ class ExperimentConfig(_Strict):
     tracking: TrackingConfig = TrackingConfig()
 
 
+class GridRule(_Strict):
+    when: dict[str, Any]
+    """Axis -> value (or list of values): the points this rule applies to."""
+    set: dict[str, Any]
+    """Dotted key -> value, applied after the point's own axis values."""
+
+
 class GridConfig(_Strict):
     name: str
     base: dict[str, Any]
     """An experiment (inline, or `experiment: <name>` to start from `configs/experiments/<name>.yaml`)."""
-    axes: dict[str, list[Any]] = {}
-    """Dotted key -> values; the grid is their product, each point applied to `base` as overrides."""
+    axes: dict[str, list[Any] | dict[str, dict[str, Any]]] = {}
+    """The grid is the product of its axes. An axis is either a dotted key -> its values (`train.seed: [0, 1]`), or a
+    name -> labelled bundles of dotted keys set together (`dataset: {gsm8k: {data: gsm8k, eval.sets: [...]}}`)."""
+    exclude: list[dict[str, Any]] = []
+    """Points left out: each entry maps axes to a value (or a list of values); a point matching all of them goes."""
+    overrides: list[GridRule] = []
+    """Conditional overrides: `set` applies to the points matching `when` (e.g. MFT's noise per training set)."""
     max_concurrent_trials: int | None = None
-    tracking: TrackingConfig = TrackingConfig()
+    """Default: as many trials as the cluster's GPUs hold (one at a time on CPU)."""
+    tracking: TrackingConfig | None = None
+    """Default: the base experiment's."""
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -292,7 +322,7 @@ def _validate(cls: type[BaseModel], raw: dict[str, Any], source: Path | str) -> 
 def experiment_from_dict(
     raw: dict[str, Any], root: Path, source: Path | str, overrides: list[tuple[str, Any]] = ()
 ) -> ExperimentConfig:
-    raw = dict(raw)
+    raw = copy.deepcopy(raw)  # overrides write into nested mappings: the caller's (a grid's base) stays untouched
     base_name = raw.pop("experiment", None)
     if base_name is not None:
         base = read_yaml(root / "experiments" / f"{base_name}.yaml")
@@ -316,8 +346,42 @@ def is_grid(raw: dict[str, Any]) -> bool:
     return "axes" in raw or "base" in raw
 
 
+_GRID_KEYS = ("name", "max_concurrent_trials")
+"""Overrides of a grid that set the grid itself; `axes.<axis>=...` replaces (or, for bundles, picks) an axis's values;
+`tracking.*` sets the grid's tracking (when it has its own) and the base's; any other key goes to the base."""
+
+
+def _override_grid(grid: GridConfig, key: str, value: Any, root: Path, source: Path | str) -> None:
+    if key in _GRID_KEYS:
+        setattr(grid, key, value)
+    elif key.startswith("axes."):
+        grid.axes = {**grid.axes, **{key[len("axes."):]: _narrowed_axis(grid, key[len("axes."):], value, source)}}
+    else:
+        apply_override(grid.base, key, value, root, source)
+        if key.startswith("tracking.") and grid.tracking is not None:
+            raw = grid.tracking.model_dump()
+            apply_override(raw, key[len("tracking."):], value, root, source)
+            grid.tracking = _validate(TrackingConfig, raw, f"{source}: override '{key}'")
+
+
+def _narrowed_axis(grid: GridConfig, axis: str, value: Any, source: Path | str) -> list[Any] | dict[str, Any]:
+    """`axes.seed=[0]`: new values for a dotted-key axis; for a bundle axis, the labels to keep (or new bundles)."""
+    values = value if isinstance(value, (list, dict)) else [value]
+    current = grid.axes.get(axis)
+    if current is None:
+        raise ClozeMathError(f"{source}: override 'axes.{axis}': no such axis (axes: {', '.join(grid.axes) or 'none'})")
+    if isinstance(current, dict) and isinstance(values, list):
+        unknown = [label for label in values if label not in current]
+        if unknown:
+            raise ClozeMathError(
+                f"{source}: override 'axes.{axis}': no bundle '{unknown[0]}' (bundles: {', '.join(current)})"
+            )
+        return {label: current[label] for label in values}
+    return values
+
+
 def load_config(path: str | Path, overrides: list[str] = ()) -> ExperimentConfig | GridConfig:
-    """Load an experiment or a grid YAML with command-line overrides applied (to the base, for a grid)."""
+    """Load an experiment or a grid YAML with command-line overrides applied (see `_GRID_KEYS` for a grid's)."""
     path = Path(path)
     raw = read_yaml(path)
     root = configs_root(path)
@@ -325,34 +389,93 @@ def load_config(path: str | Path, overrides: list[str] = ()) -> ExperimentConfig
     if not is_grid(raw):
         return experiment_from_dict(raw, root, path, parsed)
     grid = _validate(GridConfig, raw, path)
-    base = dict(grid.base)
+    grid.base = copy.deepcopy(grid.base)
     for key, value in parsed:
-        apply_override(base, key, value, root, path)
-    grid.base = base
-    for experiment in expand_grid(grid, root, path):  # refuse a bad grid before anything starts
-        del experiment
+        _override_grid(grid, key, value, root, path)
+    expand_grid(grid, root, path)  # refuse a bad grid before anything starts
     return grid
 
 
-def grid_points(grid: GridConfig) -> list[dict[str, Any]]:
-    keys = list(grid.axes)
-    return [dict(zip(keys, values)) for values in itertools.product(*(grid.axes[k] for k in keys))]
+@dataclass(frozen=True)
+class GridPoint:
+    """One trial of a grid: the value (or bundle label) it takes on each axis, and the overrides those make."""
+
+    labels: dict[str, Any]
+    overrides: list[tuple[str, Any]]
+
+    def label(self) -> str:
+        """`model=tiny-llama,method=clozemath,seed=0`: each axis by the last part of its key (whole when ambiguous)."""
+        short = [axis.split(".")[-1] for axis in self.labels]
+        return ",".join(
+            f"{name if short.count(name) == 1 else axis}={value}"
+            for name, axis, value in zip(short, self.labels, self.labels.values())
+        ) or "default"
 
 
-def point_label(point: dict[str, Any]) -> str:
-    return ",".join(f"{k.split('.')[-1]}={v}" for k, v in point.items()) or "default"
+def _axis_choices(axis: str, values: list[Any] | dict[str, dict[str, Any]], source: Path | str) -> list[tuple[Any, list[tuple[str, Any]]]]:
+    """(label, overrides) for every value of one axis."""
+    if not values:
+        raise ClozeMathError(f"{source}: axis '{axis}' has no values")
+    if isinstance(values, dict):
+        for label, bundle in values.items():
+            if not isinstance(bundle, dict):
+                raise ClozeMathError(
+                    f"{source}: axis '{axis}', bundle '{label}': expected a mapping of dotted keys, got {bundle!r}"
+                )
+        return [(label, list(bundle.items())) for label, bundle in values.items()]
+    return [(value, [(axis, value)]) for value in values]
+
+
+def _matches(labels: dict[str, Any], condition: dict[str, Any]) -> bool:
+    return all(labels[axis] in (want if isinstance(want, list) else [want]) for axis, want in condition.items())
+
+
+def _check_condition(grid: GridConfig, condition: dict[str, Any], where: str, source: Path | str) -> None:
+    """Every axis a `when`/`exclude` entry names exists, and every value it names is one of that axis's."""
+    for axis, want in condition.items():
+        if axis not in grid.axes:
+            raise ClozeMathError(f"{source}: {where}: unknown axis '{axis}' (axes: {', '.join(grid.axes) or 'none'})")
+        known = list(grid.axes[axis])
+        for value in want if isinstance(want, list) else [want]:
+            if value not in known:
+                raise ClozeMathError(
+                    f"{source}: {where}: axis '{axis}' has no value {value!r} (values: {', '.join(map(str, known))})"
+                )
+
+
+def grid_points(grid: GridConfig, source: Path | str = "grid") -> list[GridPoint]:
+    """The product of the axes, less the excluded points, each with its conditional overrides."""
+    for index, condition in enumerate(grid.exclude):
+        _check_condition(grid, condition, f"exclude[{index}]", source)
+    for index, rule in enumerate(grid.overrides):
+        _check_condition(grid, rule.when, f"overrides[{index}].when", source)
+    choices = [_axis_choices(axis, values, source) for axis, values in grid.axes.items()]
+    points = []
+    for combination in itertools.product(*choices):
+        labels = {axis: label for axis, (label, _) in zip(grid.axes, combination)}
+        if any(_matches(labels, condition) for condition in grid.exclude):
+            continue
+        overrides = [item for _, items in combination for item in items]
+        overrides += [item for rule in grid.overrides if _matches(labels, rule.when) for item in rule.set.items()]
+        points.append(GridPoint(labels, overrides))
+    if not points:
+        raise ClozeMathError(f"{source}: `exclude` leaves no point of the grid")
+    return points
 
 
 def expand_grid(grid: GridConfig, root: Path | None = None, source: Path | str = "grid") -> list[ExperimentConfig]:
-    """One validated experiment per point of the grid, named `<grid>/<point>`."""
+    """One validated experiment per point of the grid, named `<grid>/<point>`, all tracked alike."""
     root = root or configs_root()
     experiments = []
-    for point in grid_points(grid):
-        name = f"{grid.name}/{point_label(point)}" if point else grid.name
-        overrides = list(point.items()) + [("name", name)]
-        experiment = experiment_from_dict(grid.base, root, source, overrides)
-        experiment.tracking = grid.tracking
+    for point in grid_points(grid, source):
+        name = f"{grid.name}/{point.label()}" if point.labels else grid.name
+        where = f"{source} (point {point.label()})"
+        experiment = experiment_from_dict(grid.base, root, where, [*point.overrides, ("name", name)])
+        if grid.tracking is not None:
+            experiment.tracking = grid.tracking
         experiments.append(experiment)
+    if len({experiment.tracking.model_dump_json() for experiment in experiments}) > 1:
+        raise ClozeMathError(f"{source}: every point of a grid must share one `tracking` (an axis sets tracking.*)")
     return experiments
 
 
@@ -360,7 +483,7 @@ def as_grid(config: ExperimentConfig | GridConfig) -> GridConfig:
     """A single experiment is a grid of one."""
     if isinstance(config, GridConfig):
         return config
-    return GridConfig(name=config.name, base=config.model_dump(), tracking=config.tracking)
+    return GridConfig(name=config.name, base=config.model_dump())
 
 
 def flatten(config: BaseModel | dict[str, Any], prefix: str = "") -> dict[str, Any]:

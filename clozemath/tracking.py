@@ -15,7 +15,7 @@ from tempfile import TemporaryDirectory
 from typing import Any
 
 from mlflow import MlflowClient
-from mlflow.entities import Metric, Param, RunStatus
+from mlflow.entities import Metric, Param, Run, RunStatus
 from mlflow.exceptions import MlflowException
 from pydantic import BaseModel
 
@@ -107,3 +107,18 @@ def log_metrics(uri: str, run_id: str, step: int, metrics: Mapping[str, float]) 
 
 def log_artifacts(uri: str, run_id: str, folder: str | Path, artifact_path: str | None = None) -> None:
     client(uri).log_artifacts(run_id, str(folder), artifact_path=artifact_path)
+
+
+def find_runs(tracking: TrackingConfig, tags: Mapping[str, str]) -> list[Run]:
+    """The runs of the config's experiment carrying all these tags, newest first (none if it does not exist)."""
+    mlflow = client(tracking.uri)
+    experiment = mlflow.get_experiment_by_name(tracking.experiment)
+    if experiment is None:
+        return []
+    query = " and ".join(f"tags.`{key}` = '{value}'" for key, value in tags.items())
+    return list(mlflow.search_runs([experiment.experiment_id], filter_string=query, order_by=["attributes.start_time DESC"]))
+
+
+def reopen_run(uri: str, run_id: str) -> None:
+    """Mark a run running again (a trial resumed after its driver died logs on into the run it had)."""
+    client(uri).update_run(run_id, status=RunStatus.to_string(RunStatus.RUNNING))

@@ -64,15 +64,19 @@ class Evaluator:
         if device == "cpu":
             torch.set_num_threads(cpu_threads)
         self.cfg = cfg
+        self.decodings = {set_cfg.dataset: cfg.eval.decodings_of(set_cfg) for set_cfg in cfg.eval.sets}
         self.prompting = prompting(cfg)
         self.loaded = load_evaluated_model(cfg, adapter, device)
 
     def __call__(self, batch: pa.Table) -> pa.Table:
         problems = [Problem(**row) for row in batch.to_pylist()]
         rows = []
-        for decoding in self.cfg.eval.decodings:
+        for decoding in dict.fromkeys(self.cfg.eval.decodings):
+            chosen = [problem for problem in problems if decoding in self.decodings[problem.dataset]]
+            if not chosen:
+                continue
             started = time.perf_counter()
-            predictions = evaluate_batch(self.loaded, problems, decoding, self.cfg.eval, self.prompting)
+            predictions = evaluate_batch(self.loaded, chosen, decoding, self.cfg.eval, self.prompting)
             share = (time.perf_counter() - started) / len(predictions)
             rows.extend({**asdict(prediction), "seconds": share} for prediction in predictions)
         return pa.Table.from_pylist(rows, schema=SCHEMA)
@@ -141,14 +145,14 @@ def _sets(cfg: ExperimentConfig, folder: Path) -> dict[str, _SetProgress]:
     repeated = next((name for name in names if names.count(name) > 1), None)
     if repeated is not None:
         raise ClozeMathError(f"eval.sets: '{repeated}' appears twice (metrics are named by set)")
-    decodings = list(dict.fromkeys(cfg.eval.decodings))
-    return {
-        set_cfg.dataset: _SetProgress(
-            set_cfg.dataset, eval_problems(set_cfg), decodings, folder / "predictions" / f"{set_cfg.dataset}.partial.jsonl",
-            [], dict.fromkeys(decodings, 0.0),
+    sets = {}
+    for set_cfg in cfg.eval.sets:
+        decodings = cfg.eval.decodings_of(set_cfg)
+        partial = folder / "predictions" / f"{set_cfg.dataset}.partial.jsonl"
+        sets[set_cfg.dataset] = _SetProgress(
+            set_cfg.dataset, eval_problems(set_cfg), decodings, partial, [], dict.fromkeys(decodings, 0.0)
         )
-        for set_cfg in cfg.eval.sets
-    }
+    return sets
 
 
 def evaluate_on_ray(cfg: ExperimentConfig, adapter: Path | None, folder: Path) -> dict[str, float]:
@@ -166,8 +170,8 @@ def evaluate_on_ray(cfg: ExperimentConfig, adapter: Path | None, folder: Path) -
     )
     values: dict[str, float] = {}
     started = time.perf_counter()
-    decodings = len(next(iter(sets.values())).decodings)
-    with _without_ray_progress_bars(), tqdm(total=len(problems), desc="eval", unit="problem", file=sys.stderr) as bar:
+    total = sum(progress.expected for progress in sets.values())
+    with _without_ray_progress_bars(), tqdm(total=total, desc="eval", unit="prediction", file=sys.stderr) as bar:
         for batch in dataset.iter_batches(batch_size=None, batch_format="pyarrow"):
             rows = batch.to_pylist()
             for name, progress in sets.items():
@@ -179,7 +183,7 @@ def evaluate_on_ray(cfg: ExperimentConfig, adapter: Path | None, folder: Path) -
                     values.update(progress.finish(folder))
                     _write_metrics(folder, values)
                     bar.write(f"eval: {name} done ({len(progress.problems)} problems)")
-            bar.update(len(rows) // decodings)
+            bar.update(len(rows))
     values["eval/seconds"] = time.perf_counter() - started
     _write_metrics(folder, values)
     return values

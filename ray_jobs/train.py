@@ -14,6 +14,7 @@ import os
 import shutil
 import time
 import warnings
+from collections.abc import Sequence
 from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
@@ -27,7 +28,8 @@ from ray.train.torch import TorchTrainer
 from clozemath import tracking
 from clozemath.config import ExperimentConfig
 from clozemath.errors import ClozeMathError
-from clozemath.train.loop import ADAPTER_DIR, StepMetrics, plan_steps
+from clozemath.eval.during_training import evaluate_step, step_evaluation
+from clozemath.train.loop import ADAPTER_DIR, StepMetrics, all_ranks_sum, plan_steps
 from ray_jobs.preprocess import Prepared
 
 KEEP_CHECKPOINTS = 2
@@ -50,9 +52,17 @@ def train_worker(settings: dict[str, Any]) -> None:
     torch.manual_seed(config.train.seed)  # every rank builds the same LoRA initialisation
     loaded = load_model(config.model, settings["num_sentinels"], device, training=True)
     rows = list(ray.train.get_dataset_shard("train").iter_rows())
+    evaluation = step_evaluation(config)
+    context = ray.train.get_context()
 
     def report(metrics: StepMetrics, checkpoint: Path | None) -> None:
-        ray.train.report(metrics.as_dict(), checkpoint=Checkpoint.from_directory(checkpoint) if checkpoint else None)
+        values = metrics.as_dict()
+        if evaluation is not None and evaluation.due(metrics.step, metrics.total_steps):
+            values |= evaluate_step(
+                evaluation, loaded, config, context.get_world_rank(), context.get_world_size(),
+                lambda counts: all_ranks_sum(counts, device),
+            )
+        ray.train.report(values, checkpoint=Checkpoint.from_directory(checkpoint) if checkpoint else None)
 
     latest = ray.train.get_checkpoint()
     with latest.as_directory() if latest is not None else nullcontext(None) as resume_from:
@@ -68,7 +78,8 @@ def train_worker(settings: dict[str, Any]) -> None:
 
 
 class ForwardMetrics(UserCallback):
-    """On the Train controller: log rank 0's step metrics to MLflow and print a progress line."""
+    """On the Train controller: log rank 0's step metrics (and evaluations during training) to MLflow and print a
+    progress line."""
 
     def __init__(self, tracking_uri: str, run_id: str, label: str) -> None:
         self.tracking_uri = tracking_uri
@@ -77,11 +88,15 @@ class ForwardMetrics(UserCallback):
 
     def after_report(self, run_context: Any, metrics: list[dict[str, Any]], checkpoint: Checkpoint | None) -> None:
         reported = metrics[0]
-        values = {name: value for name, value in reported.items() if name.startswith("train/")}
+        values = {name: value for name, value in reported.items() if name.startswith(("train/", "eval/"))}
         tracking.log_metrics(self.tracking_uri, self.run_id, reported["step"], values)
+        accuracies = "".join(
+            f"  {name.removeprefix('eval/').removesuffix('/accuracy')} {value:.1%}"
+            for name, value in values.items() if name.startswith("eval/") and name.endswith("/accuracy")
+        )
         print(
             f"[{self.label}] step {reported['step']}/{reported['total_steps']}  loss {values['train/loss']:.4f}  "
-            f"lr {values['train/lr']:.2e}  {values['train/tokens_per_s']:.0f} tok/s"
+            f"lr {values['train/lr']:.2e}  {values['train/tokens_per_s']:.0f} tok/s{accuracies}"
             + ("  (checkpoint)" if checkpoint is not None else ""),
             flush=True,
         )
@@ -104,19 +119,30 @@ def check_plan(config: ExperimentConfig, prepared: Prepared) -> None:
         )
 
 
-def fit(config: ExperimentConfig, prepared: Prepared, run_folder: Path, run_id: str) -> Path:
-    """Train on Ray; returns the adapter folder (`<run_folder>/adapter`)."""
+def fit(
+    config: ExperimentConfig,
+    prepared: Prepared,
+    run_folder: Path,
+    run_id: str,
+    run_name: str | None = None,
+    callbacks: Sequence[UserCallback] = (),
+) -> Path:
+    """Train on Ray; returns the adapter folder (`<run_folder>/adapter`).
+
+    `run_name`: Ray Train's run (under `<run_folder>/ray`); a run started again under the same name resumes from its
+    latest checkpoint (a grid trial restarted after its driver died). Default: a new, time-stamped one.
+    `callbacks`: more Train callbacks (a Tune trial's `TuneReportCallback`)."""
     check_plan(config, prepared)
     trainer = TorchTrainer(
         train_worker,
         train_loop_config={"experiment": config.model_dump(), "num_sentinels": prepared.num_sentinels},
         scaling_config=ScalingConfig(num_workers=config.train.num_workers, use_gpu=use_gpu(config)),
         run_config=RunConfig(
-            name=time.strftime("train-%Y%m%d-%H%M%S"),
+            name=run_name or time.strftime("train-%Y%m%d-%H%M%S"),
             storage_path=str(run_folder / "ray"),
             failure_config=FailureConfig(max_failures=config.train.max_failures),
             checkpoint_config=CheckpointConfig(num_to_keep=KEEP_CHECKPOINTS),
-            callbacks=[ForwardMetrics(tracking.resolved_uri(config.tracking.uri), run_id, config.name)],
+            callbacks=[ForwardMetrics(tracking.resolved_uri(config.tracking.uri), run_id, config.name), *callbacks],
         ),
         datasets={"train": prepared.dataset()},
         dataset_config=DataConfig(execution_options=ExecutionOptions(preserve_order=True)),

@@ -1,0 +1,71 @@
+"""Evaluation during training: accuracy against training steps (the paper's Figure 3).
+
+Every `eval.every_steps` optimizer steps (the last one excepted: the run's full evaluation covers it), the training
+workers decode `eval.during_training_limit` problems of the first evaluation set with its first decoding, on the
+weights they hold, and report `eval/<set>/<decoding>/accuracy` (and `correct`, `total`) with that step's metrics.
+Each rank decodes its share of the problems and the counts are summed over the ranks; under ZeRO-3, where every
+forward pass gathers parameters from all ranks, every rank decodes all of them in step instead.
+
+Ray-free: the caller hands in the rank, the world size and a function that sums counts over the ranks.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from clozemath.config import ExperimentConfig
+from clozemath.data.sources import Problem
+from clozemath.eval.evaluate import eval_problems, evaluate_batch, prompting
+
+if TYPE_CHECKING:
+    from clozemath.model.load import Loaded
+
+SumOverRanks = Callable[[list[float]], list[float]]
+
+
+@dataclass(frozen=True)
+class StepEvaluation:
+    """What a training run evaluates at its intermediate steps."""
+
+    set_name: str
+    decoding: str
+    problems: list[Problem]
+    every_steps: int
+
+    def due(self, step: int, total_steps: int) -> bool:
+        return step % self.every_steps == 0 and step < total_steps
+
+
+def step_evaluation(cfg: ExperimentConfig) -> StepEvaluation | None:
+    """The subset evaluated during training, or None when `eval.every_steps` is unset."""
+    if cfg.eval.every_steps is None or not cfg.eval.sets:
+        return None
+    first = cfg.eval.sets[0]
+    limit = min(first.limit or cfg.eval.during_training_limit, cfg.eval.during_training_limit)
+    problems = eval_problems(first.model_copy(update={"limit": limit}))
+    return StepEvaluation(first.dataset, cfg.eval.decodings_of(first)[0], problems, cfg.eval.every_steps)
+
+
+def evaluate_step(
+    evaluation: StepEvaluation,
+    loaded: Loaded,
+    cfg: ExperimentConfig,
+    rank: int,
+    world_size: int,
+    sum_over_ranks: SumOverRanks,
+) -> dict[str, float]:
+    """Decode and grade this rank's share of the subset with the model in eval mode (back in train mode after)."""
+    lockstep = cfg.train.zero_stage == 3
+    mine = evaluation.problems if lockstep else evaluation.problems[rank::world_size]
+    model = loaded.model
+    model.eval()
+    try:
+        predictions = evaluate_batch(loaded, mine, evaluation.decoding, cfg.eval, prompting(cfg)) if mine else []
+    finally:
+        model.train()
+    counts = [float(sum(p.correct for p in predictions)), float(len(predictions))]
+    correct, total = counts if lockstep else sum_over_ranks(counts)
+    key = f"eval/{evaluation.set_name}/{evaluation.decoding}"
+    return {f"{key}/accuracy": correct / total if total else 0.0, f"{key}/correct": correct, f"{key}/total": total}

@@ -1,0 +1,251 @@
+"""The grid on Ray Tune: one trial per point, each a `run_experiment` (preprocess, Ray Train, evaluation).
+
+The trial is a Tune function trainable: it launches the trial's `TorchTrainer` (Ray Train V2 runs no longer go into a
+`Tuner` themselves), whose workers hold their own resources, with a `TuneReportCallback` so that every step's
+metrics reach Tune; then it evaluates. The function itself asks for one CPU; how many trials run at once follows
+the cluster's GPUs (`max_concurrent_trials` overrides it).
+
+MLflow: the driver opens one parent run per grid; each trial logs into a child run tagged with its model, method,
+training set and seed. Restore: the Tune experiment lives in `<train.output_dir>/tune/<grid>-<key>`, the key a hash
+of every trial's resolved config. `clozemath run` with the same config finds it and calls `Tuner.restore`:
+finished trials are not run again; an unfinished trial starts its function again, whose `TorchTrainer` (under a
+run name fixed by the trial's config) resumes from its latest checkpoint, and which logs on into its child run. A
+trial whose child run already finished (the driver died before Tune recorded it) only reports that run's metrics.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import ray
+from ray import tune
+from ray.tune.integration.ray_train import TuneReportCallback
+
+from clozemath import tracking
+from clozemath.config import ExperimentConfig, GridConfig, dump_yaml, expand_grid
+from clozemath.errors import ClozeMathError
+from clozemath.model.load import load_tokenizer
+from ray_jobs.cluster import init_ray
+from ray_jobs.run import progress, run_experiment
+
+TRIAL_RESOURCES = {"CPU": 1}
+"""The trial function's own: Ray Train's workers, Ray Data's tasks and the evaluation actors ask for theirs."""
+TUNE_DIR = "tune"
+RUN_ID_KEY = "mlflow_run_id"
+GRID_TAG, GRID_KEY_TAG, ROLE_TAG, TRIAL_TAG = "grid", "grid_key", "role", "trial"
+TRIAL_TAGS = ("model", "method", "train_set", "seed")
+"""The tags a child run carries besides its grid and trial name (what `clozemath report` groups by)."""
+
+
+@dataclass(frozen=True)
+class TrialOutcome:
+    name: str
+    status: str
+    """Tune's: TERMINATED (finished), ERROR, ..."""
+    run_id: str | None
+    metrics: dict[str, Any] = field(default_factory=dict)
+    error: str | None = None
+
+
+@dataclass(frozen=True)
+class GridOutcome:
+    name: str
+    parent_run_id: str
+    tracking_uri: str
+    experiment: str
+    path: Path
+    """The Tune experiment's folder."""
+    trials: list[TrialOutcome]
+    restored: bool
+
+    @property
+    def failed(self) -> list[TrialOutcome]:
+        return [trial for trial in self.trials if trial.error is not None]
+
+
+# --------------------------------------------------------------------------------------------------------------
+# The driver
+
+
+def run_grid(grid: GridConfig, root: Path | None = None) -> GridOutcome:
+    """Run (or resume) every trial of the grid on Ray Tune; returns how each ended. A user mistake in a trial is
+    reported, after the others have run, as a one-line error."""
+    experiments = [with_absolute_paths(experiment) for experiment in expand_grid(grid, root)]
+    check_models(experiments)
+    key = grid_key(experiments)
+    tracking_cfg = experiments[0].tracking
+    path = Path(experiments[0].train.output_dir) / TUNE_DIR / f"{_safe(grid.name)}-{key}"
+    init_ray()
+    parent = parent_run(grid, tracking_cfg, key, len(experiments))
+    restored = tune.Tuner.can_restore(str(path))
+    trainable = tune.with_resources(run_trial, TRIAL_RESOURCES)
+    if restored:
+        progress(f"[{grid.name}] resuming the grid in {path}")
+        tuner = tune.Tuner.restore(str(path), trainable, resume_unfinished=True, resume_errored=True)
+    else:
+        progress(f"[{grid.name}] {len(experiments)} trials, up to {concurrent_trials(grid, experiments)} at a time")
+        trials = [{"experiment": e.model_dump(mode="json"), "grid": grid.name, "parent_run_id": parent} for e in experiments]
+        tuner = tune.Tuner(
+            trainable,
+            param_space={"trial": tune.grid_search(trials)},
+            tune_config=tune.TuneConfig(
+                max_concurrent_trials=concurrent_trials(grid, experiments), trial_dirname_creator=trial_dirname
+            ),
+            run_config=tune.RunConfig(name=path.name, storage_path=str(path.parent), verbose=1),
+        )
+    results = tuner.fit()
+    outcomes = [_trial_outcome(result) for result in results]
+    tracking.end_run(tracking_cfg.uri, parent, succeeded=all(o.error is None for o in outcomes))
+    outcome = GridOutcome(grid.name, parent, tracking_cfg.uri, tracking_cfg.experiment, path, outcomes, restored)
+    return outcome
+
+
+def with_absolute_paths(config: ExperimentConfig) -> ExperimentConfig:
+    """Paths resolved against the driver's folder: a trial runs in a folder of Tune's, maybe on another node."""
+    def absolute(path: str | None) -> str | None:
+        return None if path is None else str(Path(path).expanduser().resolve())
+
+    resolved = config.model_copy(deep=True)
+    resolved.train.output_dir = absolute(resolved.train.output_dir)
+    resolved.data.path = absolute(resolved.data.path)
+    resolved.eval.adapter = absolute(resolved.eval.adapter)
+    for set_cfg in resolved.eval.sets:
+        set_cfg.path = absolute(set_cfg.path)
+    resolved.tracking.artifact_location = tracking.artifact_location(resolved.tracking)
+    resolved.tracking.uri = tracking.resolved_uri(resolved.tracking.uri)
+    return resolved
+
+
+def check_models(experiments: list[ExperimentConfig]) -> None:
+    """Every model's tokenizer loads: a wrong path or hub id is refused before any trial starts."""
+    seen = set()
+    for experiment in experiments:
+        model = experiment.model.model_dump_json()
+        if model not in seen:
+            seen.add(model)
+            load_tokenizer(experiment.model)
+
+
+def config_key(*configs: ExperimentConfig) -> str:
+    text = json.dumps([config.model_dump(mode="json") for config in configs], sort_keys=True)
+    return hashlib.sha256(text.encode()).hexdigest()[:10]
+
+
+def grid_key(experiments: list[ExperimentConfig]) -> str:
+    """Names the grid's Tune experiment: the same configs resume it, any change starts another."""
+    return config_key(*experiments)
+
+
+def concurrent_trials(grid: GridConfig, experiments: list[ExperimentConfig]) -> int:
+    """`max_concurrent_trials`, else as many trials as the cluster's GPUs hold; on CPU one at a time (a trial's
+    workers use every core of the node)."""
+    if grid.max_concurrent_trials:
+        return grid.max_concurrent_trials
+    gpus = ray.cluster_resources().get("GPU", 0)
+    per_trial = max(experiment.train.num_workers for experiment in experiments)
+    return max(1, int(gpus // per_trial))
+
+
+def parent_run(grid: GridConfig, tracking_cfg: Any, key: str, num_trials: int) -> str:
+    """The grid's MLflow run: the one an earlier run of the same config opened, else a new one."""
+    found = tracking.find_runs(tracking_cfg, {GRID_KEY_TAG: key, ROLE_TAG: "grid"})
+    if found:
+        run_id = found[0].info.run_id
+        tracking.reopen_run(tracking_cfg.uri, run_id)
+        return run_id
+    run_id = tracking.start_run(tracking_cfg, grid.name, tags={GRID_TAG: grid.name, GRID_KEY_TAG: key, ROLE_TAG: "grid"})
+    tracking.log_params(
+        tracking_cfg.uri, run_id,
+        {"grid.name": grid.name, "grid.key": key, "grid.trials": num_trials, "grid.axes": json.dumps(grid.axes)},
+    )
+    tracking.client(tracking_cfg.uri).log_text(run_id, dump_yaml(grid), "grid.yaml")
+    return run_id
+
+
+def trial_dirname(trial: Any) -> str:
+    """The trial's folder under the Tune experiment: its point of the grid."""
+    name = trial.config["trial"]["experiment"]["name"]
+    return _safe(name.split("/", 1)[-1])[:120]
+
+
+def _safe(name: str) -> str:
+    return re.sub(r"[^A-Za-z0-9._=,-]+", "_", name)
+
+
+def _trial_outcome(result: Any) -> TrialOutcome:
+    metrics = dict(result.metrics or {})
+    name = result.config["trial"]["experiment"]["name"] if result.config else result.path
+    error = None if result.error is None else user_error_line(result.error)
+    status = "ERROR" if result.error is not None else "TERMINATED"
+    return TrialOutcome(name, status, metrics.get(RUN_ID_KEY), metrics, error)
+
+
+def user_error_line(error: BaseException) -> str:
+    """A trial's failure in one line: the ClozeMathError inside Ray's wrappers if there is one, else the last line of
+    the remote traceback (`SomeError: message`)."""
+    seen: BaseException | None = error
+    while seen is not None:
+        if isinstance(seen, ClozeMathError):
+            return str(seen)
+        seen = getattr(seen, "cause", None) or seen.__cause__
+    remote = re.findall(r"clozemath\.errors\.ClozeMathError: (.+)", str(error))
+    if remote:
+        return remote[-1]
+    lines = [line.strip() for line in str(error).strip().splitlines() if line.strip()]
+    return lines[-1] if lines else type(error).__name__
+
+
+def print_grid_outcome(outcome: GridOutcome) -> None:
+    """A line per trial (status, headline accuracy, MLflow run); a failed trial makes the command fail, in one line."""
+    width = max(len(trial.name) for trial in outcome.trials)
+    print(f"grid {outcome.name}: MLflow parent run {outcome.parent_run_id} (experiment '{outcome.experiment}')")
+    for trial in outcome.trials:
+        accuracies = sorted((k, v) for k, v in trial.metrics.items() if k.startswith("eval/") and k.endswith("/accuracy"))
+        headline = f"{accuracies[0][0].removeprefix('eval/').removesuffix('/accuracy')} {accuracies[0][1]:.2%}" if accuracies else ""
+        state = "failed: " + (trial.error or "") if trial.error else "finished"
+        print(f"  {trial.name:<{width}}  {state:<10}  {headline:<24}  run {trial.run_id or '-'}")
+    print(f"compare: mlflow ui --backend-store-uri {outcome.tracking_uri}   |   clozemath report --experiment {outcome.experiment}")
+    if outcome.failed:
+        first = outcome.failed[0]
+        raise ClozeMathError(f"{len(outcome.failed)} of {len(outcome.trials)} trials failed; {first.name}: {first.error}")
+
+
+# --------------------------------------------------------------------------------------------------------------
+# A trial
+
+
+def trial_tags(config: ExperimentConfig, grid: str) -> dict[str, str]:
+    return {
+        GRID_TAG: grid,
+        TRIAL_TAG: config.name,
+        ROLE_TAG: "trial",
+        "model": config.model.name,
+        "method": config.method.name,
+        "train_set": config.data.dataset,
+        "seed": str(config.train.seed),
+    }
+
+
+def run_trial(settings: dict[str, Any]) -> None:
+    """Tune's function trainable: one point of the grid, end to end, in its child run."""
+    trial = settings["trial"]
+    config = ExperimentConfig.model_validate(trial["experiment"])
+    parent = trial["parent_run_id"]
+    earlier = tracking.find_runs(config.tracking, {tracking.PARENT_TAG: parent, TRIAL_TAG: config.name})
+    if earlier and earlier[0].info.status == "FINISHED":  # done before the driver died: nothing to redo
+        tune.report({**earlier[0].data.metrics, RUN_ID_KEY: earlier[0].info.run_id})
+        return
+    outcome = run_experiment(
+        config,
+        parent,
+        trial_tags(config, trial["grid"]),
+        run_id=earlier[0].info.run_id if earlier else None,
+        train_run_name=f"train-{config_key(config)}",
+        train_callbacks=[TuneReportCallback()],
+    )
+    tune.report({**outcome.metrics, RUN_ID_KEY: outcome.run_id})
