@@ -121,6 +121,25 @@ def _prepare(args: argparse.Namespace) -> None:
     show_prepared(config, args.limit, args.show, args.format)
 
 
+def _add_report(commands: argparse._SubParsersAction) -> None:
+    report = commands.add_parser(
+        "report", help="print the paper's Tables 1-4 from a grid's tracked runs and plot accuracy against steps"
+    )
+    report.add_argument("--experiment", required=True, help="the MLflow experiment (the grid's tracking.experiment)")
+    report.add_argument("--tracking-uri", default="sqlite:///mlruns.db", help="default: sqlite:///mlruns.db")
+    report.add_argument("--parent", metavar="RUN_ID", help="the grid's MLflow run (default: the latest)")
+    report.add_argument("--decoding", default="beam", help="decoding of Tables 1, 3, 4 and the plot (default: beam)")
+    report.add_argument("--latex", action="store_true", help="LaTeX tabulars instead of markdown")
+    report.add_argument("--out", help="folder for the tables and the plot (default: reports/<experiment>)")
+    report.set_defaults(handler=_report)
+
+
+def _report(args: argparse.Namespace) -> None:
+    from clozemath.report import report
+
+    report(args.experiment, args.tracking_uri, args.out, args.latex, args.parent, args.decoding)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="clozemath", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
@@ -129,6 +148,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_score(commands)
     _add_prepare(commands)
     _add_eval(commands)
+    _add_report(commands)
     return parser
 
 

@@ -389,6 +389,7 @@ def load_config(path: str | Path, overrides: list[str] = ()) -> ExperimentConfig
     if not is_grid(raw):
         return experiment_from_dict(raw, root, path, parsed)
     grid = _validate(GridConfig, raw, path)
+    check_conditions(grid, path)  # against the axes as written: `axes.*` overrides may narrow them
     grid.base = copy.deepcopy(grid.base)
     for key, value in parsed:
         _override_grid(grid, key, value, root, path)
@@ -430,11 +431,15 @@ def _matches(labels: dict[str, Any], condition: dict[str, Any]) -> bool:
     return all(labels[axis] in (want if isinstance(want, list) else [want]) for axis, want in condition.items())
 
 
-def _check_condition(grid: GridConfig, condition: dict[str, Any], where: str, source: Path | str) -> None:
-    """Every axis a `when`/`exclude` entry names exists, and every value it names is one of that axis's."""
+def _check_condition(
+    grid: GridConfig, condition: dict[str, Any], where: str, source: Path | str, values: bool = True
+) -> None:
+    """Every axis a `when`/`exclude` entry names exists, and (`values`) every value it names is one of that axis's."""
     for axis, want in condition.items():
         if axis not in grid.axes:
             raise ClozeMathError(f"{source}: {where}: unknown axis '{axis}' (axes: {', '.join(grid.axes) or 'none'})")
+        if not values:
+            continue
         known = list(grid.axes[axis])
         for value in want if isinstance(want, list) else [want]:
             if value not in known:
@@ -443,12 +448,17 @@ def _check_condition(grid: GridConfig, condition: dict[str, Any], where: str, so
                 )
 
 
+def check_conditions(grid: GridConfig, source: Path | str = "grid", values: bool = True) -> None:
+    """`exclude` and `overrides[].when` name existing axes and (`values`) values those axes have."""
+    for index, condition in enumerate(grid.exclude):
+        _check_condition(grid, condition, f"exclude[{index}]", source, values)
+    for index, rule in enumerate(grid.overrides):
+        _check_condition(grid, rule.when, f"overrides[{index}].when", source, values)
+
+
 def grid_points(grid: GridConfig, source: Path | str = "grid") -> list[GridPoint]:
     """The product of the axes, less the excluded points, each with its conditional overrides."""
-    for index, condition in enumerate(grid.exclude):
-        _check_condition(grid, condition, f"exclude[{index}]", source)
-    for index, rule in enumerate(grid.overrides):
-        _check_condition(grid, rule.when, f"overrides[{index}].when", source)
+    check_conditions(grid, source, values=False)
     choices = [_axis_choices(axis, values, source) for axis, values in grid.axes.items()]
     points = []
     for combination in itertools.product(*choices):

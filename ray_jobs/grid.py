@@ -72,10 +72,10 @@ class GridOutcome:
 # The driver
 
 
-def run_grid(grid: GridConfig, root: Path | None = None) -> GridOutcome:
-    """Run (or resume) every trial of the grid on Ray Tune; returns how each ended. A user mistake in a trial is
-    reported, after the others have run, as a one-line error."""
-    experiments = [with_absolute_paths(experiment) for experiment in expand_grid(grid, root)]
+def run_grid(grid: GridConfig, root: Path | None = None, source: str | Path = "grid") -> GridOutcome:
+    """Run (or resume) every trial of the grid on Ray Tune; returns how each ended (`print_grid_outcome` turns
+    failed trials into a one-line error). `root`: the `configs/` folder the grid's references resolve in."""
+    experiments = [with_absolute_paths(experiment) for experiment in expand_grid(grid, root, source)]
     check_models(experiments)
     key = grid_key(experiments)
     tracking_cfg = experiments[0].tracking

@@ -15,7 +15,7 @@ from pathlib import Path
 from ray.train import UserCallback
 
 from clozemath import tracking
-from clozemath.config import ExperimentConfig, as_grid, load_config
+from clozemath.config import ExperimentConfig, as_grid, configs_root, load_config
 from clozemath.errors import ClozeMathError
 from clozemath.train.loop import plan_steps
 from ray_jobs.cluster import init_ray
@@ -105,7 +105,7 @@ def run_command(config_path: str, overrides: list[str]) -> None:
     from ray_jobs.grid import print_grid_outcome, run_grid
 
     config = load_config(config_path, overrides)
-    print_grid_outcome(run_grid(as_grid(config)))
+    print_grid_outcome(run_grid(as_grid(config), configs_root(Path(config_path)), source=config_path))
 
 
 def _user_error(exc: BaseException | None, seen: set[int]) -> ClozeMathError | None:
