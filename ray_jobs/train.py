@@ -30,7 +30,8 @@ from clozemath.errors import ClozeMathError
 from clozemath.train.loop import ADAPTER_DIR, StepMetrics, plan_steps
 from ray_jobs.preprocess import Prepared
 
-KEEP_CHECKPOINTS = 2
+KEEP_CHECKPOINTS = 1
+"""The latest is all a restart needs (and the last one holds the adapter)."""
 
 
 def train_worker(settings: dict[str, Any]) -> None:

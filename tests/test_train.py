@@ -28,15 +28,16 @@ PAD = 0
 SPECIALS = SpecialTokens(tokens={SEP: SEP, MASK: MASK}, ids={SEP: 2, MASK: 1, EOS: 0}, added=True)
 
 
-def tiny_peft_model(seed: int = 0) -> torch.nn.Module:
+def tiny_peft_model(seed: int = 0, tied: bool = False) -> torch.nn.Module:
     torch.manual_seed(seed)
     config = LlamaConfig(
         vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, tie_word_embeddings=False, initializer_range=0.2,
+        num_key_value_heads=2, tie_word_embeddings=tied, initializer_range=0.2,
     )
     model = LlamaForCausalLM(config)
+    rows = [1, 2] if tied else {"embed_tokens": [1, 2], "lm_head": [1, 2]}
     lora = PeftLoraConfig(r=8, lora_alpha=16, target_modules="all-linear", lora_dropout=0.1,
-                          trainable_token_indices={"embed_tokens": [1, 2], "lm_head": [1, 2]})
+                          trainable_token_indices=rows)
     return get_peft_model(model, lora)
 
 
@@ -130,6 +131,16 @@ def test_loop_loss_falls_and_resume_is_exact(tmp_path: Path, stage: int, method:
     assert [m.loss for m in resumed.metrics] == pytest.approx(losses[3:], rel=1e-5)
     for name, value in trainable_state(engine).items():
         torch.testing.assert_close(value, final[name], rtol=1e-5, atol=1e-6)
+
+
+def test_checkpoint_leaves_frozen_weights_out_tied_ones_too(tmp_path: Path) -> None:
+    recorder = Recorder(tmp_path)
+    model = tiny_peft_model(tied=True)
+    train(model, copy_rows(8), experiment(max_steps=1), specials=SPECIALS, pad_id=PAD, report=recorder)
+    saved = torch.load(recorder.checkpoints[1] / "state" / "mp_rank_00_model_states.pt", weights_only=False)["module"]
+    trainable = {name for name, p in model.named_parameters(remove_duplicate=False) if p.requires_grad}
+    buffers = {name for name, _ in model.named_buffers()}
+    assert trainable <= saved.keys() <= trainable | buffers, sorted(saved.keys() - trainable - buffers)
 
 
 # --------------------------------------------------------------------------------------------------------------

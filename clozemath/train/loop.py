@@ -140,7 +140,27 @@ def build_engine(model: torch.nn.Module, train: TrainConfig, total_steps: int, w
         lr_scheduler=lambda opt: get_cosine_schedule_with_warmup(opt, warmup_steps, total_steps),
         config=deepspeed_config(train, bf16=next(model.parameters()).dtype == torch.bfloat16),
     )
+    _leave_tied_frozen_weights_out(engine)
     return engine
+
+
+def _leave_tied_frozen_weights_out(engine: Any) -> None:
+    """Make `exclude_frozen_parameters` leave out every frozen weight.
+
+    DeepSpeed finds the frozen weights through `named_parameters()`, which names a tied weight once: the output
+    matrix tied to the embedding (SmolLM2, Llama 3.2 1B/3B) stays in every checkpoint, a whole vocabulary's worth.
+    """
+    frozen = {name for name, p in engine.module.named_parameters(remove_duplicate=False) if not p.requires_grad}
+    module_state_dict = engine.module_state_dict
+
+    def state_dict(*args: Any, exclude_frozen_parameters: bool = False, **kwargs: Any) -> dict[str, Any]:
+        state = module_state_dict(*args, exclude_frozen_parameters=exclude_frozen_parameters, **kwargs)
+        if exclude_frozen_parameters:
+            for name in frozen & state.keys():
+                del state[name]
+        return state
+
+    engine.module_state_dict = state_dict
 
 
 def epoch_micro_batches(
