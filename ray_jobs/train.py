@@ -21,7 +21,16 @@ from typing import Any
 import ray
 import ray.train
 from ray.data import ExecutionOptions
-from ray.train import Checkpoint, CheckpointConfig, DataConfig, FailureConfig, RunConfig, ScalingConfig, UserCallback
+from ray.train import (
+    Checkpoint,
+    CheckpointConfig,
+    DataConfig,
+    FailureConfig,
+    LoggingConfig,
+    RunConfig,
+    ScalingConfig,
+    UserCallback,
+)
 from ray.train.torch import TorchTrainer
 
 from clozemath import tracking
@@ -32,6 +41,10 @@ from ray_jobs.preprocess import Prepared
 
 KEEP_CHECKPOINTS = 1
 """The latest is all a restart needs (and the last one holds the adapter)."""
+
+
+def usable_cores() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
 def train_worker(settings: dict[str, Any]) -> None:
@@ -47,7 +60,7 @@ def train_worker(settings: dict[str, Any]) -> None:
     config = ExperimentConfig.model_validate(settings["experiment"])
     device = ray.train.torch.get_device()
     if device.type == "cpu":  # Ray gives a 1-CPU worker one thread; on CPU the node's cores are the accelerator
-        torch.set_num_threads(max(1, len(os.sched_getaffinity(0)) // ray.train.get_context().get_local_world_size()))
+        torch.set_num_threads(max(1, usable_cores() // ray.train.get_context().get_local_world_size()))
     torch.manual_seed(config.train.seed)  # every rank builds the same LoRA initialisation
     loaded = load_model(config.model, settings["num_sentinels"], device, training=True)
     rows = list(ray.train.get_dataset_shard("train").iter_rows())
@@ -118,6 +131,7 @@ def fit(config: ExperimentConfig, prepared: Prepared, run_folder: Path, run_id: 
             failure_config=FailureConfig(max_failures=config.train.max_failures),
             checkpoint_config=CheckpointConfig(num_to_keep=KEEP_CHECKPOINTS),
             callbacks=[ForwardMetrics(tracking.resolved_uri(config.tracking.uri), run_id, config.name)],
+            logging_config=LoggingConfig(log_level="WARNING"),  # our progress line replaces Ray's per-report logs
         ),
         datasets={"train": prepared.dataset()},
         dataset_config=DataConfig(execution_options=ExecutionOptions(preserve_order=True)),
