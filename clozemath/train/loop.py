@@ -124,6 +124,10 @@ def init_distributed(device: torch.device) -> None:
     import deepspeed
 
     ensure_distributed_env()
+    if device.type == "cpu":
+        # DeepSpeed would compile its shared-memory all-reduce (a minute and more on a fresh machine, and a C++
+        # compiler) for inference; training's collectives are torch.distributed's.
+        deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
     deepspeed.init_distributed(dist_backend="nccl" if device.type == "cuda" else "gloo")
 
 
