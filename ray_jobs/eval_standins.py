@@ -69,7 +69,8 @@ def start_run(tracking: TrackingConfig, name: str, parent_run_id: str | None = N
 
 
 def end_run(uri: str, run_id: str, succeeded: bool = True) -> None:
-    client(uri).set_terminated(run_id, status=RunStatus.to_string(RunStatus.FINISHED if succeeded else RunStatus.FAILED))
+    status = RunStatus.FINISHED if succeeded else RunStatus.FAILED
+    client(uri).set_terminated(run_id, status=RunStatus.to_string(status))
 
 
 def log_config(uri: str, run_id: str, config: BaseModel) -> None:

@@ -54,6 +54,10 @@ SCHEMA = pa.schema([(field.name, _PREDICTION_TYPES[field.name]) for field in fie
 """A prediction per row, plus the actor-seconds its decoding took (its share of the batch's)."""
 
 
+def eval_decodings(cfg: ExperimentConfig) -> list[str]:
+    return list(dict.fromkeys(cfg.eval.decodings))
+
+
 class Evaluator:
     """A Ray Data actor: one model (on this actor's GPU, else on CPU), every decoding of each batch of problems."""
 
@@ -70,7 +74,7 @@ class Evaluator:
     def __call__(self, batch: pa.Table) -> pa.Table:
         problems = [Problem(**row) for row in batch.to_pylist()]
         rows = []
-        for decoding in self.cfg.eval.decodings:
+        for decoding in eval_decodings(self.cfg):
             started = time.perf_counter()
             predictions = evaluate_batch(self.loaded, problems, decoding, self.cfg.eval, self.prompting)
             share = (time.perf_counter() - started) / len(predictions)
@@ -141,11 +145,12 @@ def _sets(cfg: ExperimentConfig, folder: Path) -> dict[str, _SetProgress]:
     repeated = next((name for name in names if names.count(name) > 1), None)
     if repeated is not None:
         raise ClozeMathError(f"eval.sets: '{repeated}' appears twice (metrics are named by set)")
-    decodings = list(dict.fromkeys(cfg.eval.decodings))
+    decodings = eval_decodings(cfg)
     return {
         set_cfg.dataset: _SetProgress(
-            set_cfg.dataset, eval_problems(set_cfg), decodings, folder / "predictions" / f"{set_cfg.dataset}.partial.jsonl",
-            [], dict.fromkeys(decodings, 0.0),
+            name=set_cfg.dataset, problems=eval_problems(set_cfg), decodings=decodings,
+            partial=folder / "predictions" / f"{set_cfg.dataset}.partial.jsonl", predictions=[],
+            seconds=dict.fromkeys(decodings, 0.0),
         )
         for set_cfg in cfg.eval.sets
     }
