@@ -65,6 +65,29 @@ def _score(args: argparse.Namespace) -> None:
     print_score(args.predictions, as_json=args.json)
 
 
+def _add_eval(commands: argparse._SubParsersAction) -> None:
+    evaluate = commands.add_parser(
+        "eval", help="evaluate a base model (few-shot) or base + adapter on eval.sets with eval.decodings (Ray Data)"
+    )
+    evaluate.add_argument("config", help="an experiment YAML (configs/experiments/<name>.yaml)")
+    evaluate.add_argument("overrides", nargs="*", help="dotted key=value overrides, e.g. eval.adapter=PATH")
+    evaluate.set_defaults(handler=_eval)
+
+
+def _eval(args: argparse.Namespace) -> None:
+    from clozemath.config import GridConfig, load_config
+    from clozemath.eval.evaluate import resolve_adapter
+
+    cfg = load_config(args.config, args.overrides)
+    if isinstance(cfg, GridConfig):
+        raise ClozeMathError(f"{args.config}: a grid; `clozemath eval` takes one experiment")
+    adapter = resolve_adapter(cfg)  # a missing adapter fails here, before Ray starts
+
+    from ray_jobs.evaluate import print_results, run_evaluation
+
+    print_results(run_evaluation(cfg, adapter))
+
+
 def _data_gsm_symbolic(args: argparse.Namespace) -> None:
     from clozemath.data.gsm_symbolic import write_jsonl
 
@@ -98,6 +121,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_run(commands)
     _add_score(commands)
     _add_prepare(commands)
+    _add_eval(commands)
     return parser
 
 

@@ -128,10 +128,15 @@ class EvalSetConfig(_Strict):
     dataset: EvalDataset
     split: str = "test"
     path: str | None = None
+    """gsm8k, math, released gsm_p2: a JSONL file or a folder holding `<split>.jsonl`; generated GSM-Symbolic sets: the
+    templates folder (holding `symbolic/`, `p1/`, `p2/`). Default: under `$CLOZEMATH_DATA_DIR`."""
     limit: int | None = None
+    """Evaluate a seeded random subset of this many problems (file order kept)."""
     seed: int = 0
     per_template: int = 50
     """GSM-Symbolic instances drawn per template (100 templates x 50 = the paper's 5000)."""
+    generate: bool = False
+    """gsm_p2: instantiate the p2 templates (`per_template`, `seed`) instead of reading Apple's released instances."""
 
 
 class EvalConfig(_Strict):

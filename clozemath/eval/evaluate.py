@@ -1,16 +1,43 @@
-"""Predictions files (JSONL, one `Prediction` a line): read, write, regrade, score."""
+"""A model on evaluation sets -> predictions + metrics; predictions files (JSONL, one `Prediction` a line): read,
+write, regrade, score.
+
+Ray-free: `ray_jobs/evaluate.py` runs `evaluate_batch` in a Ray Data actor pool; a training loop can call it directly.
+"""
 
 from __future__ import annotations
 
 import json
+import random
+import sys
 from collections import defaultdict
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, fields, replace
+from fractions import Fraction
+from functools import cache, partial
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from clozemath.data.sources import read_jsonl
+from clozemath.config import EvalConfig, EvalSetConfig, ExperimentConfig
+from clozemath.data.gsm_symbolic import Variant, instances
+from clozemath.data.sources import Problem, load_problems, read_jsonl
+from clozemath.data.objectives import format_prompt, lm_sample
+from clozemath.data.tokenize import encode_samples
 from clozemath.errors import ClozeMathError
-from clozemath.eval.answers import DATASETS, grade
+from clozemath.eval.answers import DATASETS, answer_span, grade, normalize_math_answer
+from clozemath.eval.decode import Generation, PromptAttention, decode
+from clozemath.eval.prompts import (
+    GSM8K_SHOTS,
+    GSM8K_STOP,
+    MINERVA_MATH_STOP,
+    gsm8k_few_shot,
+    gsm8k_shots,
+    minerva_math_few_shot,
+)
+
+if TYPE_CHECKING:  # peft takes seconds to import: `clozemath score` does without it
+    import torch
+
+    from clozemath.model.load import Loaded
 
 
 @dataclass(frozen=True)
@@ -62,10 +89,10 @@ def read_predictions(path: str | Path) -> list[Prediction]:
     return [_prediction(row, where) for where, row in read_jsonl(file)]
 
 
-def write_predictions(path: str | Path, predictions: list[Prediction]) -> None:
+def write_predictions(path: str | Path, predictions: Iterable[Prediction], append: bool = False) -> None:
     file = Path(path)
     file.parent.mkdir(parents=True, exist_ok=True)
-    with file.open("w", encoding="utf-8") as handle:
+    with file.open("a" if append else "w", encoding="utf-8") as handle:
         for prediction in predictions:
             handle.write(json.dumps(asdict(prediction), ensure_ascii=False) + "\n")
 
@@ -115,3 +142,228 @@ def print_score(path: str | Path, as_json: bool = False) -> None:
     for key, tally in [*scores["groups"].items(), ("overall", scores["overall"])]:
         print(f"{key:<{width}}  {tally['correct']:>7}  {tally['total']:>6}  {100 * tally['accuracy']:7.2f}%")
     print(f"regraded {len(predictions)} predictions: {scores['changed']} verdicts changed")
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Evaluation sets
+
+_VARIANTS: dict[str, Variant] = {"gsm_symbolic": "symbolic", "gsm_p1": "p1", "gsm_p2": "p2"}
+
+
+def _all_problems(set_cfg: EvalSetConfig) -> list[Problem]:
+    if set_cfg.dataset in ("gsm8k", "math") or (set_cfg.dataset == "gsm_p2" and not set_cfg.generate):
+        return load_problems(set_cfg.dataset, set_cfg.split, set_cfg.path)
+    return instances(_VARIANTS[set_cfg.dataset], set_cfg.per_template, set_cfg.seed, set_cfg.path)
+
+
+def eval_problems(set_cfg: EvalSetConfig) -> list[Problem]:
+    """The problems of one evaluation set: GSM8K / MATH / Apple's released GSM-P2 read from their files, GSM-Symbolic
+    and P1 (and P2 with `generate`) instantiated from the templates; a seeded subset of `limit` of them, in order."""
+    if set_cfg.limit is not None and set_cfg.limit < 1:
+        raise ClozeMathError(f"eval set '{set_cfg.dataset}': limit must be at least 1, got {set_cfg.limit}")
+    problems = _all_problems(set_cfg)
+    if set_cfg.limit is None or set_cfg.limit >= len(problems):
+        return problems
+    chosen = random.Random(f"eval/{set_cfg.dataset}/{set_cfg.seed}").sample(range(len(problems)), set_cfg.limit)
+    return [problems[index] for index in sorted(chosen)]
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Prompts
+
+@dataclass(frozen=True)
+class Prompting:
+    """How the evaluated model is prompted."""
+
+    few_shot: bool
+    """Few-shot text prompts (base models); else the fine-tuned prefix `P<SEP>` as token ids."""
+    attention: PromptAttention
+    """Attention over the prompt; generation is always causal."""
+    template: str
+    """P's template (`data.prompt_template`), for the fine-tuned prefix."""
+
+
+def prompting(cfg: ExperimentConfig) -> Prompting:
+    """`eval.few_shot` auto: few-shot for methods that train nothing (`base`); `eval.prompt_attention` auto:
+    bidirectional for a prefix_lm-trained model prompted in its own format, causal otherwise."""
+    few_shot = not cfg.method.trains if cfg.eval.few_shot == "auto" else cfg.eval.few_shot
+    attention = cfg.eval.prompt_attention
+    if attention == "auto":
+        attention = "bidirectional" if cfg.method.attention == "prefix_lm" and not few_shot else "causal"
+    return Prompting(few_shot, attention, cfg.data.prompt_template)
+
+
+@dataclass(frozen=True)
+class Prompt:
+    text: str
+    """As the predictions file records it (special tokens by name: `...Answer:<SEP>`)."""
+    ids: list[int]
+
+
+@cache
+def _gsm8k_shots() -> tuple[Problem, ...]:
+    return tuple(gsm8k_shots(load_problems("gsm8k", "train", limit=GSM8K_SHOTS)))
+
+
+def few_shot_prompt(problem: Problem) -> str:
+    """GSM8K 5-shot (also for GSM-Symbolic), or Minerva MATH 4-shot, as lm-evaluation-harness builds them."""
+    if problem.dataset == "math":
+        return minerva_math_few_shot(problem.question)
+    return gsm8k_few_shot(problem.question, _gsm8k_shots())
+
+
+def stop_strings(dataset: str, prompting: Prompting) -> tuple[str, ...]:
+    """Few-shot prompts stop where the harness stops them; a fine-tuned model ends with its end-of-sequence token."""
+    if not prompting.few_shot:
+        return ()
+    return MINERVA_MATH_STOP if dataset == "math" else GSM8K_STOP
+
+
+def finetuned_prompts(problems: Sequence[Problem], loaded: Loaded, template: str) -> list[Prompt]:
+    """`P<SEP>`, token for token the prefix of the problem's LM training sample (BOS, P, `<SEP>`): built and encoded by
+    the training code itself."""
+    samples = [lm_sample(problem.id, format_prompt(template, problem.question), "") for problem in problems]
+    encoded = encode_samples(samples, loaded.tokenizer, loaded.specials, max_length=sys.maxsize)
+    return [
+        Prompt(sample.prefix, row["input_ids"][: row["prefix_len"]])
+        for sample, row in zip(samples, encoded)
+        if row is not None
+    ]
+
+
+def build_prompts(problems: Sequence[Problem], loaded: Loaded, prompting: Prompting) -> list[Prompt]:
+    if not prompting.few_shot:
+        return finetuned_prompts(problems, loaded, prompting.template)
+    texts = [few_shot_prompt(problem) for problem in problems]
+    ids = loaded.tokenizer(texts, add_special_tokens=True)["input_ids"]
+    return [Prompt(text, list(row)) for text, row in zip(texts, ids)]
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Decoding and grading
+
+
+def comparable_answer(dataset: str) -> Callable[[str], str]:
+    """The key under which CoT-decoding sums the confidence of equal answers (`1,000` = `1000.0`; `\\dfrac12` =
+    `0.5`)."""
+    return normalize_math_answer if dataset == "math" else _canonical_number
+
+
+def _canonical_number(text: str) -> str:
+    cleaned = text.replace(",", "").replace("$", "").strip().rstrip(".")
+    try:
+        return str(Fraction(cleaned))
+    except (ValueError, ZeroDivisionError):
+        return cleaned
+
+
+def _decode(
+    loaded: Loaded, prompts: list[Prompt], dataset: str, decoding: str, eval_cfg: EvalConfig, prompting: Prompting
+) -> list[Generation]:
+    return decode(
+        loaded.model, loaded.tokenizer, [prompt.ids for prompt in prompts], decoding,
+        max_new_tokens=eval_cfg.max_new_tokens, stop=stop_strings(dataset, prompting),
+        prompt_attention=prompting.attention, batch_size=eval_cfg.batch_size, num_beams=eval_cfg.num_beams,
+        cot_k=eval_cfg.cot_k, answer_span=partial(answer_span, dataset), normalize_answer=comparable_answer(dataset),
+    )
+
+
+def evaluate_batch(
+    loaded: Loaded, problems: Sequence[Problem], decoding: str, eval_cfg: EvalConfig, prompting: Prompting
+) -> list[Prediction]:
+    """Decode every problem with `decoding` and grade it; one Prediction per problem, in order (`confidence`: the
+    winning answer's summed CoT-decoding confidence)."""
+    predictions: list[Prediction | None] = [None] * len(problems)
+    for dataset in dict.fromkeys(problem.dataset for problem in problems):
+        indices = [i for i, problem in enumerate(problems) if problem.dataset == dataset]
+        group = [problems[i] for i in indices]
+        prompts = build_prompts(group, loaded, prompting)
+        generations = _decode(loaded, prompts, dataset, decoding, eval_cfg, prompting)
+        for index, problem, prompt, generation in zip(indices, group, prompts, generations):
+            graded = grade(dataset, generation.text, problem.answer)
+            predictions[index] = Prediction(
+                problem.id, dataset, decoding, prompt.text, generation.text, graded.extracted, problem.answer,
+                graded.correct, generation.confidence,
+            )
+    return [prediction for prediction in predictions if prediction is not None]
+
+
+def metrics(predictions: Iterable[Prediction]) -> dict[str, float]:
+    """`eval/<set>/<decoding>/accuracy`, `.../correct`, `.../total` for every set (dataset) and decoding present."""
+    counts: dict[tuple[str, str], list[int]] = defaultdict(lambda: [0, 0])
+    for prediction in predictions:
+        tally = counts[(prediction.dataset, prediction.decoding)]
+        tally[0] += prediction.correct
+        tally[1] += 1
+    out: dict[str, float] = {}
+    for (dataset, decoding), (correct, total) in sorted(counts.items()):
+        out.update(_tally_metrics(dataset, decoding, correct, total))
+    return out
+
+
+def _tally_metrics(dataset: str, decoding: str, correct: int, total: int) -> dict[str, float]:
+    key = f"eval/{dataset}/{decoding}"
+    return {f"{key}/accuracy": correct / total if total else 0.0, f"{key}/correct": correct, f"{key}/total": total}
+
+
+def results_table(values: dict[str, float]) -> str:
+    """A markdown table of `eval/<set>/<decoding>/...` metrics: set, decoding, correct, total, accuracy (and
+    problems/s where measured)."""
+    groups: dict[tuple[str, str], dict[str, float]] = defaultdict(dict)
+    for key, value in values.items():
+        parts = key.split("/")
+        if len(parts) == 4 and parts[0] == "eval":
+            groups[(parts[1], parts[2])][parts[3]] = value
+    lines = ["| set | decoding | correct | total | accuracy | problems/s |",
+             "| --- | --- | ---: | ---: | ---: | ---: |"]
+    for (dataset, decoding), group in sorted(groups.items()):
+        speed = f"{group['problems_per_s']:.2f}" if "problems_per_s" in group else "-"
+        lines.append(
+            f"| {dataset} | {decoding} | {int(group['correct'])} | {int(group['total'])} | "
+            f"{100 * group['accuracy']:.2f}% | {speed} |"
+        )
+    return "\n".join(lines)
+
+
+# --------------------------------------------------------------------------------------------------------------
+# The evaluated model and where its results go
+
+
+def run_folder(cfg: ExperimentConfig) -> Path:
+    """`<train.output_dir>/<experiment name>`: the run's output folder."""
+    return Path(cfg.train.output_dir) / cfg.name
+
+
+def eval_folder(cfg: ExperimentConfig) -> Path:
+    return run_folder(cfg) / "eval"
+
+
+def resolve_adapter(cfg: ExperimentConfig) -> Path | None:
+    """The adapter to evaluate: `eval.adapter`, else none for few-shot prompting, else the one the run of this
+    config wrote (`<train.output_dir>/<name>/adapter`). A missing adapter is a one-line error."""
+    if cfg.eval.adapter is not None:
+        folder = Path(cfg.eval.adapter)
+    elif prompting(cfg).few_shot:
+        return None
+    elif not cfg.method.trains:
+        raise ClozeMathError(
+            f"method '{cfg.method.name}' trains no adapter: evaluate it few-shot (eval.few_shot=true) or set "
+            "eval.adapter=PATH"
+        )
+    else:
+        folder = run_folder(cfg) / "adapter"
+    if not (folder / "adapter_config.json").is_file():
+        raise ClozeMathError(
+            f"adapter '{folder}': not found (no adapter_config.json); train it with `clozemath run` or set "
+            "eval.adapter=PATH"
+        )
+    return folder
+
+
+def load_evaluated_model(cfg: ExperimentConfig, adapter: Path | None, device: torch.device | str) -> Loaded:
+    """The base model alone (few-shot), or with the adapter merged in, in eval mode."""
+    from clozemath.model.load import load_for_inference, load_model
+
+    if adapter is None:
+        return load_model(cfg.model, 0, device, training=False)
+    return load_for_inference(cfg.model, adapter, device)

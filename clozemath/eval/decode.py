@@ -1,0 +1,493 @@
+"""Batched greedy decoding, beam search and CoT-decoding over the KV cache.
+
+Each batch of prompts (grouped by length, left-padded) is encoded in one forward pass, causally or, for
+PrefixLM-trained models, with bidirectional attention over the whole prompt; that pass fills the KV cache, and
+generation continues causally over it, one token per row per step. A row ends at an end-of-sequence token, at a stop
+string, or after `max_new_tokens`; finished rows leave the batch, and the batch ends when its last row does.
+
+CoT-decoding (Wang & Zhou 2024) branches on the top-k first tokens, continues every branch greedily in the same batch
+(the prompt's cache is shared by repeating it), scores each branch by the mean margin p(top-1) - p(top-2) over its
+answer tokens, and picks the answer with the largest summed score. Answer tokens are the tokens whose characters
+overlap the answer's character span in the text, the offsets coming from decoding token by token.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import torch
+from tokenizers.decoders import DecodeStream
+from torch.nn.attention import SDPBackend, sdpa_kernel
+from transformers import PreTrainedTokenizerBase
+
+from clozemath.errors import ClozeMathError
+from clozemath.model.attention import additive_mask
+
+Scheme = Literal["greedy", "beam", "cot"]
+PromptAttention = Literal["causal", "bidirectional"]
+FinishReason = Literal["eos", "stop", "length"]
+AnswerSpan = Callable[[str], "tuple[int, int] | None"]
+
+_COMPACT_SHARE = 0.25
+"""Greedy rows: drop finished rows once they are this share of the batch (a copy of the cache, against wasted work)."""
+_NEG = -1.0e9
+"""Beam search: the score that takes a beam out of the running (transformers' constant, for identical tie-breaks)."""
+_BIDIRECTIONAL_ATTENTION = ("sdpa", "eager")
+"""Attention implementations that take the additive 4D PrefixLM mask."""
+_SDPA_BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
+"""Not cuDNN's attention: it builds a plan for every new shape, and decoding makes one each step (the keys grow, rows
+leave the batch). On an H200 that made a first pass over GSM8K 3.5x slower, transformers' `generate` included."""
+
+
+@dataclass
+class Generation:
+    """One decoded continuation of a prompt."""
+
+    text: str
+    """Special tokens skipped; cut before the first stop string."""
+    token_ids: list[int]
+    """The generated ids, end-of-sequence excluded; includes the tokens that spelt a stop string."""
+    finish_reason: FinishReason
+    score: float | None = None
+    """Beam search: the hypothesis' summed log-probability / length ** length_penalty."""
+    answer: str | None = None
+    """CoT-decoding: the answer's text (the `answer_span` of `text`)."""
+    confidence: float | None = None
+    """CoT-decoding: a branch's mean answer-token margin; the chosen generation's: its answer's sum over branches."""
+    branches: list[Generation] | None = None
+    """CoT-decoding: every branch, in the order of their first token's probability (the first is greedy)."""
+
+
+@dataclass(frozen=True)
+class _Stops:
+    eos_ids: frozenset[int]
+    strings: tuple[str, ...]
+    max_new_tokens: int
+
+
+def _first_stop(text: str, stops: Sequence[str]) -> int | None:
+    """Where the earliest stop string in `text` begins."""
+    found = [i for stop in stops if (i := text.find(stop)) >= 0]
+    return min(found, default=None)
+
+
+class _TextStream:
+    """A row's generated text, decoded token by token: the character offset after each token, the first stop string.
+
+    Only the tail that could hold a new stop string is searched at each token.
+    """
+
+    def __init__(self, backend: Any, stops: tuple[str, ...]):
+        self._backend = backend
+        self._decoder = DecodeStream(skip_special_tokens=True)
+        self._stops = stops
+        self._keep = max(map(len, stops), default=1) - 1
+        self._chunks: list[str] = []
+        self._tail = ""
+        self.length = 0
+        self.ends: list[int] = []
+        """Characters of text after each token (a token that only completes a character later adds none)."""
+        self.cut: int | None = None
+        """Where the first stop string begins."""
+
+    def push(self, token_id: int) -> bool:
+        """Add one token; True when the text now holds a stop string."""
+        chunk = self._decoder.step(self._backend, token_id)
+        if chunk:
+            if self._stops:
+                window = self._tail + chunk
+                found = _first_stop(window, self._stops)
+                if found is not None:
+                    self.cut = self.length - len(self._tail) + found
+                self._tail = window[len(window) - self._keep :] if self._keep else ""
+            self._chunks.append(chunk)
+            self.length += len(chunk)
+        self.ends.append(self.length)
+        return self.cut is not None
+
+    @property
+    def text(self) -> str:
+        return "".join(self._chunks)[: self.cut]
+
+
+@dataclass
+class _Row:
+    """A greedy (or CoT branch) row as it grows."""
+
+    stream: _TextStream
+    margins: list[float] | None = None
+    token_ids: list[int] = field(default_factory=list)
+    finish_reason: FinishReason | None = None
+
+    def add(self, token_id: int, margin: float | None, stops: _Stops) -> None:
+        if token_id in stops.eos_ids:
+            self.finish_reason = "eos"
+            return
+        self.token_ids.append(token_id)
+        if self.margins is not None:
+            self.margins.append(margin)
+        if self.stream.push(token_id):
+            self.finish_reason = "stop"
+        elif len(self.token_ids) >= stops.max_new_tokens:
+            self.finish_reason = "length"
+
+    def generation(self) -> Generation:
+        assert self.finish_reason is not None
+        return Generation(self.stream.text, self.token_ids, self.finish_reason)
+
+
+class _KVBatch:
+    """Rows decoding over one KV cache: the cache, the padding mask and each row's next position."""
+
+    def __init__(self, model: Any, cache: Any, attention_mask: torch.Tensor, positions: torch.Tensor):
+        self.model = model
+        self.cache = cache
+        self.attention_mask = attention_mask
+        self.positions = positions
+
+    def step(self, tokens: torch.Tensor) -> torch.Tensor:
+        """Feed one token per row; the next-token logits [rows, vocab]. Each token attends all of its row's past."""
+        ones = self.attention_mask.new_ones((tokens.shape[0], 1))
+        self.attention_mask = torch.cat([self.attention_mask, ones], dim=1)
+        out = self.model(
+            input_ids=tokens[:, None],
+            attention_mask=self.attention_mask,
+            position_ids=self.positions[:, None],
+            past_key_values=self.cache,
+            use_cache=True,
+        )
+        self.positions = self.positions + 1
+        return out.logits[:, -1]
+
+    def take(self, index: torch.Tensor) -> None:
+        """Keep these rows, in this order (drops finished rows, reorders beams)."""
+        self.cache.batch_select_indices(index)
+        self.attention_mask = self.attention_mask[index]
+        self.positions = self.positions[index]
+
+    def repeat(self, times: int) -> None:
+        """Each row `times` times, copies adjacent."""
+        self.cache.batch_repeat_interleave(times)
+        self.attention_mask = self.attention_mask.repeat_interleave(times, dim=0)
+        self.positions = self.positions.repeat_interleave(times, dim=0)
+
+
+def _prefill(
+    model: Any, prompts: list[list[int]], pad_id: int, attention: PromptAttention
+) -> tuple[_KVBatch, torch.Tensor]:
+    """Encode left-padded prompts in one pass; the cache and the first generated token's logits [rows, vocab]."""
+    width = max(map(len, prompts))
+    input_ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
+    attention_mask = torch.zeros((len(prompts), width), dtype=torch.long)
+    for row, ids in enumerate(prompts):
+        input_ids[row, width - len(ids) :] = torch.tensor(ids, dtype=torch.long)
+        attention_mask[row, width - len(ids) :] = 1
+    input_ids, attention_mask = input_ids.to(model.device), attention_mask.to(model.device)
+    positions = (attention_mask.cumsum(dim=1) - 1).clamp_(min=0)
+    if attention == "bidirectional":
+        mask = additive_mask(attention_mask, attention_mask.bool(), model.dtype)
+    else:
+        mask = attention_mask
+    out = model(
+        input_ids=input_ids, attention_mask=mask, position_ids=positions, use_cache=True, logits_to_keep=1
+    )
+    return _KVBatch(model, out.past_key_values, attention_mask, positions[:, -1] + 1), out.logits[:, -1]
+
+
+def _top2_margin(logits: torch.Tensor) -> torch.Tensor:
+    top2 = logits.float().softmax(dim=-1).topk(2, dim=-1).values
+    return top2[:, 0] - top2[:, 1]
+
+
+def _continue_greedily(
+    batch: _KVBatch, tokens: torch.Tensor, rows: list[_Row], stops: _Stops, margins: torch.Tensor | None
+) -> None:
+    """Extend every row greedily from its first token (`tokens`, one per row) until it ends; fills in `rows`."""
+    slots = list(range(len(rows)))  # batch slot -> row
+    while True:
+        token_list = tokens.tolist()
+        margin_list = margins.tolist() if margins is not None else [None] * len(slots)
+        for slot, row_index in enumerate(slots):
+            row = rows[row_index]
+            if row.finish_reason is None:
+                row.add(token_list[slot], margin_list[slot], stops)
+        live = [slot for slot, row_index in enumerate(slots) if rows[row_index].finish_reason is None]
+        if not live:
+            return
+        if len(slots) - len(live) >= _COMPACT_SHARE * len(slots):
+            index = torch.tensor(live, device=tokens.device)
+            batch.take(index)
+            tokens = tokens[index]
+            slots = [slots[slot] for slot in live]
+        logits = batch.step(tokens)
+        tokens = logits.argmax(dim=-1)
+        margins = _top2_margin(logits) if margins is not None else None
+
+
+def _greedy(batch: _KVBatch, logits: torch.Tensor, backend: Any, stops: _Stops) -> list[Generation]:
+    rows = [_Row(_TextStream(backend, stops.strings)) for _ in range(logits.shape[0])]
+    _continue_greedily(batch, logits.argmax(dim=-1), rows, stops, margins=None)
+    return [row.generation() for row in rows]
+
+
+def _answer_confidence(row: _Row, span: tuple[int, int]) -> float | None:
+    """Mean margin over the tokens whose characters overlap `span`."""
+    start, end = span
+    assert row.margins is not None
+    margins = [
+        margin
+        for margin, token_start, token_end in zip(row.margins, [0, *row.stream.ends], row.stream.ends)
+        if token_start < end and token_end > start
+    ]
+    return sum(margins) / len(margins) if margins else None
+
+
+def _branch(row: _Row, answer_span: AnswerSpan) -> Generation:
+    branch = row.generation()
+    span = answer_span(branch.text)
+    if span is not None:
+        branch.answer = branch.text[span[0] : span[1]]
+        branch.confidence = _answer_confidence(row, span)
+    return branch
+
+
+def _aggregate(branches: list[Generation], normalize: Callable[[str], str]) -> Generation:
+    """The answer with the largest summed confidence; its most confident branch. Ties: the earlier branch."""
+    totals: dict[str, float] = {}
+    for branch in branches:
+        if branch.answer is not None and branch.confidence is not None:
+            key = normalize(branch.answer)
+            totals[key] = totals.get(key, 0.0) + branch.confidence
+    if not totals:
+        greedy = branches[0]
+        return Generation(greedy.text, greedy.token_ids, greedy.finish_reason, branches=branches)
+    winner = max(totals, key=totals.__getitem__)
+    chosen = max(
+        (b for b in branches if b.answer is not None and b.confidence is not None and normalize(b.answer) == winner),
+        key=lambda b: b.confidence,
+    )
+    return Generation(
+        chosen.text, chosen.token_ids, chosen.finish_reason, answer=chosen.answer, confidence=totals[winner],
+        branches=branches,
+    )
+
+
+def _cot(
+    batch: _KVBatch, logits: torch.Tensor, backend: Any, stops: _Stops, k: int, answer_span: AnswerSpan,
+    normalize: Callable[[str], str],
+) -> list[Generation]:
+    prompts, vocab = logits.shape
+    k = min(k, vocab)
+    first_tokens = logits.topk(k, dim=-1).indices.flatten()  # prompt-major: row p * k + j is prompt p's branch j
+    first_margins = _top2_margin(logits).repeat_interleave(k)
+    batch.repeat(k)
+    rows = [_Row(_TextStream(backend, stops.strings), margins=[]) for _ in range(prompts * k)]
+    _continue_greedily(batch, first_tokens, rows, stops, first_margins)
+    branches = [_branch(row, answer_span) for row in rows]
+    return [_aggregate(branches[p * k : (p + 1) * k], normalize) for p in range(prompts)]
+
+
+def _stop_hits(tokenizer: PreTrainedTokenizerBase, tails: torch.Tensor, stops: tuple[str, ...]) -> torch.Tensor:
+    """[items, candidates]: does the decoded tail [items, candidates, window] hold a stop string."""
+    items, candidates, window = tails.shape
+    texts = tokenizer.batch_decode(tails.reshape(-1, window).tolist(), skip_special_tokens=True)
+    hits = [_first_stop(text, stops) is not None for text in texts]
+    return torch.tensor(hits, device=tails.device).view(items, candidates)
+
+
+def _beam_generation(
+    tokenizer: PreTrainedTokenizerBase, token_ids: list[int], score: float, stops: _Stops
+) -> Generation:
+    if token_ids and token_ids[-1] in stops.eos_ids:
+        kept = token_ids[:-1]
+        return Generation(tokenizer.decode(kept, skip_special_tokens=True), kept, "eos", score=score)
+    text = tokenizer.decode(token_ids, skip_special_tokens=True)
+    cut = _first_stop(text, stops.strings)
+    return Generation(text[:cut], token_ids, "length" if cut is None else "stop", score=score)
+
+
+def _beam(
+    batch: _KVBatch, logits: torch.Tensor, tokenizer: PreTrainedTokenizerBase, stops: _Stops, num_beams: int,
+    length_penalty: float, early_stopping: bool | Literal["never"],
+) -> list[Generation]:
+    """Beam search as transformers' `generate(num_beams=...)` does it, an item leaving the batch once it is done.
+
+    Per step, the best `2 * num_beams` continuations of all beams: those ending (EOS, a stop string, the length
+    limit) among the first `num_beams` become finished hypotheses, scored sum log p / length ** length_penalty; the
+    best `num_beams` of the others run on. An item is done when `num_beams` hypotheses are finished and, unless
+    `early_stopping` is True, its best running beam can no longer beat the worst of them.
+    """
+    items, device, beams, max_new = logits.shape[0], logits.device, num_beams, stops.max_new_tokens
+    eos = torch.tensor(sorted(stops.eos_ids), device=device)
+    kept = max(2, 1 + len(stops.eos_ids)) * beams
+    in_top = torch.arange(kept, device=device) < beams
+    window = max(map(len, stops.strings), default=0) + 2  # tokens: each spells at least one character
+    batch.repeat(beams)
+    log_probs = logits.float().log_softmax(dim=-1).repeat_interleave(beams, dim=0)
+    running = torch.zeros((items, beams, max_new), dtype=torch.long, device=device)
+    running_scores = torch.full((items, beams), _NEG, device=device)
+    running_scores[:, 0] = 0.0
+    finished = torch.zeros_like(running)
+    finished_scores = torch.full((items, beams), -math.inf, device=device)
+    finished_lengths = torch.zeros((items, beams), dtype=torch.long, device=device)
+    live_items = list(range(items))  # batch item -> prompt
+    results: list[Generation | None] = [None] * items
+    for t in range(max_new):
+        if t > 0:
+            log_probs = batch.step(running[:, :, t - 1].flatten()).float().log_softmax(dim=-1)
+        vocab = log_probs.shape[-1]
+        scores = (log_probs.view(len(live_items), beams, vocab) + running_scores[:, :, None]).flatten(1)
+        candidate_scores, flat = scores.topk(kept, dim=1)
+        origins, new_tokens = flat // vocab, flat % vocab
+        candidates = running.gather(1, origins[:, :, None].expand(-1, -1, max_new))
+        candidates[:, :, t] = new_tokens
+        hits = torch.isin(new_tokens, eos)
+        if stops.strings:
+            hits |= _stop_hits(tokenizer, candidates[:, :, max(0, t + 1 - window) : t + 1], stops.strings)
+        if t + 1 == max_new:
+            hits[:] = True
+
+        ending = hits & in_top
+        ending_scores = torch.where(ending, candidate_scores / (t + 1) ** length_penalty, -math.inf)
+        merged_scores, best = torch.cat([finished_scores, ending_scores], dim=1).topk(beams, dim=1)
+        finished = torch.cat([finished, candidates], dim=1).gather(1, best[:, :, None].expand(-1, -1, max_new))
+        finished_lengths = torch.cat([finished_lengths, torch.full_like(ending_scores, t + 1, dtype=torch.long)], 1)
+        finished_lengths = finished_lengths.gather(1, best)
+        finished_scores = merged_scores
+
+        running_scores, chosen = (candidate_scores + hits * _NEG).topk(beams, dim=1)
+        running = candidates.gather(1, chosen[:, :, None].expand(-1, -1, max_new))
+        parents = origins.gather(1, chosen)
+
+        full = torch.isfinite(finished_scores).all(dim=1)
+        if early_stopping is True:
+            done = full
+        else:
+            best_length = max_new if early_stopping == "never" and length_penalty > 0 else t + 1
+            best_possible = running_scores[:, 0] / best_length**length_penalty
+            done = full & (best_possible <= finished_scores.min(dim=1).values)
+        if t + 1 == max_new:
+            done[:] = True
+        done_list = done.tolist()
+        for position, is_done in enumerate(done_list):
+            if is_done:
+                length = int(finished_lengths[position, 0])
+                token_ids = finished[position, 0, :length].tolist()
+                results[live_items[position]] = _beam_generation(
+                    tokenizer, token_ids, float(finished_scores[position, 0]), stops
+                )
+        keep = [position for position, is_done in enumerate(done_list) if not is_done]
+        if not keep:
+            break
+        keep_index = torch.tensor(keep, device=device)
+        rows = (keep_index[:, None] * beams + parents[keep_index]).flatten()
+        batch.take(rows)  # reorders the beams and drops finished items in one copy of the cache
+        live_items = [live_items[position] for position in keep]
+        running, running_scores = running[keep_index], running_scores[keep_index]
+        finished, finished_scores, finished_lengths = (
+            finished[keep_index], finished_scores[keep_index], finished_lengths[keep_index]
+        )
+    return [result for result in results if result is not None]
+
+
+def _length_batches(lengths: Sequence[int], batch_size: int) -> list[list[int]]:
+    """Indices, longest prompts first, in batches of `batch_size` (similar lengths pad little)."""
+    order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
+    return [order[i : i + batch_size] for i in range(0, len(order), batch_size)]
+
+
+def _eos_ids(
+    model: Any, tokenizer: PreTrainedTokenizerBase, eos_token_ids: int | Sequence[int] | None
+) -> frozenset[int]:
+    if eos_token_ids is not None:
+        return frozenset([eos_token_ids] if isinstance(eos_token_ids, int) else eos_token_ids)
+    ids = {tokenizer.eos_token_id}
+    configured = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    ids.update([configured] if isinstance(configured, int) else configured or [])
+    ids.discard(None)
+    if not ids:
+        raise ClozeMathError("decode: neither the tokenizer nor the model names an end-of-sequence token")
+    return frozenset(ids)
+
+
+def _encode(
+    tokenizer: PreTrainedTokenizerBase, prompts: Sequence[str] | Sequence[Sequence[int]], add_special_tokens: bool
+) -> list[list[int]]:
+    if all(isinstance(prompt, str) for prompt in prompts):
+        encoded = tokenizer(list(prompts), add_special_tokens=add_special_tokens)["input_ids"]
+    else:
+        encoded = [list(prompt) for prompt in prompts]
+    if any(not ids for ids in encoded):
+        raise ClozeMathError(f"decode: prompt {next(i for i, ids in enumerate(encoded) if not ids)} is empty")
+    return encoded
+
+
+@torch.inference_mode()
+def decode(
+    model: Any,
+    tokenizer: PreTrainedTokenizerBase,
+    prompts: Sequence[str] | Sequence[Sequence[int]],
+    scheme: Scheme = "greedy",
+    *,
+    max_new_tokens: int = 512,
+    stop: Sequence[str] = (),
+    eos_token_ids: int | Sequence[int] | None = None,
+    prompt_attention: PromptAttention = "causal",
+    batch_size: int = 16,
+    num_beams: int = 5,
+    length_penalty: float = 1.0,
+    early_stopping: bool | Literal["never"] = False,
+    cot_k: int = 9,
+    answer_span: AnswerSpan | None = None,
+    normalize_answer: Callable[[str], str] = str.strip,
+    add_special_tokens: bool = True,
+) -> list[Generation]:
+    """Decode every prompt (text, or token ids as they are) with `scheme`; one `Generation` per prompt, in order.
+
+    `model` is a causal LM (transformers or peft, in eval mode); `batch_size` counts prompts (a batch holds
+    `batch_size * num_beams` rows for beam search, `batch_size * cot_k` for CoT-decoding). End-of-sequence ids
+    default to the tokenizer's and the model's generation config's. `prompt_attention="bidirectional"` encodes each
+    whole prompt with bidirectional attention (PrefixLM). Beam search follows `model.generate(num_beams=...,
+    length_penalty=..., early_stopping=...)`. CoT-decoding needs `answer_span(text) -> (start, end) | None`; answers
+    are compared after `normalize_answer`.
+    """
+    if scheme not in ("greedy", "beam", "cot"):
+        raise ClozeMathError(f"decode: unknown scheme '{scheme}' (greedy, beam or cot)")
+    if max_new_tokens < 1 or batch_size < 1 or num_beams < 1 or cot_k < 1:
+        raise ClozeMathError("decode: max_new_tokens, batch_size, num_beams and cot_k must be at least 1")
+    if scheme == "cot" and answer_span is None:
+        raise ClozeMathError("decode: CoT-decoding needs answer_span")
+    if prompt_attention == "bidirectional":
+        implementation = model.config._attn_implementation
+        if implementation not in _BIDIRECTIONAL_ATTENTION:
+            raise ClozeMathError(
+                f"decode: bidirectional prompts need attn_implementation sdpa or eager, not '{implementation}'"
+            )
+    elif prompt_attention != "causal":
+        raise ClozeMathError(f"decode: unknown prompt_attention '{prompt_attention}' (causal or bidirectional)")
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is None:
+        raise ClozeMathError(f"decode: {type(tokenizer).__name__} is not a fast (tokenizers) tokenizer")
+    stops = _Stops(_eos_ids(model, tokenizer, eos_token_ids), tuple(stop), max_new_tokens)
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else min(stops.eos_ids)
+
+    if not prompts:
+        return []
+    encoded = _encode(tokenizer, prompts, add_special_tokens)
+    results: list[Generation | None] = [None] * len(encoded)
+    with sdpa_kernel(_SDPA_BACKENDS):
+        for indices in _length_batches([len(ids) for ids in encoded], batch_size):
+            batch, logits = _prefill(model, [encoded[i] for i in indices], pad_id, prompt_attention)
+            if scheme == "greedy":
+                generations = _greedy(batch, logits, backend, stops)
+            elif scheme == "beam":
+                generations = _beam(batch, logits, tokenizer, stops, num_beams, length_penalty, early_stopping)
+            else:
+                assert answer_span is not None
+                generations = _cot(batch, logits, backend, stops, cot_k, answer_span, normalize_answer)
+            for index, generation in zip(indices, generations):
+                results[index] = generation
+    return [generation for generation in results if generation is not None]

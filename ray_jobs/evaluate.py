@@ -1,0 +1,261 @@
+"""The evaluation job: Ray Data batch inference over the evaluation sets, then files, metrics and MLflow.
+
+Every problem of every set goes into one dataset; `map_batches` sends batches to an actor pool holding one model per
+GPU (or a single actor on CPU), and each actor decodes a batch with every decoding of `eval.decodings` and grades it
+(`clozemath.eval.evaluate.evaluate_batch`). The driver streams the predictions back: they are appended to
+`<set>.partial.jsonl` as they arrive (a crash loses nothing that was decoded), and when a set is complete its
+predictions are written in order to `predictions/<set>.jsonl` and its metrics to `metrics.json`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+
+import pyarrow as pa
+import ray
+from ray.data import ActorPoolStrategy, DataContext
+from tqdm import tqdm
+
+from clozemath.config import ExperimentConfig
+from clozemath.data.sources import Problem
+from clozemath.errors import ClozeMathError
+from clozemath.eval.evaluate import (
+    Prediction,
+    eval_folder,
+    eval_problems,
+    evaluate_batch,
+    load_evaluated_model,
+    metrics,
+    prompting,
+    resolve_adapter,
+    results_table,
+    write_predictions,
+)
+from ray_jobs.eval_standins import end_run, init_ray, log_artifacts, log_config, log_metrics, start_run
+
+CALLS_PER_BATCH = 4
+"""A Ray Data batch holds this many of decode's batches (`eval.batch_size` prompts each): enough to sort by length
+and keep a GPU busy, small enough to spread a set over the pool and to show progress."""
+_PREDICTION_TYPES = {
+    "id": pa.string(), "dataset": pa.string(), "decoding": pa.string(), "prompt": pa.string(),
+    "generation": pa.string(), "extracted": pa.string(), "gold": pa.string(), "correct": pa.bool_(),
+    "confidence": pa.float64(),
+}
+SCHEMA = pa.schema([(field.name, _PREDICTION_TYPES[field.name]) for field in fields(Prediction)]
+                   + [("seconds", pa.float64())])
+"""A prediction per row, plus the actor-seconds its decoding took (its share of the batch's)."""
+
+
+def eval_decodings(cfg: ExperimentConfig) -> list[str]:
+    return list(dict.fromkeys(cfg.eval.decodings))
+
+
+class Evaluator:
+    """A Ray Data actor: one model (on this actor's GPU, else on CPU), every decoding of each batch of problems."""
+
+    def __init__(self, cfg: ExperimentConfig, adapter: Path | None, cpu_threads: int):
+        import torch
+
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+        if device == "cpu":
+            torch.set_num_threads(cpu_threads)
+        self.cfg = cfg
+        self.prompting = prompting(cfg)
+        self.loaded = load_evaluated_model(cfg, adapter, device)
+
+    def __call__(self, batch: pa.Table) -> pa.Table:
+        problems = [Problem(**row) for row in batch.to_pylist()]
+        rows = []
+        for decoding in eval_decodings(self.cfg):
+            started = time.perf_counter()
+            predictions = evaluate_batch(self.loaded, problems, decoding, self.cfg.eval, self.prompting)
+            share = (time.perf_counter() - started) / len(predictions)
+            rows.extend({**asdict(prediction), "seconds": share} for prediction in predictions)
+        return pa.Table.from_pylist(rows, schema=SCHEMA)
+
+
+def _actor_pool(cfg: ExperimentConfig, adapter: Path | None) -> dict[str, object]:
+    """`map_batches` arguments for the actors: one per GPU of the cluster, else one using this machine's cores."""
+    resources = ray.cluster_resources()
+    gpus = int(resources.get("GPU", 0))
+    if gpus:  # from one actor up: GPUs that other work (a Tune trial's training) holds join the pool when freed
+        pool, threads = {"compute": ActorPoolStrategy(min_size=1, max_size=gpus), "num_gpus": 1}, 1
+    else:
+        threads = max(1, min(os.cpu_count() or 1, int(resources.get("CPU", 1)) - 1))
+        pool = {"compute": ActorPoolStrategy(size=1), "num_cpus": threads}
+    return pool | {"fn_constructor_kwargs": {"cfg": cfg, "adapter": adapter, "cpu_threads": threads}}
+
+
+@contextlib.contextmanager
+def _without_ray_progress_bars() -> Iterator[None]:
+    """The driver draws one bar over all sets; Ray Data's per-operator bars would only interleave with it."""
+    context = DataContext.get_current()
+    before = context.enable_progress_bars
+    context.enable_progress_bars = False
+    try:
+        yield
+    finally:
+        context.enable_progress_bars = before
+
+
+@dataclass
+class _SetProgress:
+    """The predictions of one set as they arrive."""
+
+    name: str
+    problems: list[Problem]
+    decodings: list[str]
+    partial: Path
+    predictions: list[Prediction]
+    seconds: dict[str, float]
+
+    @property
+    def expected(self) -> int:
+        return len(self.problems) * len(self.decodings)
+
+    def add(self, rows: list[dict]) -> None:
+        predictions = [Prediction(**{k: v for k, v in row.items() if k != "seconds"}) for row in rows]
+        write_predictions(self.partial, predictions, append=True)
+        self.predictions.extend(predictions)
+        for row in rows:
+            self.seconds[row["decoding"]] += row["seconds"]
+
+    def finish(self, folder: Path) -> dict[str, float]:
+        """Write the predictions in order (decoding, then problem), drop the partial file; the set's metrics."""
+        order = {problem.id: i for i, problem in enumerate(self.problems)}
+        self.predictions.sort(key=lambda p: (self.decodings.index(p.decoding), order[p.id]))
+        write_predictions(folder / "predictions" / f"{self.name}.jsonl", self.predictions)
+        self.partial.unlink(missing_ok=True)
+        values = metrics(self.predictions)
+        for decoding, seconds in self.seconds.items():
+            values[f"eval/{self.name}/{decoding}/problems_per_s"] = len(self.problems) / max(seconds, 1e-9)
+        return values
+
+
+def _sets(cfg: ExperimentConfig, folder: Path) -> dict[str, _SetProgress]:
+    names = [set_cfg.dataset for set_cfg in cfg.eval.sets]
+    repeated = next((name for name in names if names.count(name) > 1), None)
+    if repeated is not None:
+        raise ClozeMathError(f"eval.sets: '{repeated}' appears twice (metrics are named by set)")
+    decodings = eval_decodings(cfg)
+    return {
+        set_cfg.dataset: _SetProgress(
+            name=set_cfg.dataset, problems=eval_problems(set_cfg), decodings=decodings,
+            partial=folder / "predictions" / f"{set_cfg.dataset}.partial.jsonl", predictions=[],
+            seconds=dict.fromkeys(decodings, 0.0),
+        )
+        for set_cfg in cfg.eval.sets
+    }
+
+
+def evaluate_on_ray(cfg: ExperimentConfig, adapter: Path | None, folder: Path) -> dict[str, float]:
+    """Evaluate every set with every decoding on the Ray cluster (which must be up); write predictions and
+    `metrics.json` under `folder`; the metrics (`eval/<set>/<decoding>/{accuracy,correct,total,problems_per_s}`)."""
+    sets = _sets(cfg, folder)
+    for progress in sets.values():
+        progress.partial.unlink(missing_ok=True)
+    problems = [problem.to_dict() for progress in sets.values() for problem in progress.problems]
+    if not problems:
+        raise ClozeMathError("eval.sets: no problems to evaluate")
+    dataset = ray.data.from_items(problems).map_batches(
+        Evaluator, batch_size=cfg.eval.batch_size * CALLS_PER_BATCH, batch_format="pyarrow",
+        **_actor_pool(cfg, adapter),
+    )
+    values: dict[str, float] = {}
+    started = time.perf_counter()
+    decodings = len(next(iter(sets.values())).decodings)
+    with _without_ray_progress_bars(), tqdm(total=len(problems), desc="eval", unit="problem", file=sys.stderr) as bar:
+        for batch in dataset.iter_batches(batch_size=None, batch_format="pyarrow"):
+            rows = batch.to_pylist()
+            for name, progress in sets.items():
+                mine = [row for row in rows if row["dataset"] == name]
+                if not mine:
+                    continue
+                progress.add(mine)
+                if len(progress.predictions) == progress.expected:
+                    values.update(progress.finish(folder))
+                    _write_metrics(folder, values)
+                    bar.write(f"eval: {name} done ({len(progress.problems)} problems)")
+            bar.update(len(rows) // decodings)
+    values["eval/seconds"] = time.perf_counter() - started
+    _write_metrics(folder, values)
+    return values
+
+
+def _write_metrics(folder: Path, values: dict[str, float]) -> None:
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "metrics.json").write_text(json.dumps(values, indent=1, sort_keys=True) + "\n")
+
+
+_REMOTE_USER_ERROR = re.compile(r"clozemath\.errors\.ClozeMathError: (.+)")
+
+
+def _user_error(exc: BaseException) -> ClozeMathError | None:
+    """A ClozeMathError raised in an actor (a model that cannot be loaded) reaches the driver inside Ray's own
+    exceptions, its one line kept in their text: that line again, for the CLI to print as it prints any other."""
+    seen: BaseException | None = exc
+    while seen is not None:
+        if isinstance(seen, ClozeMathError):
+            return seen
+        found = _REMOTE_USER_ERROR.findall(str(seen))
+        if found:
+            return ClozeMathError(found[-1])
+        seen = seen.__cause__ or seen.__context__
+    return None
+
+
+@dataclass
+class EvalResult:
+    metrics: dict[str, float]
+    folder: Path
+    """Holds `predictions/<set>.jsonl` and `metrics.json`."""
+    run_id: str
+    """The MLflow run the metrics and files were logged to."""
+
+
+def run_evaluation(
+    cfg: ExperimentConfig, adapter_folder: str | Path | None = None, tracking_run_id: str | None = None, step: int = 0
+) -> EvalResult:
+    """Evaluate `cfg`'s model on `eval.sets` x `eval.decodings` and log the results to MLflow.
+
+    `adapter_folder`: the adapter to merge into the base model (default: `resolve_adapter(cfg)`, which gives none for
+    few-shot prompting). `tracking_run_id`: log into this run (a training run, a Tune trial's run) at `step`; else
+    a run `<name>/eval` of its own is made and ended. Joins Ray, or starts it locally, only when Ray is not up.
+    """
+    adapter = Path(adapter_folder) if adapter_folder is not None else resolve_adapter(cfg)
+    folder = eval_folder(cfg)
+    uri = cfg.tracking.uri
+    run_id = tracking_run_id or start_run(cfg.tracking, f"{cfg.name}/eval")
+    succeeded = False
+    try:
+        if tracking_run_id is None:
+            log_config(uri, run_id, cfg)
+        init_ray()
+        try:
+            values = evaluate_on_ray(cfg, adapter, folder)
+        except Exception as exc:
+            user_error = _user_error(exc)
+            if user_error is None:
+                raise
+            raise user_error from None
+        log_metrics(uri, run_id, step, values)
+        succeeded = True
+    finally:
+        if folder.is_dir():
+            log_artifacts(uri, run_id, folder, "eval")
+        if tracking_run_id is None:
+            end_run(uri, run_id, succeeded)
+    return EvalResult(values, folder, run_id)
+
+
+def print_results(result: EvalResult) -> None:
+    print(results_table(result.metrics))
+    print(f"predictions and metrics: {result.folder} (MLflow run {result.run_id})")

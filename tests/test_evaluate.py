@@ -1,0 +1,281 @@
+"""The evaluation job: sets on the real data, prompts, a tiny random Llama decoded and graded end to end, the
+Ray Data job behind `clozemath eval` with an adapter saved here, and the throughput benchmark's CPU path."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from clozemath.cli import main
+from clozemath.config import EvalSetConfig, load_config
+from clozemath.data.objectives import build_samples
+from clozemath.data.sources import load_problems
+from clozemath.data.tokenize import encode_sample
+from clozemath.errors import ClozeMathError
+from clozemath.eval.answers import grade
+from clozemath.eval.evaluate import (
+    Prompting,
+    build_prompts,
+    eval_problems,
+    evaluate_batch,
+    metrics,
+    prompting,
+    read_predictions,
+    resolve_adapter,
+    write_predictions,
+)
+from clozemath.eval.prompts import GSM8K_STOP
+from clozemath.model.load import load_model, save_adapter
+
+ROOT = Path(__file__).resolve().parents[1]
+SMOKE = ROOT / "configs" / "experiments" / "smoke.yaml"
+DECODINGS = ("greedy", "beam", "cot")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def few_threads():
+    """Tiny matrices: threads only add overhead, and much more so on a shared machine."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def smoke():
+    return load_config(SMOKE, ["eval.max_new_tokens=8", "eval.cot_k=3", "eval.num_beams=2"])
+
+
+@pytest.fixture(scope="module")
+def loaded(smoke):
+    return load_model(smoke.model, 0, "cpu", training=False)
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Sets
+
+
+@pytest.mark.parametrize(
+    ("dataset", "count", "first_id"),
+    [("gsm8k", 1319, "gsm8k-test-0"), ("math", 5000, "math-test-0"), ("gsm_p2", 2500, "gsm_p2-0-0")],
+)
+def test_read_sets_hold_every_test_problem(dataset, count, first_id):
+    problems = eval_problems(EvalSetConfig(dataset=dataset))
+    assert len(problems) == count and problems[0].id == first_id
+    assert len({p.id for p in problems}) == count
+    assert all(p.dataset == dataset and p.answer for p in problems)
+
+
+@pytest.mark.parametrize(("dataset", "templates"), [("gsm_symbolic", 100), ("gsm_p1", 100), ("gsm_p2", 50)])
+def test_generated_sets_instantiate_every_template(dataset, templates):
+    problems = eval_problems(EvalSetConfig(dataset=dataset, per_template=2, seed=3, generate=True))
+    assert len(problems) == 2 * templates and all(p.dataset == dataset for p in problems)
+    assert problems == eval_problems(EvalSetConfig(dataset=dataset, per_template=2, seed=3, generate=True))
+    other_seed = eval_problems(EvalSetConfig(dataset=dataset, per_template=2, seed=4, generate=True))
+    assert [p.question for p in problems] != [p.question for p in other_seed]
+    assert all(grade("gsm8k", p.solution, p.answer).correct for p in problems)  # each solution's `####` is its gold
+
+
+def test_subsets_are_seeded_and_keep_file_order():
+    full = eval_problems(EvalSetConfig(dataset="gsm8k"))
+    subset = eval_problems(EvalSetConfig(dataset="gsm8k", limit=50, seed=1))
+    assert subset == eval_problems(EvalSetConfig(dataset="gsm8k", limit=50, seed=1))
+    assert subset != eval_problems(EvalSetConfig(dataset="gsm8k", limit=50, seed=2))
+    positions = [full.index(p) for p in subset]
+    assert len(subset) == 50 and positions == sorted(positions) and positions != list(range(50))
+    assert eval_problems(EvalSetConfig(dataset="gsm8k", limit=5000)) == full
+    with pytest.raises(ClozeMathError, match="limit must be at least 1"):
+        eval_problems(EvalSetConfig(dataset="gsm8k", limit=0))
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Prompts
+
+
+def test_prompting_follows_the_method(smoke):
+    assert prompting(smoke) == Prompting(False, "bidirectional", smoke.data.prompt_template)
+    assert prompting(load_config(SMOKE, ["method=it"])).attention == "causal"
+    assert prompting(load_config(SMOKE, ["eval.prompt_attention=causal"])).attention == "causal"
+    base = prompting(load_config(SMOKE, ["method=base"]))
+    assert base.few_shot and base.attention == "causal"
+    assert prompting(load_config(SMOKE, ["eval.few_shot=true"])).few_shot
+
+
+def test_fine_tuned_prompt_ids_are_the_training_prefix(loaded, smoke):
+    """Token for token the prefix of each problem's LM training sample, as the training data path builds it."""
+    problems = load_problems("gsm8k", "test", limit=20) + load_problems("math", "test", limit=10)
+    prompts = build_prompts(problems, loaded, prompting(smoke))
+    for problem, prompt in zip(problems, prompts):
+        (lm,) = [s for s in build_samples(problem, smoke.method, smoke.data.prompt_template, 0) if s.kind == "lm"]
+        encoded = encode_sample(lm, loaded.tokenizer, loaded.specials, max_length=100_000)
+        assert prompt.ids == encoded["input_ids"][: encoded["prefix_len"]]
+        assert prompt.text == lm.prefix == f"Question: {problem.question}\nAnswer:<SEP>"
+    sep = loaded.specials.ids["<SEP>"]
+    assert prompts[0].ids[0] == loaded.tokenizer.bos_token_id and prompts[0].ids[-1] == sep
+    assert loaded.tokenizer.decode(prompts[0].ids[1:-1]) == f"Question: {problems[0].question}\nAnswer:"
+
+
+def test_few_shot_prompts_are_the_harness_ones(loaded, smoke):
+    gsm, math = load_problems("gsm8k", "test", limit=1)[0], load_problems("math", "test", limit=1)[0]
+    gsm_prompt, math_prompt = build_prompts([gsm, math], loaded, prompting(load_config(SMOKE, ["method=base"])))
+    shots = load_problems("gsm8k", "train", limit=5)
+    assert gsm_prompt.text.startswith(f"Question: {shots[0].question}\nAnswer: {shots[0].solution}\n\n")
+    assert gsm_prompt.text.endswith(f"Question: {gsm.question}\nAnswer:") and gsm_prompt.text.count("Question:") == 6
+    assert math_prompt.text.startswith("Problem:\n")
+    assert math_prompt.text.endswith(f"Problem:\n{math.question}\n\nSolution:")
+    assert gsm_prompt.ids == loaded.tokenizer(gsm_prompt.text)["input_ids"]
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Decoding and grading on a tiny random Llama
+
+
+def test_tiny_model_end_to_end(loaded, smoke, tmp_path):
+    problems = eval_problems(smoke.eval.sets[0])
+    assert len(problems) == 4
+    predictions = [p for d in DECODINGS for p in evaluate_batch(loaded, problems, d, smoke.eval, prompting(smoke))]
+    path = tmp_path / "predictions.jsonl"
+    write_predictions(path, predictions)
+    rows = [json.loads(line) for line in path.read_text().splitlines()]
+    assert len(rows) == 12 and set(rows[0]) == {
+        "id", "dataset", "decoding", "prompt", "generation", "extracted", "gold", "correct", "confidence",
+    }
+    assert read_predictions(path) == predictions
+    for decoding in DECODINGS:
+        mine = [p for p in predictions if p.decoding == decoding]
+        assert [(p.id, p.gold) for p in mine] == [(p.id, p.answer) for p in problems]
+    for prediction in predictions:
+        assert prediction.prompt.endswith("Answer:<SEP>") and prediction.generation
+        graded = grade("gsm8k", prediction.generation, prediction.gold)
+        assert (prediction.extracted, prediction.correct) == (graded.extracted, graded.correct)
+        has_answer = prediction.extracted is not None
+        assert (prediction.confidence is not None) == (prediction.decoding == "cot" and has_answer)
+
+    values = metrics(predictions)
+    assert set(values) == {f"eval/gsm8k/{d}/{name}" for d in DECODINGS for name in ("accuracy", "correct", "total")}
+    assert all(values[f"eval/gsm8k/{d}/total"] == 4 for d in DECODINGS)
+    assert values["eval/gsm8k/greedy/accuracy"] == sum(p.correct for p in predictions[:4]) / 4
+
+
+def test_few_shot_generations_stop_at_the_harness_stops(loaded, smoke):
+    problems = eval_problems(smoke.eval.sets[0])[:2]
+    base = load_config(SMOKE, ["method=base", "eval.max_new_tokens=24"])
+    for prediction in evaluate_batch(loaded, problems, "greedy", base.eval, prompting(base)):
+        assert not any(stop in prediction.generation for stop in GSM8K_STOP)
+
+
+def test_a_batch_mixing_sets_is_prompted_and_graded_per_set(loaded, smoke):
+    problems = [*load_problems("math", "test", limit=2), *load_problems("gsm8k", "test", limit=2)]
+    base = load_config(SMOKE, ["method=base", "eval.max_new_tokens=4"])
+    predictions = evaluate_batch(loaded, problems, "cot", base.eval, prompting(base))
+    assert [p.id for p in predictions] == [p.id for p in problems]
+    assert [p.prompt.startswith("Problem:") for p in predictions] == [True, True, False, False]
+    for prediction in predictions:
+        graded = grade(prediction.dataset, prediction.generation, prediction.gold)
+        assert (prediction.extracted, prediction.correct) == (graded.extracted, graded.correct)
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Adapters and `clozemath eval`
+
+
+def test_missing_adapter_is_a_one_line_error(tmp_path, capsys):
+    cfg = load_config(SMOKE, [f"train.output_dir={tmp_path}"])
+    with pytest.raises(ClozeMathError, match="smoke/adapter"):
+        resolve_adapter(cfg)
+    assert resolve_adapter(load_config(SMOKE, ["method=base"])) is None
+    assert main(["eval", str(SMOKE), f"eval.adapter={tmp_path / 'nowhere'}"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "nowhere" in err and err.startswith("clozemath: error: adapter")
+
+
+@pytest.fixture(scope="module")
+def ray_session():
+    """One local Ray for this module (the driver's `init_ray` then finds it up)."""
+    import ray
+
+    started = not ray.is_initialized()
+    if started:
+        ray.init(num_cpus=8, include_dashboard=False)
+    yield
+    if started:
+        ray.shutdown()
+
+
+@pytest.fixture(scope="module")
+def adapter(smoke, tmp_path_factory) -> Path:
+    """A LoRA adapter on the smoke model, its weights and special-token rows nudged away from the base."""
+    trained = load_model(smoke.model, num_sentinels=2, device="cpu", training=True)
+    with torch.no_grad():
+        for name, parameter in trained.model.named_parameters():
+            if parameter.requires_grad:
+                parameter.add_(0.05 * torch.randn_like(parameter))
+    return save_adapter(trained.model, tmp_path_factory.mktemp("adapter"), trained.specials)
+
+
+@pytest.mark.slow
+def test_clozemath_eval_runs_on_ray_data_and_logs_to_mlflow(ray_session, adapter, tmp_path, capsys):
+    from mlflow import MlflowClient
+
+    store = f"sqlite:///{tmp_path / 'mlruns.db'}"
+    argv = [
+        "eval", str(SMOKE), f"eval.adapter={adapter}", f"train.output_dir={tmp_path / 'runs'}", f"tracking.uri={store}",
+        "eval.decodings=[greedy,cot]", "eval.max_new_tokens=6", "eval.cot_k=2",
+        "eval.sets=[{dataset: gsm8k, limit: 4}, {dataset: gsm_p1, per_template: 1, limit: 3}]",
+    ]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert "| gsm8k | cot |" in out and "| gsm_p1 | greedy |" in out
+
+    folder = tmp_path / "runs" / "smoke" / "eval"
+    gsm8k = read_predictions(folder / "predictions" / "gsm8k.jsonl")
+    gsm_p1 = read_predictions(folder / "predictions" / "gsm_p1.jsonl")
+    assert [p.decoding for p in gsm8k] == ["greedy"] * 4 + ["cot"] * 4 and len(gsm_p1) == 6
+    assert [p.id for p in gsm8k[:4]] == [p.id for p in eval_problems(EvalSetConfig(dataset="gsm8k", limit=4))]
+    assert all(p.prompt.endswith("<SEP>") for p in gsm8k + gsm_p1)
+    assert not list((folder / "predictions").glob("*.partial.jsonl"))
+    values = json.loads((folder / "metrics.json").read_text())
+    for name in ("gsm8k/greedy", "gsm8k/cot", "gsm_p1/greedy", "gsm_p1/cot"):
+        assert values[f"eval/{name}/total"] == (4 if name.startswith("gsm8k") else 3)
+        assert 0.0 <= values[f"eval/{name}/accuracy"] <= 1.0 and values[f"eval/{name}/problems_per_s"] > 0
+
+    mlflow = MlflowClient(tracking_uri=store)
+    (run,) = mlflow.search_runs([mlflow.get_experiment_by_name("smoke").experiment_id])
+    assert run.info.run_name == "smoke/eval" and run.info.status == "FINISHED"
+    assert run.data.metrics["eval/gsm8k/greedy/accuracy"] == values["eval/gsm8k/greedy/accuracy"]
+    assert run.data.params["eval.adapter"] == str(adapter)
+    logged = {a.path for a in mlflow.list_artifacts(run.info.run_id, "eval/predictions")}
+    assert logged == {"eval/predictions/gsm8k.jsonl", "eval/predictions/gsm_p1.jsonl"}
+
+
+@pytest.mark.slow
+def test_a_model_the_actor_cannot_load_is_a_one_line_error(ray_session, tmp_path, capsys):
+    argv = [
+        "eval", str(SMOKE), "method=base", "model.tokenizer=/nowhere/tokenizer", f"train.output_dir={tmp_path}",
+        f"tracking.uri=sqlite:///{tmp_path / 'mlruns.db'}",
+    ]
+    assert main(argv) == 2
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    assert last == "clozemath: error: tokenizer path '/nowhere/tokenizer': no such folder"
+
+
+# --------------------------------------------------------------------------------------------------------------
+# The throughput benchmark's CPU path
+
+
+def test_throughput_benchmark_runs_on_cpu(tmp_path, monkeypatch):
+    spec = importlib.util.spec_from_file_location("eval_throughput", ROOT / "bench" / "eval_throughput.py")
+    bench = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, spec.name, bench)  # its dataclasses look their module up
+    spec.loader.exec_module(bench)
+    out = tmp_path / "table.md"
+    argv = ["--model", "tiny-llama", "--limit", "4", "--max-new-tokens", "8", "--cot-k", "3", "--out", str(out)]
+    assert bench.main(argv) == 0
+    rows = [line for line in out.read_text().splitlines() if line.startswith("| CPU")]
+    assert [row.split(" | ")[1] for row in rows] == list(DECODINGS)
+    assert all(row.endswith("| 100.0% |") for row in rows)  # float32 on CPU: the same tokens as generate
