@@ -118,8 +118,8 @@ def check_plan(config: ExperimentConfig, prepared: Prepared) -> None:
         )
 
 
-def fit(config: ExperimentConfig, prepared: Prepared, run_folder: Path, run_id: str) -> Path:
-    """Train on Ray; returns the adapter folder (`<run_folder>/adapter`)."""
+def fit(config: ExperimentConfig, prepared: Prepared, run_folder: Path, run_id: str) -> tuple[Path, int]:
+    """Train on Ray; returns the adapter folder (`<run_folder>/adapter`) and the number of steps trained."""
     check_plan(config, prepared)
     trainer = TorchTrainer(
         train_worker,
@@ -141,4 +141,4 @@ def fit(config: ExperimentConfig, prepared: Prepared, run_folder: Path, run_id: 
     shutil.rmtree(adapter, ignore_errors=True)
     with result.checkpoint.as_directory() as final:
         shutil.copytree(Path(final) / ADAPTER_DIR, adapter)
-    return adapter
+    return adapter, int(result.metrics["step"])

@@ -195,19 +195,6 @@ def test_missing_adapter_is_a_one_line_error(tmp_path, capsys):
 
 
 @pytest.fixture(scope="module")
-def ray_session():
-    """One local Ray for this module (the driver's `init_ray` then finds it up)."""
-    import ray
-
-    started = not ray.is_initialized()
-    if started:
-        ray.init(num_cpus=8, include_dashboard=False)
-    yield
-    if started:
-        ray.shutdown()
-
-
-@pytest.fixture(scope="module")
 def adapter(smoke, tmp_path_factory) -> Path:
     """A LoRA adapter on the smoke model, its weights and special-token rows nudged away from the base."""
     trained = load_model(smoke.model, num_sentinels=2, device="cpu", training=True)

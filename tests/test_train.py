@@ -223,14 +223,17 @@ def test_zero2_run_learns_and_is_tracked(workdir: Path, ray_session: None) -> No
     for name in tracking.TRAIN_METRICS:
         assert len(client.get_metric_history(outcome.run_id, name)) == 8, name
     artifacts = {info.path for info in client.list_artifacts(outcome.run_id)}
-    assert {"config.yaml", "adapter"} <= artifacts
+    assert {"config.yaml", "adapter", "eval"} <= artifacts
+    assert run.data.metrics["eval/gsm8k/greedy/total"] == 4 == outcome.eval_metrics["eval/gsm8k/greedy/total"]
+    [evaluated] = client.get_metric_history(outcome.run_id, "eval/gsm8k/greedy/accuracy")
+    assert evaluated.step == 8  # evaluated after the last training step
     assert "adapter/adapter_model.safetensors" in {info.path for info in client.list_artifacts(outcome.run_id, "adapter")}
 
 
 @pytest.mark.slow
 def test_zero3_worker_failure_resumes_from_checkpoint(workdir: Path, ray_session: None) -> None:
     """Rank 0 fails before step 6; the workers restart from the step-4 checkpoint and stop at step 8."""
-    config = smoke_config(workdir, "name=smoke_zero3", "train.zero_stage=3", "train.fail_at_step=6")
+    config = smoke_config(workdir, "name=smoke_zero3", "train.zero_stage=3", "train.fail_at_step=6", "eval.sets=[]")
     assert config.train.checkpoint_every == 4 and config.train.max_steps == 8
     outcome = run_experiment(config)
 
