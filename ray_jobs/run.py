@@ -53,7 +53,8 @@ def run_experiment(
         tracking.log_config(uri, run_id, config)
         adapter, steps = None, 0
         if prepared is not None:
-            tracking.log_params(uri, run_id, {"data.num_samples": prepared.num_rows, "data.num_sentinels": prepared.num_sentinels})
+            data_params = {"data.num_samples": prepared.num_rows, "data.num_sentinels": prepared.num_sentinels}
+            tracking.log_params(uri, run_id, data_params)
             with user_errors_surfaced():
                 adapter, steps = fit(config, prepared, run_folder(config).resolve(), run_id)
             tracking.log_artifacts(uri, run_id, adapter, "adapter")

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 from typing import Any
 
@@ -227,7 +226,8 @@ def test_zero2_run_learns_and_is_tracked(workdir: Path, ray_session: None) -> No
     assert run.data.metrics["eval/gsm8k/greedy/total"] == 4 == outcome.eval_metrics["eval/gsm8k/greedy/total"]
     [evaluated] = client.get_metric_history(outcome.run_id, "eval/gsm8k/greedy/accuracy")
     assert evaluated.step == 8  # evaluated after the last training step
-    assert "adapter/adapter_model.safetensors" in {info.path for info in client.list_artifacts(outcome.run_id, "adapter")}
+    adapter_files = {info.path for info in client.list_artifacts(outcome.run_id, "adapter")}
+    assert "adapter/adapter_model.safetensors" in adapter_files
 
 
 @pytest.mark.slow

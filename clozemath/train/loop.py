@@ -179,9 +179,8 @@ def epoch_micro_batches(
     order = torch.randperm(len(lengths), generator=generator).tolist()[: micro_batches * micro_batch_size]
     if group_by_length:
         window = micro_batch_size * LENGTH_WINDOW
-        order = [
-            i for start in range(0, len(order), window) for i in sorted(order[start : start + window], key=lengths.__getitem__)
-        ]
+        windows = [order[start : start + window] for start in range(0, len(order), window)]
+        order = [i for rows in windows for i in sorted(rows, key=lengths.__getitem__)]
     batches = [order[k * micro_batch_size : (k + 1) * micro_batch_size] for k in range(micro_batches)]
     if group_by_length:
         batches = [batches[k] for k in torch.randperm(micro_batches, generator=generator).tolist()]
