@@ -3,8 +3,13 @@
 from __future__ import annotations
 
 import os
+import re
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import ray
+
+from clozemath.errors import ClozeMathError
 
 CARRIED_ENV_VARS = ("CLOZEMATH_DATA_DIR", "HF_HUB_OFFLINE", "HF_HOME", "HF_DATASETS_OFFLINE", "TRANSFORMERS_OFFLINE")
 MIN_LOCAL_CPUS = 8
@@ -23,3 +28,45 @@ def init_ray() -> None:
         ray.init(runtime_env=runtime_env())
     else:
         ray.init(num_cpus=max(MIN_LOCAL_CPUS, os.cpu_count() or 1), runtime_env=runtime_env())
+
+
+_REMOTE_USER_ERROR = re.compile(r"clozemath\.errors\.ClozeMathError: (.+)")
+
+
+def _wrapped(exc: BaseException) -> list[BaseException]:
+    """What Ray's exceptions wrap: a task's cause, Ray Train's per-worker failures and controller failure."""
+    inner = [getattr(exc, "cause", None), getattr(exc, "controller_failure", None), exc.__cause__, exc.__context__]
+    inner += list(getattr(exc, "worker_failures", {}).values())
+    return [e for e in inner if isinstance(e, BaseException)]
+
+
+def user_error(exc: BaseException) -> ClozeMathError | None:
+    """The ClozeMathError a Ray task, actor or Train worker raised, found through Ray's wrappers; where only its
+    text survived (a traceback in a message), its one line again."""
+    seen: list[BaseException] = []
+    pending = [exc]
+    while pending:
+        current = pending.pop(0)
+        if any(current is s for s in seen):
+            continue
+        seen.append(current)
+        if type(current) is ClozeMathError:
+            return current
+        pending += _wrapped(current)
+    for current in seen:
+        found = _REMOTE_USER_ERROR.findall(str(current))
+        if found:
+            return ClozeMathError(found[-1])
+    return None
+
+
+@contextmanager
+def user_errors_surfaced() -> Iterator[None]:
+    """Re-raise a user mistake met inside Ray as the one-line ClozeMathError it is (the CLI prints it so)."""
+    try:
+        yield
+    except Exception as exc:
+        found = user_error(exc)
+        if found is None:
+            raise
+        raise ClozeMathError(str(found)) from None

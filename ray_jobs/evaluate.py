@@ -12,7 +12,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import re
 import sys
 import time
 from collections.abc import Iterator
@@ -39,7 +38,8 @@ from clozemath.eval.evaluate import (
     results_table,
     write_predictions,
 )
-from ray_jobs.eval_standins import end_run, init_ray, log_artifacts, log_config, log_metrics, start_run
+from clozemath.tracking import end_run, log_artifacts, log_config, log_metrics, start_run
+from ray_jobs.cluster import init_ray, user_errors_surfaced
 
 CALLS_PER_BATCH = 4
 """A Ray Data batch holds this many of decode's batches (`eval.batch_size` prompts each): enough to sort by length
@@ -148,9 +148,10 @@ def _sets(cfg: ExperimentConfig, folder: Path) -> dict[str, _SetProgress]:
     sets = {}
     for set_cfg in cfg.eval.sets:
         decodings = cfg.eval.decodings_of(set_cfg)
-        partial = folder / "predictions" / f"{set_cfg.dataset}.partial.jsonl"
         sets[set_cfg.dataset] = _SetProgress(
-            set_cfg.dataset, eval_problems(set_cfg), decodings, partial, [], dict.fromkeys(decodings, 0.0)
+            name=set_cfg.dataset, problems=eval_problems(set_cfg), decodings=decodings,
+            partial=folder / "predictions" / f"{set_cfg.dataset}.partial.jsonl", predictions=[],
+            seconds=dict.fromkeys(decodings, 0.0),
         )
     return sets
 
@@ -194,23 +195,6 @@ def _write_metrics(folder: Path, values: dict[str, float]) -> None:
     (folder / "metrics.json").write_text(json.dumps(values, indent=1, sort_keys=True) + "\n")
 
 
-_REMOTE_USER_ERROR = re.compile(r"clozemath\.errors\.ClozeMathError: (.+)")
-
-
-def _user_error(exc: BaseException) -> ClozeMathError | None:
-    """A ClozeMathError raised in an actor (a model that cannot be loaded) reaches the driver inside Ray's own
-    exceptions, its one line kept in their text: that line again, for the CLI to print as it prints any other."""
-    seen: BaseException | None = exc
-    while seen is not None:
-        if isinstance(seen, ClozeMathError):
-            return seen
-        found = _REMOTE_USER_ERROR.findall(str(seen))
-        if found:
-            return ClozeMathError(found[-1])
-        seen = seen.__cause__ or seen.__context__
-    return None
-
-
 @dataclass
 class EvalResult:
     metrics: dict[str, float]
@@ -238,13 +222,8 @@ def run_evaluation(
         if tracking_run_id is None:
             log_config(uri, run_id, cfg)
         init_ray()
-        try:
+        with user_errors_surfaced():
             values = evaluate_on_ray(cfg, adapter, folder)
-        except Exception as exc:
-            user_error = _user_error(exc)
-            if user_error is None:
-                raise
-            raise user_error from None
         log_metrics(uri, run_id, step, values)
         succeeded = True
     finally:

@@ -30,7 +30,7 @@ from clozemath import tracking
 from clozemath.config import ExperimentConfig, GridConfig, dump_yaml, expand_grid
 from clozemath.errors import ClozeMathError
 from clozemath.model.load import load_tokenizer
-from ray_jobs.cluster import init_ray
+from ray_jobs.cluster import init_ray, user_error
 from ray_jobs.run import progress, run_experiment
 
 TRIAL_RESOURCES = {"CPU": 1}
@@ -188,14 +188,9 @@ def _trial_outcome(result: Any) -> TrialOutcome:
 def user_error_line(error: BaseException) -> str:
     """A trial's failure in one line: the ClozeMathError inside Ray's wrappers if there is one, else the last line of
     the remote traceback (`SomeError: message`)."""
-    seen: BaseException | None = error
-    while seen is not None:
-        if isinstance(seen, ClozeMathError):
-            return str(seen)
-        seen = getattr(seen, "cause", None) or seen.__cause__
-    remote = re.findall(r"clozemath\.errors\.ClozeMathError: (.+)", str(error))
-    if remote:
-        return remote[-1]
+    found = user_error(error)
+    if found is not None:
+        return str(found)
     lines = [line.strip() for line in str(error).strip().splitlines() if line.strip()]
     return lines[-1] if lines else type(error).__name__
 
@@ -248,4 +243,4 @@ def run_trial(settings: dict[str, Any]) -> None:
         train_run_name=f"train-{config_key(config)}",
         train_callbacks=[TuneReportCallback()],
     )
-    tune.report({**outcome.metrics, RUN_ID_KEY: outcome.run_id})
+    tune.report({**outcome.eval_metrics, RUN_ID_KEY: outcome.run_id})

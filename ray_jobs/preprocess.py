@@ -92,7 +92,9 @@ def cache_key(config: ExperimentConfig, problems: list[Problem]) -> str:
 # The pipeline's steps (run on Ray workers)
 
 
-def samples_of_problem(row: dict[str, Any], method: MethodConfig, prompt_template: str, seed: int) -> list[dict[str, Any]]:
+def samples_of_problem(
+    row: dict[str, Any], method: MethodConfig, prompt_template: str, seed: int
+) -> list[dict[str, Any]]:
     samples = build_samples(Problem(**row), method, prompt_template, seed)
     return [{**s.to_dict(), "sentinels": num_sentinels_needed([s])} for s in samples]
 

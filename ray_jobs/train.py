@@ -22,7 +22,16 @@ from typing import Any
 import ray
 import ray.train
 from ray.data import ExecutionOptions
-from ray.train import Checkpoint, CheckpointConfig, DataConfig, FailureConfig, RunConfig, ScalingConfig, UserCallback
+from ray.train import (
+    Checkpoint,
+    CheckpointConfig,
+    DataConfig,
+    FailureConfig,
+    LoggingConfig,
+    RunConfig,
+    ScalingConfig,
+    UserCallback,
+)
 from ray.train.torch import TorchTrainer
 
 from clozemath import tracking
@@ -32,7 +41,12 @@ from clozemath.eval.during_training import evaluate_step, step_evaluation
 from clozemath.train.loop import ADAPTER_DIR, StepMetrics, all_ranks_sum, plan_steps
 from ray_jobs.preprocess import Prepared
 
-KEEP_CHECKPOINTS = 2
+KEEP_CHECKPOINTS = 1
+"""The latest is all a restart needs (and the last one holds the adapter)."""
+
+
+def usable_cores() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
 def train_worker(settings: dict[str, Any]) -> None:
@@ -48,7 +62,7 @@ def train_worker(settings: dict[str, Any]) -> None:
     config = ExperimentConfig.model_validate(settings["experiment"])
     device = ray.train.torch.get_device()
     if device.type == "cpu":  # Ray gives a 1-CPU worker one thread; on CPU the node's cores are the accelerator
-        torch.set_num_threads(max(1, len(os.sched_getaffinity(0)) // ray.train.get_context().get_local_world_size()))
+        torch.set_num_threads(max(1, usable_cores() // ray.train.get_context().get_local_world_size()))
     torch.manual_seed(config.train.seed)  # every rank builds the same LoRA initialisation
     loaded = load_model(config.model, settings["num_sentinels"], device, training=True)
     rows = list(ray.train.get_dataset_shard("train").iter_rows())
@@ -126,8 +140,8 @@ def fit(
     run_id: str,
     run_name: str | None = None,
     callbacks: Sequence[UserCallback] = (),
-) -> Path:
-    """Train on Ray; returns the adapter folder (`<run_folder>/adapter`).
+) -> tuple[Path, int]:
+    """Train on Ray; returns the adapter folder (`<run_folder>/adapter`) and the number of steps trained.
 
     `run_name`: Ray Train's run (under `<run_folder>/ray`); a run started again under the same name resumes from its
     latest checkpoint (a grid trial restarted after its driver died). Default: a new, time-stamped one.
@@ -143,6 +157,7 @@ def fit(
             failure_config=FailureConfig(max_failures=config.train.max_failures),
             checkpoint_config=CheckpointConfig(num_to_keep=KEEP_CHECKPOINTS),
             callbacks=[ForwardMetrics(tracking.resolved_uri(config.tracking.uri), run_id, config.name), *callbacks],
+            logging_config=LoggingConfig(log_level="WARNING"),  # our progress line replaces Ray's per-report logs
         ),
         datasets={"train": prepared.dataset()},
         dataset_config=DataConfig(execution_options=ExecutionOptions(preserve_order=True)),
@@ -152,4 +167,4 @@ def fit(
     shutil.rmtree(adapter, ignore_errors=True)
     with result.checkpoint.as_directory() as final:
         shutil.copytree(Path(final) / ADAPTER_DIR, adapter)
-    return adapter
+    return adapter, int(result.metrics["step"])

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 from typing import Any
 
@@ -28,15 +27,16 @@ PAD = 0
 SPECIALS = SpecialTokens(tokens={SEP: SEP, MASK: MASK}, ids={SEP: 2, MASK: 1, EOS: 0}, added=True)
 
 
-def tiny_peft_model(seed: int = 0) -> torch.nn.Module:
+def tiny_peft_model(seed: int = 0, tied: bool = False) -> torch.nn.Module:
     torch.manual_seed(seed)
     config = LlamaConfig(
         vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, tie_word_embeddings=False, initializer_range=0.2,
+        num_key_value_heads=2, tie_word_embeddings=tied, initializer_range=0.2,
     )
     model = LlamaForCausalLM(config)
+    rows = [1, 2] if tied else {"embed_tokens": [1, 2], "lm_head": [1, 2]}
     lora = PeftLoraConfig(r=8, lora_alpha=16, target_modules="all-linear", lora_dropout=0.1,
-                          trainable_token_indices={"embed_tokens": [1, 2], "lm_head": [1, 2]})
+                          trainable_token_indices=rows)
     return get_peft_model(model, lora)
 
 
@@ -132,6 +132,16 @@ def test_loop_loss_falls_and_resume_is_exact(tmp_path: Path, stage: int, method:
         torch.testing.assert_close(value, final[name], rtol=1e-5, atol=1e-6)
 
 
+def test_checkpoint_leaves_frozen_weights_out_tied_ones_too(tmp_path: Path) -> None:
+    recorder = Recorder(tmp_path)
+    model = tiny_peft_model(tied=True)
+    train(model, copy_rows(8), experiment(max_steps=1), specials=SPECIALS, pad_id=PAD, report=recorder)
+    saved = torch.load(recorder.checkpoints[1] / "state" / "mp_rank_00_model_states.pt", weights_only=False)["module"]
+    trainable = {name for name, p in model.named_parameters(remove_duplicate=False) if p.requires_grad}
+    buffers = {name for name, _ in model.named_buffers()}
+    assert trainable <= saved.keys() <= trainable | buffers, sorted(saved.keys() - trainable - buffers)
+
+
 # --------------------------------------------------------------------------------------------------------------
 # Ray end to end: `clozemath run` on the smoke config, 2 workers (slow)
 
@@ -212,14 +222,18 @@ def test_zero2_run_learns_and_is_tracked(workdir: Path, ray_session: None) -> No
     for name in tracking.TRAIN_METRICS:
         assert len(client.get_metric_history(outcome.run_id, name)) == 8, name
     artifacts = {info.path for info in client.list_artifacts(outcome.run_id)}
-    assert {"config.yaml", "adapter"} <= artifacts
-    assert "adapter/adapter_model.safetensors" in {info.path for info in client.list_artifacts(outcome.run_id, "adapter")}
+    assert {"config.yaml", "adapter", "eval"} <= artifacts
+    assert run.data.metrics["eval/gsm8k/greedy/total"] == 4 == outcome.eval_metrics["eval/gsm8k/greedy/total"]
+    [evaluated] = client.get_metric_history(outcome.run_id, "eval/gsm8k/greedy/accuracy")
+    assert evaluated.step == 8  # evaluated after the last training step
+    adapter_files = {info.path for info in client.list_artifacts(outcome.run_id, "adapter")}
+    assert "adapter/adapter_model.safetensors" in adapter_files
 
 
 @pytest.mark.slow
 def test_zero3_worker_failure_resumes_from_checkpoint(workdir: Path, ray_session: None) -> None:
     """Rank 0 fails before step 6; the workers restart from the step-4 checkpoint and stop at step 8."""
-    config = smoke_config(workdir, "name=smoke_zero3", "train.zero_stage=3", "train.fail_at_step=6")
+    config = smoke_config(workdir, "name=smoke_zero3", "train.zero_stage=3", "train.fail_at_step=6", "eval.sets=[]")
     assert config.train.checkpoint_every == 4 and config.train.max_steps == 8
     outcome = run_experiment(config)
 

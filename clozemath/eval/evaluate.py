@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from clozemath.config import EvalConfig, EvalSetConfig, ExperimentConfig
-from clozemath.data.gsm_symbolic import instances
+from clozemath.data.gsm_symbolic import Variant, instances
 from clozemath.data.sources import Problem, load_problems, read_jsonl
 from clozemath.data.objectives import format_prompt, lm_sample
 from clozemath.data.tokenize import encode_samples
@@ -147,13 +147,13 @@ def print_score(path: str | Path, as_json: bool = False) -> None:
 # --------------------------------------------------------------------------------------------------------------
 # Evaluation sets
 
-_VARIANTS = {"gsm_symbolic": "symbolic", "gsm_p1": "p1", "gsm_p2": "p2"}
+_VARIANTS: dict[str, Variant] = {"gsm_symbolic": "symbolic", "gsm_p1": "p1", "gsm_p2": "p2"}
 
 
 def _all_problems(set_cfg: EvalSetConfig) -> list[Problem]:
     if set_cfg.dataset in ("gsm8k", "math") or (set_cfg.dataset == "gsm_p2" and not set_cfg.generate):
         return load_problems(set_cfg.dataset, set_cfg.split, set_cfg.path)
-    return instances(_VARIANTS[set_cfg.dataset], set_cfg.per_template, set_cfg.seed, set_cfg.path)  # type: ignore[arg-type]
+    return instances(_VARIANTS[set_cfg.dataset], set_cfg.per_template, set_cfg.seed, set_cfg.path)
 
 
 def eval_problems(set_cfg: EvalSetConfig) -> list[Problem]:
@@ -261,7 +261,7 @@ def _decode(
     loaded: Loaded, prompts: list[Prompt], dataset: str, decoding: str, eval_cfg: EvalConfig, prompting: Prompting
 ) -> list[Generation]:
     return decode(
-        loaded.model, loaded.tokenizer, [prompt.ids for prompt in prompts], decoding,  # type: ignore[arg-type]
+        loaded.model, loaded.tokenizer, [prompt.ids for prompt in prompts], decoding,
         max_new_tokens=eval_cfg.max_new_tokens, stop=stop_strings(dataset, prompting),
         prompt_attention=prompting.attention, batch_size=eval_cfg.batch_size, num_beams=eval_cfg.num_beams,
         cot_k=eval_cfg.cot_k, answer_span=partial(answer_span, dataset), normalize_answer=comparable_answer(dataset),
@@ -314,7 +314,8 @@ def results_table(values: dict[str, float]) -> str:
         parts = key.split("/")
         if len(parts) == 4 and parts[0] == "eval":
             groups[(parts[1], parts[2])][parts[3]] = value
-    lines = ["| set | decoding | correct | total | accuracy | problems/s |", "| --- | --- | ---: | ---: | ---: | ---: |"]
+    lines = ["| set | decoding | correct | total | accuracy | problems/s |",
+             "| --- | --- | ---: | ---: | ---: | ---: |"]
     for (dataset, decoding), group in sorted(groups.items()):
         speed = f"{group['problems_per_s']:.2f}" if "problems_per_s" in group else "-"
         lines.append(

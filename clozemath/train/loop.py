@@ -124,6 +124,10 @@ def init_distributed(device: torch.device) -> None:
     import deepspeed
 
     ensure_distributed_env()
+    if device.type == "cpu":
+        # DeepSpeed would compile its shared-memory all-reduce (a minute and more on a fresh machine, and a C++
+        # compiler) for inference; training's collectives are torch.distributed's.
+        deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
     deepspeed.init_distributed(dist_backend="nccl" if device.type == "cuda" else "gloo")
 
 
@@ -140,7 +144,27 @@ def build_engine(model: torch.nn.Module, train: TrainConfig, total_steps: int, w
         lr_scheduler=lambda opt: get_cosine_schedule_with_warmup(opt, warmup_steps, total_steps),
         config=deepspeed_config(train, bf16=next(model.parameters()).dtype == torch.bfloat16),
     )
+    _leave_tied_frozen_weights_out(engine)
     return engine
+
+
+def _leave_tied_frozen_weights_out(engine: Any) -> None:
+    """Make `exclude_frozen_parameters` leave out every frozen weight.
+
+    DeepSpeed finds the frozen weights through `named_parameters()`, which names a tied weight once: the output
+    matrix tied to the embedding (SmolLM2, Llama 3.2 1B/3B) stays in every checkpoint, a whole vocabulary's worth.
+    """
+    frozen = {name for name, p in engine.module.named_parameters(remove_duplicate=False) if not p.requires_grad}
+    module_state_dict = engine.module_state_dict
+
+    def state_dict(*args: Any, exclude_frozen_parameters: bool = False, **kwargs: Any) -> dict[str, Any]:
+        state = module_state_dict(*args, exclude_frozen_parameters=exclude_frozen_parameters, **kwargs)
+        if exclude_frozen_parameters:
+            for name in frozen & state.keys():
+                del state[name]
+        return state
+
+    engine.module_state_dict = state_dict
 
 
 def epoch_micro_batches(
@@ -155,9 +179,8 @@ def epoch_micro_batches(
     order = torch.randperm(len(lengths), generator=generator).tolist()[: micro_batches * micro_batch_size]
     if group_by_length:
         window = micro_batch_size * LENGTH_WINDOW
-        order = [
-            i for start in range(0, len(order), window) for i in sorted(order[start : start + window], key=lengths.__getitem__)
-        ]
+        windows = [order[start : start + window] for start in range(0, len(order), window)]
+        order = [i for rows in windows for i in sorted(rows, key=lengths.__getitem__)]
     batches = [order[k * micro_batch_size : (k + 1) * micro_batch_size] for k in range(micro_batches)]
     if group_by_length:
         batches = [batches[k] for k in torch.randperm(micro_batches, generator=generator).tolist()]
