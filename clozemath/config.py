@@ -201,7 +201,7 @@ class GridConfig(_Strict):
     name: str
     base: dict[str, Any]
     """An experiment (inline, or `experiment: <name>` to start from `configs/experiments/<name>.yaml`)."""
-    axes: dict[str, list[Any] | dict[str, dict[str, Any]]] = {}
+    axes: dict[str, Any] = {}
     """The grid is the product of its axes. An axis is either a dotted key -> its values (`train.seed: [0, 1]`), or a
     name -> labelled bundles of dotted keys set together (`dataset: {gsm8k: {data: gsm8k, eval.sets: [...]}}`)."""
     exclude: list[dict[str, Any]] = []
@@ -413,8 +413,10 @@ class GridPoint:
         ) or "default"
 
 
-def _axis_choices(axis: str, values: list[Any] | dict[str, dict[str, Any]], source: Path | str) -> list[tuple[Any, list[tuple[str, Any]]]]:
+def _axis_choices(axis: str, values: Any, source: Path | str) -> list[tuple[Any, list[tuple[str, Any]]]]:
     """(label, overrides) for every value of one axis."""
+    if not isinstance(values, (list, dict)):
+        raise ClozeMathError(f"{source}: axis '{axis}': expected a list of values or a mapping of labelled bundles")
     if not values:
         raise ClozeMathError(f"{source}: axis '{axis}' has no values")
     if isinstance(values, dict):

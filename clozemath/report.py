@@ -212,7 +212,7 @@ def table_ablations(results: list[TrialResult], models: list[str], methods: list
     for method in (m for m in methods if m == "clozemath" or m in ABLATIONS):
         row = [cell(results, model, method, "gsm8k", metric) for model in columns]
         if any(value is not None for value in row):
-            table.labels.append([METHOD_NAMES[method] if method == "clozemath" else f"    {METHOD_NAMES[method]}"])
+            table.labels.append([METHOD_NAMES[method]])
             table.values.append(row)
     table.groups = _columns_grouped(range(len(table.values)), len(columns))
     return table

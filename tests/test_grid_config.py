@@ -1,0 +1,131 @@
+"""The grid format (axes of values or of bundles, `exclude`, conditional `overrides`, `axes.*` from the command line),
+the paper's and the smoke grid as they expand, and grids refused before anything starts (no Ray)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from clozemath.cli import main
+from clozemath.config import GridConfig, as_grid, expand_grid, load_config
+from clozemath.errors import ClozeMathError
+
+ROOT = Path(__file__).resolve().parents[1]
+PAPER = ROOT / "configs" / "grids" / "paper.yaml"
+SMOKE = ROOT / "configs" / "grids" / "smoke.yaml"
+ABLATIONS = {"it", "it_prefixlm", "clozemath_causal", "random_span_short", "random_span_long"}
+
+
+def expanded(path: Path, *overrides: str) -> list:
+    grid = load_config(path, list(overrides))
+    assert isinstance(grid, GridConfig)
+    return expand_grid(grid, ROOT / "configs", path)
+
+
+def test_paper_grid_is_the_papers_experiments() -> None:
+    trials = expanded(PAPER)
+    by_name = {t.name: t for t in trials}
+    assert len(by_name) == len(trials) == 4 * (2 + 6 + 6) + 5 * 3  # base x 2 sets, mft/clozemath x 2 sets x 3 seeds
+    models = {t.model.name: t.model.path for t in trials}
+    assert models == {
+        "deepseek-math-7b": "deepseek-ai/deepseek-math-7b-base", "llama-3.1-8b": "meta-llama/Llama-3.1-8B",
+        "llama-3.2-3b": "meta-llama/Llama-3.2-3B", "llama-3.2-1b": "meta-llama/Llama-3.2-1B",
+    }
+    assert {t.method.name for t in trials} == {"base", "mft", "clozemath"} | ABLATIONS
+    for t in trials:
+        assert t.model.lora.rank == 32 and t.train.lr == 5e-5 and t.eval.num_beams == 5 and t.eval.cot_k == 9
+        sets = {s.dataset: t.eval.decodings_of(s) for s in t.eval.sets}
+        if t.method.name == "base":
+            assert t.train.seed == 0 and list(sets) == [t.data.dataset]
+        elif t.method.name in ABLATIONS:
+            assert (t.model.name, t.data.dataset) == ("deepseek-math-7b", "gsm8k") and sets == {"gsm8k": ["beam"]}
+        else:
+            symbolic = {"gsm_symbolic": ["beam"], "gsm_p1": ["beam"], "gsm_p2": ["beam"]}
+            first = {"gsm8k": ["beam", "cot"]} if t.data.dataset == "gsm8k" else {"math": ["beam"]}
+            assert sets == first | symbolic
+            assert [s.limit for s in t.eval.sets[1:]] == [2000, 2000, 1000]
+        if t.method.name == "mft":
+            expected = (0.4, "random") if t.data.dataset == "gsm8k" else (0.2, "mask")
+            assert (t.method.mft.r_max, t.method.mft.noise) == expected
+    assert by_name["paper/model=llama-3.2-1b,method=clozemath,dataset=math,seed=2"].data.max_length == 1536
+
+
+def test_smoke_grid_has_the_papers_shape() -> None:
+    trials = expanded(SMOKE)
+    assert len(trials) == 2 * 3 * 2
+    assert {t.model.name for t in trials} == {"tiny-llama", "tiny-llama-b"}
+    mft_math = [t for t in trials if t.method.name == "mft" and t.data.dataset == "math"]
+    assert {(t.method.mft.r_max, t.method.mft.noise) for t in mft_math} == {(0.2, "mask")}
+    assert all(t.tracking.experiment == "smoke-grid" for t in trials)
+
+
+def test_command_line_narrows_axes_and_sets_the_base() -> None:
+    trials = expanded(SMOKE, "axes.method=[base,clozemath]", "axes.dataset=[gsm8k]", "axes.train.seed=[3,4]",
+                      "train.max_steps=2", "tracking.experiment=other")
+    assert [t.name for t in trials] == [
+        f"smoke-grid/model={m},method={k},dataset=gsm8k,seed={s}"
+        for m in ("tiny-llama", "tiny-llama-b") for k in ("base", "clozemath") for s in (3, 4)
+    ]
+    assert all(t.train.max_steps == 2 and t.tracking.experiment == "other" for t in trials)
+    # a rule naming a value the command line narrowed away (mft) is no error
+
+
+def test_rules_apply_in_order_and_do_not_leak_between_points(tmp_path: Path) -> None:
+    grid = tmp_path / "g.yaml"
+    grid.write_text(
+        "name: g\nbase: {experiment: smoke}\n"
+        "axes:\n  method: [it, mft]\n  data:\n    small: {data.limit: 4}\n    big: {data.limit: 8, train.max_steps: 3}\n"
+        "exclude: [{method: it, data: big}]\n"
+        "overrides:\n  - when: {method: mft}\n    set: {train.lr: 0.5, method.mft.r_max: 0.1}\n"
+    )
+    trials = {t.name: t for t in expand_grid(load_config(grid), ROOT / "configs", grid)}
+    assert list(trials) == ["g/method=it,data=small", "g/method=mft,data=small", "g/method=mft,data=big"]
+    it, mft_small, mft_big = trials.values()
+    assert (it.train.lr, it.data.limit, it.train.max_steps) == (1e-2, 4, 8)  # the base's, untouched by other points
+    assert (mft_small.train.lr, mft_small.method.mft.r_max, mft_small.train.max_steps) == (0.5, 0.1, 8)
+    assert (mft_big.data.limit, mft_big.train.max_steps) == (8, 3)
+
+
+def test_a_single_experiment_is_a_grid_of_one() -> None:
+    experiment = load_config(ROOT / "configs" / "experiments" / "smoke.yaml")
+    (only,) = expand_grid(as_grid(experiment))
+    assert only == experiment
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("axes: {model: [tiny-llama, no-such-model]}", "unknown model 'no-such-model'"),
+        ("axes: {method: [clozemath, clozemath_v2]}", "unknown method 'clozemath_v2'"),
+        ("axes: {model: []}", "axis 'model' has no values"),
+        ("axes: {data: {small: 4}}", "axis 'data', bundle 'small': expected a mapping"),
+        ("axes: {method: [it]}\nexclude: [{methd: it}]", "exclude[0]: unknown axis 'methd'"),
+        ("axes: {method: [it]}\noverrides: [{when: {method: mft}, set: {train.lr: 1}}]",
+         "overrides[0].when: axis 'method' has no value 'mft'"),
+        ("axes: {method: [it]}\nexclude: [{method: it}]", "`exclude` leaves no point"),
+        ("axes: {train.lr: [x]}", "'train.lr'"),
+        ("axes: {tracking.experiment: [a, b]}", "must share one `tracking`"),
+    ],
+)
+def test_bad_grids_are_one_line_errors(tmp_path: Path, text: str, message: str) -> None:
+    grid = tmp_path / "bad.yaml"
+    grid.write_text(f"name: bad\nbase: {{experiment: smoke}}\n{text}\n")
+    with pytest.raises(ClozeMathError, match="^" + str(grid).replace(".", r"\.")) as raised:
+        load_config(grid)
+    assert message in str(raised.value) and "\n" not in str(raised.value)
+
+
+@pytest.mark.parametrize(
+    ("override", "culprit"),
+    [("axes.model=[tiny-llama,tiny-gpt]", "unknown model 'tiny-gpt'"), ("axes.method=[mft,cloze]", "unknown method 'cloze'"),
+     ("axes.dataset=[gsm8k,svamp]", "no bundle 'svamp'"), ("axes.optimizer=[adam]", "no such axis")],
+)
+def test_clozemath_run_refuses_a_bad_grid_before_anything_starts(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], override: str, culprit: str
+) -> None:
+    argv = ["run", str(SMOKE), override, f"train.output_dir={tmp_path / 'runs'}", f"tracking.uri=sqlite:///{tmp_path / 'm.db'}"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("clozemath: error: ") and culprit in err, err
+    assert list(tmp_path.iterdir()) == []  # no run folder, no MLflow store

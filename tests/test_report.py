@@ -1,0 +1,135 @@
+"""`clozemath report` on runs logged here (no Ray): means over seeds, GSM-Symbolic pooled, best cells in bold, LaTeX,
+the accuracy-vs-steps plot, the latest grid run chosen."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from clozemath import tracking
+from clozemath.cli import main
+from clozemath.config import TrackingConfig
+from clozemath.errors import ClozeMathError
+from clozemath.report import grid_runs, paper_tables, to_markdown
+
+SEEDS = ("0", "1")
+
+
+def accuracy(model: str, method: str, train_set: str, seed: str, eval_set: str, decoding: str = "beam") -> float:
+    """Made-up accuracies, distinct enough that every mean and every best cell is unambiguous."""
+    base = {"deepseek-math-7b": 0.6, "llama-3.2-1b": 0.2}[model]
+    bonus = {"base": 0.0, "mft": 0.05, "clozemath": 0.08, "it": 0.03, "it_prefixlm": 0.04}[method]
+    shift = {"gsm8k": 0.0, "math": -0.1, "gsm_symbolic": -0.05, "gsm_p1": -0.1, "gsm_p2": -0.15}[eval_set]
+    return round(base + bonus + shift + (0.01 if decoding == "cot" else 0.0) + 0.002 * int(seed) + (train_set == "math") * 0.001, 4)
+
+
+TOTALS = {"gsm8k": 100, "math": 50, "gsm_symbolic": 40, "gsm_p1": 40, "gsm_p2": 20}
+
+
+def log_trial(config: TrackingConfig, parent: str, model: str, method: str, train_set: str, seed: str) -> None:
+    tags = {"model": model, "method": method, "train_set": train_set, "seed": seed, "role": "trial"}
+    run_id = tracking.start_run(config, f"g/{model},{method},{train_set},{seed}", parent, tags)
+    sets = [train_set] if method in ("base", "it", "it_prefixlm") else [train_set, "gsm_symbolic", "gsm_p1", "gsm_p2"]
+    values: dict[str, float] = {}
+    for eval_set in sets:
+        decodings = ["beam", "cot"] if eval_set == "gsm8k" and method in ("base", "mft", "clozemath") else ["beam"]
+        for decoding in decodings:
+            value = accuracy(model, method, train_set, seed, eval_set, decoding)
+            key = f"eval/{eval_set}/{decoding}"
+            values |= {f"{key}/accuracy": value, f"{key}/correct": round(value * TOTALS[eval_set]), f"{key}/total": TOTALS[eval_set]}
+    if method != "base":
+        tracking.log_metrics(config.uri, run_id, 10, {"eval/gsm8k/beam/accuracy": 0.1 * int(seed)})
+    tracking.log_metrics(config.uri, run_id, 20, values)
+    tracking.end_run(config.uri, run_id)
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory: pytest.TempPathFactory) -> TrackingConfig:
+    folder = tmp_path_factory.mktemp("report")
+    config = TrackingConfig(uri=f"sqlite:///{folder / 'mlruns.db'}", experiment="paper")
+    older = tracking.start_run(config, "older", tags={"role": "grid"})
+    log_trial(config, older, "llama-3.2-1b", "clozemath", "gsm8k", "0")
+    parent = tracking.start_run(config, "paper", tags={"role": "grid"})
+    for model in ("deepseek-math-7b", "llama-3.2-1b"):
+        for train_set in ("gsm8k", "math"):
+            log_trial(config, parent, model, "base", train_set, "0")
+            for method in ("mft", "clozemath"):
+                for seed in SEEDS:
+                    log_trial(config, parent, model, method, train_set, seed)
+    for method in ("it", "it_prefixlm"):
+        log_trial(config, parent, "deepseek-math-7b", method, "gsm8k", "0")
+    return config
+
+
+def mean(model: str, method: str, train_set: str, eval_set: str, decoding: str = "beam", seeds=SEEDS) -> str:
+    values = [accuracy(model, method, train_set, s, eval_set, decoding) for s in seeds]
+    return f"{100 * sum(values) / len(values):.2f}"
+
+
+def row(text: str, *labels: str) -> list[str]:
+    """The value cells of the markdown row whose label cells are `labels`."""
+    for line in text.splitlines():
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        if cells[: len(labels)] == list(labels):
+            return cells[len(labels):]
+    raise AssertionError(f"no row {labels} in\n{text}")
+
+
+def test_tables_hold_the_means_over_seeds_with_the_best_in_bold(store: TrackingConfig, tmp_path: Path, capsys) -> None:
+    assert main(["report", "--experiment", "paper", "--tracking-uri", store.uri, "--out", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "grid run" in out and "(paper): 22 trials" in out  # the latest grid run, not the older one
+
+    table1 = out.split("**Table 2")[0]
+    assert "| Training set | Method | DeepSeek-Math | Llama-3.2-1B |" in table1
+    assert row(table1, "GSM8K", "Base") == [mean("deepseek-math-7b", "base", "gsm8k", "gsm8k", seeds=("0",)),
+                                             mean("llama-3.2-1b", "base", "gsm8k", "gsm8k", seeds=("0",))]
+    assert row(table1, "GSM8K", "ClozeMath") == [f"**{mean(m, 'clozemath', 'gsm8k', 'gsm8k')}**"
+                                                  for m in ("deepseek-math-7b", "llama-3.2-1b")]
+    assert row(table1, "MATH", "MFT") == [mean(m, "mft", "math", "math") for m in ("deepseek-math-7b", "llama-3.2-1b")]
+
+    table2 = out.split("**Table 2")[1].split("**Table 3")[0]
+    assert row(table2, "Llama-3.2-1B") == [mean("llama-3.2-1b", "mft", "gsm8k", "gsm8k", "cot"),
+                                           f"**{mean('llama-3.2-1b', 'clozemath', 'gsm8k', 'gsm8k', 'cot')}**"]
+
+    table3 = out.split("**Table 3")[1].split("**Table 4")[0]
+    assert row(table3, "MATH", "GSM-P1", "MFT") == [mean(m, "mft", "math", "gsm_p1") for m in ("deepseek-math-7b", "llama-3.2-1b")]
+    pooled = []
+    for seed in SEEDS:  # Overall: correct answers of the three sets over their problems, then the mean over seeds
+        correct = sum(round(accuracy("deepseek-math-7b", "clozemath", "gsm8k", seed, s) * TOTALS[s])
+                      for s in ("gsm_symbolic", "gsm_p1", "gsm_p2"))
+        pooled.append(correct / 100)
+    assert row(table3, "GSM8K", "Overall", "ClozeMath")[0] == f"**{100 * sum(pooled) / 2:.2f}**"
+
+    table4 = out.split("**Table 4")[1]
+    assert "| Method | DeepSeek-Math |" in table4  # only the model with ablations
+    assert row(table4, "ClozeMath") == [f"**{mean('deepseek-math-7b', 'clozemath', 'gsm8k', 'gsm8k')}**"]
+    assert row(table4, "W/o Text infilling") == [mean("deepseek-math-7b", "it_prefixlm", "gsm8k", "gsm8k", seeds=("0",))]
+    assert (tmp_path / "tables.md").read_text().strip() in out
+    assert (tmp_path / "accuracy_vs_steps.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_latex_bolds_with_textbf(store: TrackingConfig, tmp_path: Path, capsys) -> None:
+    assert main(["report", "--experiment", "paper", "--tracking-uri", store.uri, "--out", str(tmp_path), "--latex"]) == 0
+    out = capsys.readouterr().out
+    assert out.count(r"\begin{tabular}") == 4 and r"W/o Text infilling & " in out  # a label, then a value
+    assert "Training set & Method" not in out and r"\textbf{Training set} & \textbf{Method}" in out
+    assert r"W/o Text-infilling \& W/o PrefixLM & " in out
+    best = mean("deepseek-math-7b", "clozemath", "gsm8k", "gsm8k")
+    assert re.search(rf"GSM8K & ClozeMath & \\textbf{{{best}}} & ", out)
+    assert (tmp_path / "tables.tex").is_file()
+
+
+def test_a_chosen_parent_and_the_accuracy_curves(store: TrackingConfig) -> None:
+    older = tracking.find_runs(store, {"role": "grid"})[-1]
+    parent, results = grid_runs(store.uri, "paper", older.info.run_id)
+    assert parent.info.run_name == "older" and [(r.model, r.method) for r in results] == [("llama-3.2-1b", "clozemath")]
+    (table1, *_) = paper_tables(results)
+    assert to_markdown(table1).splitlines()[-1] == f"| GSM8K | ClozeMath | **{mean('llama-3.2-1b', 'clozemath', 'gsm8k', 'gsm8k', seeds=('0',))}** |"
+
+
+def test_an_experiment_without_grid_runs_is_a_one_line_error(store: TrackingConfig) -> None:
+    with pytest.raises(ClozeMathError, match="'nothing' not found"):
+        grid_runs(store.uri, "nothing")
