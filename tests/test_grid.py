@@ -1,0 +1,257 @@
+"""The grid end to end on Ray (slow): the smoke grid (2 tiny models x base, ClozeMath) in the session's Ray, with its
+MLflow parent and child runs; `clozemath report` on it; the grid through `ray start --head` + `ray job submit`; a
+driver killed mid-grid, then `clozemath run` again restoring it without redoing the finished trial."""
+
+from __future__ import annotations
+
+import os
+import secrets
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from mlflow.entities import Run
+
+from clozemath import tracking
+from clozemath.cli import main
+from clozemath.config import GridConfig, TrackingConfig, expand_grid, flatten, load_config
+from ray_jobs.grid import GridOutcome, run_grid, with_absolute_paths
+
+ROOT = Path(__file__).resolve().parents[1]
+SMOKE = ROOT / "configs" / "grids" / "smoke.yaml"
+SLICE = ["axes.method=[base,clozemath]", "axes.dataset=[gsm8k]"]
+"""2 tiny models x {base, ClozeMath} on GSM8K: 4 trials, 2 of them trained."""
+STEPS = 4
+RAY = Path(sys.executable).parent / "ray"
+
+
+def store(folder: Path) -> list[str]:
+    return [f"train.output_dir={folder / 'runs'}", f"tracking.uri=sqlite:///{folder / 'mlruns.db'}"]
+
+
+def tracking_of(folder: Path) -> TrackingConfig:
+    return TrackingConfig(uri=f"sqlite:///{folder / 'mlruns.db'}", experiment="smoke-grid")
+
+
+def children(config: TrackingConfig) -> dict[str, Run]:
+    """The trial runs by trial name (asserting there is one run per trial)."""
+    runs = tracking.find_runs(config, {"role": "trial"})
+    by_trial = {run.data.tags["trial"]: run for run in runs}
+    assert len(by_trial) == len(runs), [run.data.tags["trial"] for run in runs]
+    return by_trial
+
+
+def steps(config: TrackingConfig, run_id: str, metric: str) -> list[int]:
+    history = tracking.client(config.uri).get_metric_history(run_id, metric)
+    return [m.step for m in sorted(history, key=lambda m: (m.timestamp, m.step))]
+
+
+def assert_grid_tracked(config: TrackingConfig, trials: list[str], resumed: bool = False) -> dict[str, Run]:
+    """A finished parent run and one finished child run per trial, with its tags, metrics and artifacts (`resumed`:
+    steps after a trial's last checkpoint may be logged twice)."""
+    client = tracking.client(config.uri)
+    (parent,) = tracking.find_runs(config, {"role": "grid"})
+    assert parent.info.status == "FINISHED" and parent.data.tags["grid"] == "smoke-grid"
+    assert parent.data.params["grid.trials"] == str(len(trials))
+    runs = children(config)
+    assert sorted(runs) == sorted(trials)
+    for name, run in runs.items():
+        tags = run.data.tags
+        assert run.info.status == "FINISHED" and tags[tracking.PARENT_TAG] == parent.info.run_id
+        assert name == f"smoke-grid/model={tags['model']},method={tags['method']},dataset={tags['train_set']},seed={tags['seed']}"
+        artifacts = {a.path for a in client.list_artifacts(run.info.run_id)}
+        assert {"config.yaml", "eval"} <= artifacts
+        assert "eval/predictions/gsm8k.jsonl" in {a.path for a in client.list_artifacts(run.info.run_id, "eval/predictions")}
+        metrics = run.data.metrics
+        assert metrics["eval/gsm8k/beam/total"] == metrics["eval/gsm8k/cot/total"] == 2
+        assert 0.0 <= metrics["eval/gsm8k/beam/accuracy"] <= 1.0
+        if tags["method"] == "base":
+            assert "adapter" not in artifacts and steps(config, run.info.run_id, "eval/gsm8k/beam/accuracy") == [0]
+        else:
+            assert "adapter" in artifacts
+            assert {f"eval/{s}/beam/accuracy" for s in ("gsm_symbolic", "gsm_p1", "gsm_p2")} <= set(metrics)
+            assert "eval/gsm_p1/cot/accuracy" not in metrics  # CoT-decoding on GSM8K only
+            logged = steps(config, run.info.run_id, "train/loss")
+            # accuracy during training (every 2 steps, 2 problems), then the full evaluation at the last step
+            evaluated = steps(config, run.info.run_id, "eval/gsm8k/beam/accuracy")
+            if resumed:
+                assert sorted(set(logged)) == list(range(1, STEPS + 1)) and set(evaluated) == {2, STEPS}
+            else:
+                assert logged == list(range(1, STEPS + 1)) and evaluated == [2, STEPS]
+    return runs
+
+
+# --------------------------------------------------------------------------------------------------------------
+# In this process's Ray
+
+
+@pytest.fixture(scope="module")
+def smoke_grid(ray_session: None, tmp_path_factory: pytest.TempPathFactory) -> tuple[GridOutcome, Path, GridConfig]:
+    folder = tmp_path_factory.mktemp("grid")
+    grid = load_config(SMOKE, [*SLICE, *store(folder)])
+    assert isinstance(grid, GridConfig)
+    return run_grid(grid, ROOT / "configs", SMOKE), folder, grid
+
+
+@pytest.mark.slow
+def test_smoke_grid_runs_to_the_end_tracked_as_parent_and_children(smoke_grid) -> None:
+    outcome, folder, grid = smoke_grid
+    experiments = [with_absolute_paths(e) for e in expand_grid(grid, ROOT / "configs", SMOKE)]
+    assert [t.name for t in outcome.trials] == [e.name for e in experiments] and not outcome.failed
+    runs = assert_grid_tracked(tracking_of(folder), [e.name for e in experiments])
+    assert {t.name: t.run_id for t in outcome.trials} == {name: run.info.run_id for name, run in runs.items()}
+    for experiment in experiments:  # params: the flattened, resolved config, for the MLflow UI to compare
+        params = runs[experiment.name].data.params
+        assert {key: params[key] for key in flatten(experiment)} == {k: str(v) for k, v in flatten(experiment).items()}
+    trained = runs["smoke-grid/model=tiny-llama-b,method=clozemath,dataset=gsm8k,seed=0"]
+    assert trained.data.params["model.random_init"].startswith("{'hidden_size': 48")
+    assert (folder / "runs" / "smoke-grid" / "model=tiny-llama,method=clozemath,dataset=gsm8k,seed=0" / "adapter").is_dir()
+
+
+def markdown_row(text: str, *labels: str) -> list[str]:
+    for line in text.splitlines():
+        cells = [cell.strip().strip("*") for cell in line.strip("|").split("|")]
+        if cells[: len(labels)] == list(labels):
+            return cells[len(labels):]
+    raise AssertionError(f"no row {labels} in\n{text}")
+
+
+@pytest.mark.slow
+def test_report_prints_what_the_child_runs_hold(smoke_grid, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    _, folder, _ = smoke_grid
+    config = tracking_of(folder)
+    assert main(["report", "--experiment", "smoke-grid", "--tracking-uri", config.uri, "--out", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    runs = {(r.data.tags["model"], r.data.tags["method"]): r.data.metrics for r in children(config).values()}
+
+    def held(model: str, method: str, metric: str) -> str:
+        return f"{100 * runs[(model, method)][metric]:.2f}"
+
+    models = ["tiny-llama", "tiny-llama-b"]
+    table1, rest = out.split("**Table 2")
+    assert "| Training set | Method | tiny-llama | tiny-llama-b |" in table1
+    for method, label in (("base", "Base"), ("clozemath", "ClozeMath")):
+        assert markdown_row(table1, "GSM8K", label) == [held(m, method, "eval/gsm8k/beam/accuracy") for m in models]
+    table2, table3 = rest.split("**Table 3")[0], rest.split("**Table 3")[1].split("**Table 4")[0]
+    for model in models:
+        assert markdown_row(table2, model) == [held(model, "base", "eval/gsm8k/cot/accuracy"),
+                                               held(model, "clozemath", "eval/gsm8k/cot/accuracy")]
+    assert markdown_row(table3, "GSM8K", "GSM-P1", "ClozeMath") == [held(m, "clozemath", "eval/gsm_p1/beam/accuracy")
+                                                                    for m in models]
+    assert (tmp_path / "accuracy_vs_steps.png").stat().st_size > 0
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Subprocesses: a Ray cluster of their own, the command line
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def wait_for(condition, timeout: float, what: str, process: subprocess.Popen | None = None, every: float = 0.5):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        found = condition()
+        if found:
+            return found
+        if process is not None and process.poll() is not None:
+            raise AssertionError(f"exited with {process.returncode} while waiting for {what}")
+        time.sleep(every)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+@pytest.fixture
+def ray_head(tmp_path: Path) -> Iterator[tuple[str, dict[str, str]]]:
+    """`ray start --head --block` on ports and a temp folder of its own (apart from this session's Ray), with token
+    authentication (Ray 2.60's default for local clusters) by a token of its own; stopped by ending that process."""
+    env = {**os.environ, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": secrets.token_hex(32), "RAY_ADDRESS": ""}
+    del env["RAY_ADDRESS"]
+    temp = tempfile.mkdtemp(prefix="rayjob", dir="/tmp")  # short: Ray's socket paths live under it
+    dashboard = free_port()
+    ports = {
+        "--port": free_port(), "--dashboard-port": dashboard, "--dashboard-agent-listen-port": free_port(),
+        "--dashboard-agent-grpc-port": free_port(), "--runtime-env-agent-port": free_port(),
+        "--metrics-export-port": free_port(), "--ray-client-server-port": free_port(),
+        "--node-manager-port": free_port(), "--object-manager-port": free_port(),
+    }
+    command = [str(RAY), "start", "--head", "--block", "--num-cpus=8", f"--temp-dir={temp}", "--disable-usage-stats",
+               "--include-dashboard=true", *(f"{flag}={port}" for flag, port in ports.items())]
+    with open(tmp_path / "head.log", "w") as log:
+        head = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    address = f"http://127.0.0.1:{dashboard}"
+    try:
+        wait_for(lambda: subprocess.run([str(RAY), "job", "list", "--address", address], env=env,
+                                        capture_output=True).returncode == 0, 120, "the Ray head", head, every=2)
+        yield address, env
+    finally:
+        head.send_signal(signal.SIGTERM)  # `--block` stops the node's processes as it ends
+        try:
+            head.wait(60)
+        except subprocess.TimeoutExpired:
+            os.killpg(head.pid, signal.SIGKILL)
+            head.wait()
+
+
+@pytest.mark.slow
+def test_the_grid_runs_as_a_ray_job(ray_head: tuple[str, dict[str, str]], tmp_path: Path) -> None:
+    address, env = ray_head
+    overrides = ["axes.model=[tiny-llama]", *SLICE, *store(tmp_path)]
+    job = subprocess.run(
+        [str(RAY), "job", "submit", "--address", address, "--working-dir", str(ROOT), "--",
+         sys.executable, "-m", "clozemath.cli", "run", "configs/grids/smoke.yaml", *overrides],
+        env=env, capture_output=True, text=True, timeout=600,
+    )
+    assert job.returncode == 0 and "succeeded" in job.stdout + job.stderr, (job.stdout + job.stderr)[-3000:]
+    assert "Connecting to existing Ray cluster" in job.stdout + job.stderr  # joined RAY_ADDRESS, started none
+    trials = [f"smoke-grid/model=tiny-llama,method={m},dataset=gsm8k,seed=0" for m in ("base", "clozemath")]
+    assert_grid_tracked(tracking_of(tmp_path), trials)
+
+
+@pytest.mark.slow
+def test_a_killed_driver_is_restored_without_redoing_finished_trials(tmp_path: Path) -> None:
+    """The driver (and the Ray it started) is killed once the base trial has finished and the ClozeMath trial has
+    passed its step-2 checkpoint; `clozemath run` again restores the grid: the base trial keeps its run, the
+    ClozeMath trial logs on into its own run from its checkpoint, not from step 1."""
+    config = tracking_of(tmp_path)
+    command = [sys.executable, "-m", "clozemath.cli", "run", str(SMOKE), "axes.model=[tiny-llama]", *SLICE,
+               *store(tmp_path)]
+    env = {key: value for key, value in os.environ.items() if key != "RAY_ADDRESS"}
+    base, trained = (f"smoke-grid/model=tiny-llama,method={m},dataset=gsm8k,seed=0" for m in ("base", "clozemath"))
+
+    def base_done_and_trained_past_checkpoint() -> dict[str, Run] | None:
+        if not (tmp_path / "mlruns.db").exists():
+            return None
+        runs = children(config)
+        if base not in runs or runs[base].info.status != "FINISHED" or trained not in runs:
+            return None
+        return runs if max(steps(config, runs[trained].info.run_id, "train/loss"), default=0) >= 3 else None
+
+    with open(tmp_path / "first.log", "w") as log:
+        driver = subprocess.Popen(command, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        before = wait_for(base_done_and_trained_past_checkpoint, 480, "the first trial", driver)
+    finally:
+        os.killpg(driver.pid, signal.SIGKILL)
+        driver.wait()
+    assert before[trained].info.status == "RUNNING"
+
+    again = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert again.returncode == 0, (again.stdout + again.stderr)[-3000:]
+    assert "resuming the grid" in again.stderr
+    after = assert_grid_tracked(config, [base, trained], resumed=True)
+    for name in (base, trained):  # the same runs: the finished one untouched, the interrupted one continued
+        assert after[name].info.run_id == before[name].info.run_id
+    assert after[base].info.start_time == before[base].info.start_time
+    assert after[base].info.end_time == before[base].info.end_time
+    assert after[trained].info.status == "FINISHED"
+    logged = steps(config, after[trained].info.run_id, "train/loss")
+    assert logged.count(1) == 1 and logged[-1] == STEPS, logged  # resumed from a checkpoint, not from scratch
