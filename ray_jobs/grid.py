@@ -27,7 +27,7 @@ from ray import tune
 from ray.tune.integration.ray_train import TuneReportCallback
 
 from clozemath import tracking
-from clozemath.config import ExperimentConfig, GridConfig, dump_yaml, expand_grid
+from clozemath.config import ExperimentConfig, GridConfig, TrackingConfig, dump_yaml, expand_grid
 from clozemath.errors import ClozeMathError
 from clozemath.model.load import load_tokenizer
 from ray_jobs.cluster import init_ray, user_error
@@ -38,8 +38,6 @@ TRIAL_RESOURCES = {"CPU": 1}
 TUNE_DIR = "tune"
 RUN_ID_KEY = "mlflow_run_id"
 GRID_TAG, GRID_KEY_TAG, ROLE_TAG, TRIAL_TAG = "grid", "grid_key", "role", "trial"
-TRIAL_TAGS = ("model", "method", "train_set", "seed")
-"""The tags a child run carries besides its grid and trial name (what `clozemath report` groups by)."""
 
 
 @dataclass(frozen=True)
@@ -101,8 +99,7 @@ def run_grid(grid: GridConfig, root: Path | None = None, source: str | Path = "g
     results = tuner.fit()
     outcomes = [_trial_outcome(result) for result in results]
     tracking.end_run(tracking_cfg.uri, parent, succeeded=all(o.error is None for o in outcomes))
-    outcome = GridOutcome(grid.name, parent, tracking_cfg.uri, tracking_cfg.experiment, path, outcomes, restored)
-    return outcome
+    return GridOutcome(grid.name, parent, tracking_cfg.uri, tracking_cfg.experiment, path, outcomes, restored)
 
 
 def with_absolute_paths(config: ExperimentConfig) -> ExperimentConfig:
@@ -151,7 +148,7 @@ def concurrent_trials(grid: GridConfig, experiments: list[ExperimentConfig]) -> 
     return max(1, int(gpus // per_trial))
 
 
-def parent_run(grid: GridConfig, tracking_cfg: Any, key: str, num_trials: int) -> str:
+def parent_run(grid: GridConfig, tracking_cfg: TrackingConfig, key: str, num_trials: int) -> str:
     """The grid's MLflow run: the one an earlier run of the same config opened, else a new one."""
     found = tracking.find_runs(tracking_cfg, {GRID_KEY_TAG: key, ROLE_TAG: "grid"})
     if found:
@@ -198,7 +195,8 @@ def user_error_line(error: BaseException) -> str:
 def print_grid_outcome(outcome: GridOutcome) -> None:
     """A line per trial (status, headline accuracy, MLflow run); a failed trial makes the command fail, in one line."""
     width = max(len(trial.name) for trial in outcome.trials)
-    print(f"grid {outcome.name}: MLflow parent run {outcome.parent_run_id} (experiment '{outcome.experiment}')")
+    print(f"grid {outcome.name}{' (restored)' if outcome.restored else ''}: MLflow parent run {outcome.parent_run_id} "
+          f"(experiment '{outcome.experiment}'), Tune experiment {outcome.path}")
     for trial in outcome.trials:
         accuracies = sorted((k, v) for k, v in trial.metrics.items() if k.startswith("eval/") and k.endswith("/accuracy"))
         headline = f"{accuracies[0][0].removeprefix('eval/').removesuffix('/accuracy')} {accuracies[0][1]:.2%}" if accuracies else ""
