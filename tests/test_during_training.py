@@ -1,0 +1,52 @@
+"""Evaluation during training (the paper's Figure 3) on a tiny model being trained: which problems, when, and how the
+ranks' counts add up (no Ray: the sum over ranks is handed in)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from clozemath.config import load_config
+from clozemath.eval.during_training import evaluate_step, step_evaluation
+from clozemath.eval.evaluate import eval_problems
+from clozemath.model.load import load_model
+
+SMOKE = Path(__file__).resolve().parents[1] / "configs" / "experiments" / "smoke.yaml"
+SETS = "eval.sets=[{dataset: gsm8k, limit: 40, decodings: [beam]}, {dataset: gsm_p1, per_template: 1}]"
+
+
+@pytest.fixture(scope="module")
+def config():
+    torch.set_num_threads(1)
+    return load_config(SMOKE, [SETS, "eval.decodings=[greedy,beam]", "eval.num_beams=2", "eval.max_new_tokens=4",
+                               "eval.every_steps=3", "eval.during_training_limit=5"])
+
+
+def test_the_first_sets_first_decoding_on_a_subset_every_n_steps_but_the_last(config) -> None:
+    evaluation = step_evaluation(config)
+    assert (evaluation.set_name, evaluation.decoding) == ("gsm8k", "beam")
+    chosen = eval_problems(config.eval.sets[0].model_copy(update={"limit": 5}))
+    assert [p.id for p in evaluation.problems] == [p.id for p in chosen]
+    assert [step for step in range(1, 10) if evaluation.due(step, total_steps=9)] == [3, 6]
+    assert step_evaluation(config.model_copy(update={"eval": config.eval.model_copy(update={"every_steps": None})})) is None
+
+
+@pytest.mark.parametrize(("zero_stage", "expected_total"), [(2, 2 * 2), (3, 5)])
+def test_ranks_share_the_problems_and_sum_their_counts(config, zero_stage: int, expected_total: int) -> None:
+    """Rank 1 of 2: under ZeRO-2 it decodes problems 1 and 3 and the (stand-in) sum doubles its counts; under ZeRO-3
+    every rank decodes all five in step and nothing is summed."""
+    config = config.model_copy(update={"train": config.train.model_copy(update={"zero_stage": zero_stage})})
+    loaded = load_model(config.model, num_sentinels=2, device="cpu", training=True)
+    summed = []
+
+    def double(counts: list[float]) -> list[float]:
+        summed.append(counts)
+        return [2 * count for count in counts]
+
+    values = evaluate_step(step_evaluation(config), loaded, config, rank=1, world_size=2, sum_over_ranks=double)
+    assert values["eval/gsm8k/beam/total"] == expected_total
+    assert [total for _, total in summed] == ([] if zero_stage == 3 else [2.0])  # this rank's 2 problems, summed once
+    assert values["eval/gsm8k/beam/accuracy"] == values["eval/gsm8k/beam/correct"] / expected_total
+    assert loaded.model.training  # back to training
