@@ -81,16 +81,18 @@ def run_grid(grid: GridConfig, root: Path | None = None, source: str | Path = "g
     init_ray()
     parent = parent_run(grid, tracking_cfg, key, len(experiments))
     restored = tune.Tuner.can_restore(str(path))
-    trainable = tune.with_resources(run_trial, TRIAL_RESOURCES)
+    trials = {e.name: e.model_dump(mode="json") for e in experiments}  # the same on restore: the key says so
+    trainable = tune.with_resources(
+        tune.with_parameters(run_trial, trials=trials, grid=grid.name, parent_run_id=parent), TRIAL_RESOURCES
+    )
     if restored:
         progress(f"[{grid.name}] resuming the grid in {path}")
         tuner = tune.Tuner.restore(str(path), trainable, resume_unfinished=True, resume_errored=True)
     else:
         progress(f"[{grid.name}] {len(experiments)} trials, up to {concurrent_trials(grid, experiments)} at a time")
-        trials = [{"experiment": e.model_dump(mode="json"), "grid": grid.name, "parent_run_id": parent} for e in experiments]
         tuner = tune.Tuner(
             trainable,
-            param_space={"trial": tune.grid_search(trials)},
+            param_space={"trial": tune.grid_search(list(trials))},
             tune_config=tune.TuneConfig(
                 max_concurrent_trials=concurrent_trials(grid, experiments), trial_dirname_creator=trial_dirname
             ),
@@ -166,8 +168,7 @@ def parent_run(grid: GridConfig, tracking_cfg: TrackingConfig, key: str, num_tri
 
 def trial_dirname(trial: Any) -> str:
     """The trial's folder under the Tune experiment: its point of the grid."""
-    name = trial.config["trial"]["experiment"]["name"]
-    return _safe(name.split("/", 1)[-1])[:120]
+    return _safe(trial.config["trial"].split("/", 1)[-1])[:120]
 
 
 def _safe(name: str) -> str:
@@ -176,7 +177,7 @@ def _safe(name: str) -> str:
 
 def _trial_outcome(result: Any) -> TrialOutcome:
     metrics = dict(result.metrics or {})
-    name = result.config["trial"]["experiment"]["name"] if result.config else result.path
+    name = result.config["trial"] if result.config else result.path
     error = None if result.error is None else user_error_line(result.error)
     status = "ERROR" if result.error is not None else "TERMINATED"
     return TrialOutcome(name, status, metrics.get(RUN_ID_KEY), metrics, error)
@@ -224,19 +225,18 @@ def trial_tags(config: ExperimentConfig, grid: str) -> dict[str, str]:
     }
 
 
-def run_trial(settings: dict[str, Any]) -> None:
-    """Tune's function trainable: one point of the grid, end to end, in its child run."""
-    trial = settings["trial"]
-    config = ExperimentConfig.model_validate(trial["experiment"])
-    parent = trial["parent_run_id"]
-    earlier = tracking.find_runs(config.tracking, {tracking.PARENT_TAG: parent, TRIAL_TAG: config.name})
+def run_trial(settings: dict[str, Any], trials: dict[str, dict[str, Any]], grid: str, parent_run_id: str) -> None:
+    """Tune's function trainable: one point of the grid (`settings["trial"]`, a key of `trials`), end to end, in its
+    child run of `parent_run_id`."""
+    config = ExperimentConfig.model_validate(trials[settings["trial"]])
+    earlier = tracking.find_runs(config.tracking, {tracking.PARENT_TAG: parent_run_id, TRIAL_TAG: config.name})
     if earlier and earlier[0].info.status == "FINISHED":  # done before the driver died: nothing to redo
         tune.report({**earlier[0].data.metrics, RUN_ID_KEY: earlier[0].info.run_id})
         return
     outcome = run_experiment(
         config,
-        parent,
-        trial_tags(config, trial["grid"]),
+        parent_run_id,
+        trial_tags(config, grid),
         run_id=earlier[0].info.run_id if earlier else None,
         train_run_name=f"train-{config_key(config)}",
         train_callbacks=[TuneReportCallback()],
