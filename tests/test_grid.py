@@ -195,9 +195,9 @@ def ray_head(tmp_path: Path) -> Iterator[tuple[str, dict[str, str]]]:
                                         capture_output=True).returncode == 0, 120, "the Ray head", head, every=2)
         yield address, env
     finally:
-        head.send_signal(signal.SIGTERM)  # `--block` stops the node's processes as it ends
+        os.killpg(head.pid, signal.SIGTERM)  # the head and the node's processes it started, all at once
         try:
-            head.wait(60)
+            head.wait(30)
         except subprocess.TimeoutExpired:
             os.killpg(head.pid, signal.SIGKILL)
             head.wait()
