@@ -325,6 +325,8 @@ def train(
     vocab_size = model.config.vocab_size
     mask_id = specials.ids[MASK]
     dtype, device = next(model.parameters()).dtype, next(model.parameters()).device
+    if device.type == "cpu" and config.model.attn_implementation == "flex_attention":
+        raise ClozeMathError("model.attn_implementation=flex_attention cannot train on CPU (no backward there): use sdpa")
     init_distributed(device)
     rank = dist.get_rank()
     plan = plan_steps(all_ranks_min(len(rows), device), train_cfg)  # the same on every rank, or collectives hang
