@@ -23,12 +23,14 @@ import argparse
 import os
 import sys
 import time
+from contextlib import nullcontext
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from functools import partial
 from pathlib import Path
 
 import torch
+from torch.nn.attention import sdpa_kernel
 from transformers import LogitsProcessor, LogitsProcessorList
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -37,7 +39,7 @@ sys.path.insert(0, str(ROOT))
 from clozemath.config import ModelConfig, read_yaml  # noqa: E402
 from clozemath.data.sources import DATA_DIR_ENV, Problem, load_problems  # noqa: E402
 from clozemath.eval.answers import answer_span  # noqa: E402
-from clozemath.eval.decode import Generation, decode  # noqa: E402
+from clozemath.eval.decode import SDPA_BACKENDS, Generation, decode  # noqa: E402
 from clozemath.eval.evaluate import Prompting, build_prompts, comparable_answer, stop_strings  # noqa: E402
 from clozemath.eval.prompts import DEFAULT_TEMPLATE  # noqa: E402
 from clozemath.model.load import load_model  # noqa: E402
@@ -226,6 +228,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                         help="auto: bfloat16 on GPU, float32 on CPU")
     parser.add_argument("--attn", choices=["sdpa", "eager"], default="sdpa")
     parser.add_argument("--no-reference", action="store_true", help="time ours only")
+    parser.add_argument("--reference-no-cudnn", action="store_true",
+                        help="run generate under decode's sdpa backends too (no cuDNN attention), for a like-for-like"
+                        " comparison; by default generate runs as lm-evaluation-harness runs it")
     parser.add_argument("--out", help="also write the markdown table to this file")
     args = parser.parse_args(argv)
     unknown = set(args.schemes.split(",")) - set(SCHEMES)
@@ -278,15 +283,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.no_reference:
             row = f"| {name} | {scheme} | {args.prompt_attention} | {speed:.2f} | - | - | - |"
         else:
-            reference(model, tokenizer, warmup, scheme, warm)
-            theirs, their_seconds = timed(device, lambda: reference(model, tokenizer, prompts, scheme, settings))
+            backends = sdpa_kernel(SDPA_BACKENDS) if args.reference_no_cudnn else nullcontext()
+            with backends:
+                reference(model, tokenizer, warmup, scheme, warm)
+                theirs, their_seconds = timed(device, lambda: reference(model, tokenizer, prompts, scheme, settings))
             their_speed = len(prompts) / their_seconds
             agreed = (
                 f"{100 * agreement(scheme, our_generations, theirs, tokenizer, settings.stop):.1f}%"
                 if args.prompt_attention == "causal" else "n/a (generate is causal)"
             )
             row = (
-                f"| {name} | {scheme} | {args.prompt_attention} | {speed:.2f} | {their_speed:.2f} | "
+                f"| {name} | {scheme} | {args.prompt_attention} | {speed:.2f} | {their_speed:.2f}"
+                f"{' (no cuDNN)' if args.reference_no_cudnn else ''} | "
                 f"{speed / their_speed:.2f}x | {agreed} |"
             )
         lines.append(row)

@@ -3,9 +3,16 @@ it needs 8 logical CPUs or Ray Data and Ray Train wait on each other)."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
+
+# The tests read the real data beside the checkout (`../shared/data`) unless CLOZEMATH_DATA_DIR says otherwise.
+_SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
+if "CLOZEMATH_DATA_DIR" not in os.environ and _SHARED_DATA.is_dir():
+    os.environ["CLOZEMATH_DATA_DIR"] = str(_SHARED_DATA)
 
 
 @pytest.fixture(scope="session")

@@ -17,7 +17,8 @@ from clozemath.config import ExperimentConfig, MethodConfig, ModelConfig, TrainC
 from clozemath.data.tokenize import EOS, MASK, SEP, SpecialTokens
 from clozemath.errors import ClozeMathError
 from clozemath.model.load import load_for_inference
-from clozemath.train.loop import StepMetrics, epoch_micro_batches, train
+from clozemath.train.loop import StepMetrics, TargetLoss, epoch_micro_batches, model_inputs, train
+from clozemath.data.tokenize import collate
 from ray_jobs.preprocess import Prepared, preprocess
 from ray_jobs.run import run_experiment
 from ray_jobs.train import check_plan
@@ -95,6 +96,23 @@ def padding(lengths: list[int], batches: list[list[int]]) -> int:
     return sum(len(batch) * max(lengths[i] for i in batch) - sum(lengths[i] for i in batch) for batch in batches)
 
 
+@pytest.mark.parametrize(("tied", "method"), [(False, "prefix_lm"), (True, "prefix_lm"), (False, "mft")])
+def test_target_loss_equals_the_models_own_loss_and_gradients(tied: bool, method: str) -> None:
+    model = tiny_peft_model(tied=tied).eval()  # no dropout: both passes see the same network
+    batch = collate(copy_rows(6, seed=3), PAD)
+    inputs = model_inputs(batch, experiment(method), torch.float32)
+    ours = TargetLoss(model)(**inputs)
+    ours.backward()
+    ours_grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.requires_grad}
+    model.zero_grad()
+    theirs = model(**inputs).loss
+    theirs.backward()
+    assert torch.allclose(ours, theirs, atol=1e-6)
+    for name, param in model.named_parameters():
+        if param.requires_grad:
+            assert torch.allclose(ours_grads[name], param.grad, atol=1e-6), name
+
+
 def test_epoch_micro_batches_cover_each_row_once_and_grouping_pads_less() -> None:
     lengths = torch.randint(50, 400, (1000,), generator=torch.Generator().manual_seed(0)).tolist()
     plain = epoch_micro_batches(lengths, 124, 8, seed=1, epoch=0, group_by_length=False)
@@ -137,8 +155,9 @@ def test_checkpoint_leaves_frozen_weights_out_tied_ones_too(tmp_path: Path) -> N
     model = tiny_peft_model(tied=True)
     train(model, copy_rows(8), experiment(max_steps=1), specials=SPECIALS, pad_id=PAD, report=recorder)
     saved = torch.load(recorder.checkpoints[1] / "state" / "mp_rank_00_model_states.pt", weights_only=False)["module"]
-    trainable = {name for name, p in model.named_parameters(remove_duplicate=False) if p.requires_grad}
-    buffers = {name for name, _ in model.named_buffers()}
+    engine_module = TargetLoss(model)  # what the engine wraps, so its names start with `model.`
+    trainable = {name for name, p in engine_module.named_parameters(remove_duplicate=False) if p.requires_grad}
+    buffers = {name for name, _ in engine_module.named_buffers()}
     assert trainable <= saved.keys() <= trainable | buffers, sorted(saved.keys() - trainable - buffers)
 
 

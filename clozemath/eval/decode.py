@@ -37,7 +37,7 @@ _NEG = -1.0e9
 """Beam search: the score that takes a beam out of the running (transformers' constant, for identical tie-breaks)."""
 _BIDIRECTIONAL_ATTENTION = ("sdpa", "eager")
 """Attention implementations that take the additive 4D PrefixLM mask."""
-_SDPA_BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
+SDPA_BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 """Not cuDNN's attention: it builds a plan for every new shape, and decoding makes one each step (the keys grow, rows
 leave the batch). On an H200 that made a first pass over GSM8K 3.5x slower, transformers' `generate` included."""
 
@@ -478,7 +478,7 @@ def decode(
         return []
     encoded = _encode(tokenizer, prompts, add_special_tokens)
     results: list[Generation | None] = [None] * len(encoded)
-    with sdpa_kernel(_SDPA_BACKENDS):
+    with sdpa_kernel(SDPA_BACKENDS):
         for indices in _length_batches([len(ids) for ids in encoded], batch_size):
             batch, logits = _prefill(model, [encoded[i] for i in indices], pad_id, prompt_attention)
             if scheme == "greedy":

@@ -31,7 +31,7 @@ import torch.distributed as dist
 
 from clozemath.config import ExperimentConfig, TrainConfig
 from clozemath.data.objectives import apply_mft_noise, mft_rate
-from clozemath.data.tokenize import MASK, SpecialTokens, collate
+from clozemath.data.tokenize import IGNORE_INDEX, MASK, SpecialTokens, collate
 from clozemath.errors import ClozeMathError
 from clozemath.model.attention import attention_inputs, prefix_mask_from_lengths
 from clozemath.model.load import save_adapter
@@ -131,15 +131,40 @@ def init_distributed(device: torch.device) -> None:
     deepspeed.init_distributed(dist_backend="nccl" if device.type == "cuda" else "gloo")
 
 
+class TargetLoss(torch.nn.Module):
+    """The causal-LM loss with the output layer applied to target positions only.
+
+    A causal LM's forward projects every position onto the vocabulary and the loss then ignores the prefix's.
+    PrefixLM samples are mostly prefix (ClozeMath's GSM8K samples: 66% of their tokens), and with a 128k vocabulary
+    that projection, its float32 upcast and its backward are a large share of a step's work and memory. Here the
+    decoder's hidden states are gathered at the positions whose next token is a target first. The loss is the same
+    mean cross-entropy over target tokens that `model(..., labels=...)` returns.
+    """
+
+    def __init__(self, model: torch.nn.Module):
+        super().__init__()
+        self.model = model
+
+    def forward(self, input_ids: torch.Tensor, labels: torch.Tensor, **masks: Any) -> torch.Tensor:
+        causal_lm = self.model.get_base_model() if hasattr(self.model, "get_base_model") else self.model
+        hidden = causal_lm.get_decoder()(input_ids=input_ids, use_cache=False, **masks).last_hidden_state
+        targets = labels[:, 1:]
+        predicting = targets != IGNORE_INDEX
+        logits = causal_lm.get_output_embeddings()(hidden[:, :-1][predicting])
+        return torch.nn.functional.cross_entropy(logits.float(), targets[predicting])
+
+
 def build_engine(model: torch.nn.Module, train: TrainConfig, total_steps: int, warmup_steps: int) -> Any:
-    """AdamW (only the trainable parameters) and a cosine schedule with linear warmup, on a DeepSpeed engine."""
+    """AdamW (only the trainable parameters) and a cosine schedule with linear warmup, on a DeepSpeed engine whose
+    module is the model's `TargetLoss` (so `engine.module.model` is the model)."""
     import deepspeed
     from transformers import get_cosine_schedule_with_warmup
 
     trainable = [p for p in model.parameters() if p.requires_grad]
-    optimizer = torch.optim.AdamW(trainable, lr=train.lr, weight_decay=train.weight_decay)
+    fused = trainable[0].device.type == "cuda"  # one kernel for the whole update instead of one per tensor
+    optimizer = torch.optim.AdamW(trainable, lr=train.lr, weight_decay=train.weight_decay, fused=fused)
     engine, _, _, _ = deepspeed.initialize(
-        model=model,
+        model=TargetLoss(model),
         optimizer=optimizer,
         lr_scheduler=lambda opt: get_cosine_schedule_with_warmup(opt, warmup_steps, total_steps),
         config=deepspeed_config(train, bf16=next(model.parameters()).dtype == torch.bfloat16),
@@ -300,6 +325,8 @@ def train(
     vocab_size = model.config.vocab_size
     mask_id = specials.ids[MASK]
     dtype, device = next(model.parameters()).dtype, next(model.parameters()).device
+    if device.type == "cpu" and config.model.attn_implementation == "flex_attention":
+        raise ClozeMathError("model.attn_implementation=flex_attention cannot train on CPU (no backward there): use sdpa")
     init_distributed(device)
     rank = dist.get_rank()
     plan = plan_steps(all_ranks_min(len(rows), device), train_cfg)  # the same on every rank, or collectives hang
@@ -317,7 +344,7 @@ def train(
             batch = collate([rows[i] for i in next(batches)], pad_id)
             batch = noised(batch, config, step, plan.total_steps, mask_id, vocab_size)
             inputs = model_inputs({k: v.to(device) for k, v in batch.items()}, config, dtype)
-            loss = engine(**inputs).loss
+            loss = engine(**inputs)
             engine.backward(loss)
             engine.step()
             tally.add(float(loss.detach()), batch["attention_mask"])
@@ -369,6 +396,6 @@ def export_adapter(engine: Any, folder: Path, specials: SpecialTokens) -> None:
     every rank takes part in gathering the trainable parameters first."""
     with full_trainable_parameters(engine):
         if dist.get_rank() == 0:
-            save_adapter(engine.module, folder, specials)
+            save_adapter(engine.module.model, folder, specials)
     if dist.get_world_size() > 1:
         dist.barrier()
