@@ -48,6 +48,8 @@ class TrialOutcome:
     run_id: str | None
     metrics: dict[str, Any] = field(default_factory=dict)
     error: str | None = None
+    headline: str | None = None
+    """The accuracy to show first: the first evaluation set's, with its first decoding."""
 
 
 @dataclass(frozen=True)
@@ -99,7 +101,9 @@ def run_grid(grid: GridConfig, root: Path | None = None, source: str | Path = "g
             run_config=tune.RunConfig(name=path.name, storage_path=str(path.parent), verbose=1),
         )
     results = tuner.fit()
-    outcomes = [_trial_outcome(result) for result in results]
+    headlines = {e.name: f"eval/{e.eval.sets[0].dataset}/{e.eval.decodings_of(e.eval.sets[0])[0]}/accuracy"
+                 for e in experiments if e.eval.sets}
+    outcomes = [_trial_outcome(result, headlines) for result in results]
     tracking.end_run(tracking_cfg.uri, parent, succeeded=all(o.error is None for o in outcomes))
     return GridOutcome(grid.name, parent, tracking_cfg.uri, tracking_cfg.experiment, path, outcomes, restored)
 
@@ -175,12 +179,12 @@ def _safe(name: str) -> str:
     return re.sub(r"[^A-Za-z0-9._=,-]+", "_", name)
 
 
-def _trial_outcome(result: Any) -> TrialOutcome:
+def _trial_outcome(result: Any, headlines: dict[str, str]) -> TrialOutcome:
     metrics = dict(result.metrics or {})
     name = result.config["trial"] if result.config else result.path
     error = None if result.error is None else user_error_line(result.error)
     status = "ERROR" if result.error is not None else "TERMINATED"
-    return TrialOutcome(name, status, metrics.get(RUN_ID_KEY), metrics, error)
+    return TrialOutcome(name, status, metrics.get(RUN_ID_KEY), metrics, error, headlines.get(name))
 
 
 def user_error_line(error: BaseException) -> str:
@@ -199,8 +203,8 @@ def print_grid_outcome(outcome: GridOutcome) -> None:
     print(f"grid {outcome.name}{' (restored)' if outcome.restored else ''}: MLflow parent run {outcome.parent_run_id} "
           f"(experiment '{outcome.experiment}'), Tune experiment {outcome.path}")
     for trial in outcome.trials:
-        accuracies = sorted((k, v) for k, v in trial.metrics.items() if k.startswith("eval/") and k.endswith("/accuracy"))
-        headline = f"{accuracies[0][0].removeprefix('eval/').removesuffix('/accuracy')} {accuracies[0][1]:.2%}" if accuracies else ""
+        value = trial.metrics.get(trial.headline or "")
+        headline = "" if value is None else f"{trial.headline.removeprefix('eval/').removesuffix('/accuracy')} {value:.2%}"
         state = "failed: " + (trial.error or "") if trial.error else "finished"
         print(f"  {trial.name:<{width}}  {state:<10}  {headline:<24}  run {trial.run_id or '-'}")
     print(f"compare: mlflow ui --backend-store-uri {outcome.tracking_uri}   |   clozemath report --experiment {outcome.experiment}")

@@ -260,3 +260,19 @@ def test_a_killed_driver_is_restored_without_redoing_finished_trials(tmp_path: P
     assert after[trained].info.status == "FINISHED"
     logged = steps(config, after[trained].info.run_id, "train/loss")
     assert logged.count(1) == 1 and logged[-1] == STEPS, logged  # resumed from a checkpoint, not from scratch
+
+
+@pytest.mark.slow
+def test_a_trial_that_fails_on_a_user_mistake_fails_the_command_in_one_line(
+    ray_session: None, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    experiment = ROOT / "configs" / "experiments" / "smoke.yaml"
+    argv = ["run", str(experiment), "method=base", "eval.sets=[{dataset: gsm8k, path: /nowhere}]", *store(tmp_path)]
+    assert main(argv) == 2
+    captured = capsys.readouterr()
+    assert captured.err.strip().splitlines()[-1] == "clozemath: error: 1 of 1 trials failed; smoke: /nowhere: no such data file"
+    assert "smoke  failed: /nowhere: no such data file" in captured.out
+    config = TrackingConfig(uri=f"sqlite:///{tmp_path / 'mlruns.db'}", experiment="smoke")
+    (parent,) = tracking.find_runs(config, {"role": "grid"})
+    (child,) = tracking.find_runs(config, {"role": "trial"})
+    assert (parent.info.status, child.info.status) == ("FAILED", "FAILED")
