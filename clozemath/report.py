@@ -22,6 +22,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from mlflow import MlflowClient
 from mlflow.entities import Run
 
 from clozemath import tracking
@@ -70,7 +71,7 @@ class Table:
     def bold(self) -> set[tuple[int, int]]:
         best = set()
         for group in self.groups:
-            present = [(cell, self.values[cell[0]][cell[1]]) for cell in group if self.values[cell[0]][cell[1]] is not None]
+            present = [((r, c), self.values[r][c]) for r, c in group if self.values[r][c] is not None]
             if present:
                 top = max(round(value, 2) for _, value in present)
                 best |= {cell for cell, value in present if round(value, 2) == top}
@@ -98,7 +99,7 @@ def grid_runs(tracking_uri: str, experiment: str, parent_run_id: str | None = No
     return parent, [_trial_result(run) for run in children if "model" in run.data.tags]
 
 
-def _all_runs(client: object, experiment_id: str, query: str) -> list[Run]:
+def _all_runs(client: MlflowClient, experiment_id: str, query: str) -> list[Run]:
     runs, token = [], None
     while True:
         page = client.search_runs([experiment_id], filter_string=query, max_results=1000, page_token=token)
@@ -187,7 +188,8 @@ def table_symbolic(results: list[TrialResult], models: list[str], methods: list[
     header = ["Training set", "Evaluation", "Method", *map(_model_name, models)]
     table = Table("Table 3: GSM-Symbolic", header, [], [])
     evaluations: list[tuple[str, Callable[[str, str, str], float | None]]] = [
-        (name, lambda model, method, train_set, s=s: cell(results, model, method, train_set, f"eval/{s}/{decoding}/accuracy"))
+        (name, lambda model, method, train_set, s=s: cell(
+            results, model, method, train_set, f"eval/{s}/{decoding}/accuracy"))
         for s, name in SYMBOLIC_SETS.items()
     ]
     evaluations.append(("Overall", lambda model, method, train_set: pooled_cell(
@@ -206,7 +208,7 @@ def table_symbolic(results: list[TrialResult], models: list[str], methods: list[
 
 def table_ablations(results: list[TrialResult], models: list[str], methods: list[str], decoding: str) -> Table:
     metric = f"eval/gsm8k/{decoding}/accuracy"
-    ablated = [model for model in models if any(cell(results, model, m, "gsm8k", metric) is not None for m in ABLATIONS)]
+    ablated = [m for m in models if any(cell(results, m, method, "gsm8k", metric) is not None for method in ABLATIONS)]
     columns = ablated or models
     table = Table("Table 4: ablations (GSM8K)", ["Method", *map(_model_name, columns)], [], [])
     for method in (m for m in methods if m == "clozemath" or m in ABLATIONS):
@@ -279,7 +281,10 @@ def to_latex(table: Table) -> str:
 # Figure 3
 
 
-def accuracy_curves(tracking_uri: str, results: list[TrialResult], decoding: str) -> dict[str, dict[str, list[tuple[int, float]]]]:
+Curves = dict[str, dict[str, list[tuple[int, float]]]]
+
+
+def accuracy_curves(tracking_uri: str, results: list[TrialResult], decoding: str) -> Curves:
     """Model -> method -> [(step, accuracy in percent)], GSM8K-trained runs, mean over seeds at each step."""
     client = tracking.client(tracking_uri)
     by_step: dict[str, dict[str, dict[int, list[float]]]] = defaultdict(lambda: defaultdict(lambda: defaultdict(list)))
@@ -289,12 +294,12 @@ def accuracy_curves(tracking_uri: str, results: list[TrialResult], decoding: str
         for point in client.get_metric_history(r.run_id, f"eval/gsm8k/{decoding}/accuracy"):
             by_step[r.model][r.method][point.step].append(100 * point.value)
     return {
-        model: {method: sorted((step, statistics.fmean(v)) for step, v in steps.items()) for method, steps in methods.items()}
+        model: {method: sorted((step, statistics.fmean(v)) for step, v in by.items()) for method, by in methods.items()}
         for model, methods in by_step.items()
     }
 
 
-def plot_accuracy_vs_steps(curves: dict[str, dict[str, list[tuple[int, float]]]], path: Path) -> Path:
+def plot_accuracy_vs_steps(curves: Curves, path: Path) -> Path:
     import matplotlib
 
     matplotlib.use("Agg")

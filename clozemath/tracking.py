@@ -116,7 +116,8 @@ def find_runs(tracking: TrackingConfig, tags: Mapping[str, str]) -> list[Run]:
     if experiment is None:
         return []
     query = " and ".join(f"tags.`{key}` = '{value}'" for key, value in tags.items())
-    return list(mlflow.search_runs([experiment.experiment_id], filter_string=query, order_by=["attributes.start_time DESC"]))
+    newest_first = ["attributes.start_time DESC"]
+    return list(mlflow.search_runs([experiment.experiment_id], filter_string=query, order_by=newest_first))
 
 
 def reopen_run(uri: str, run_id: str) -> None:

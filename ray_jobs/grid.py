@@ -161,7 +161,8 @@ def parent_run(grid: GridConfig, tracking_cfg: TrackingConfig, key: str, num_tri
         run_id = found[0].info.run_id
         tracking.reopen_run(tracking_cfg.uri, run_id)
         return run_id
-    run_id = tracking.start_run(tracking_cfg, grid.name, tags={GRID_TAG: grid.name, GRID_KEY_TAG: key, ROLE_TAG: "grid"})
+    tags = {GRID_TAG: grid.name, GRID_KEY_TAG: key, ROLE_TAG: "grid"}
+    run_id = tracking.start_run(tracking_cfg, grid.name, tags=tags)
     tracking.log_params(
         tracking_cfg.uri, run_id,
         {"grid.name": grid.name, "grid.key": key, "grid.trials": num_trials, "grid.axes": json.dumps(grid.axes)},
@@ -204,13 +205,16 @@ def print_grid_outcome(outcome: GridOutcome) -> None:
           f"(experiment '{outcome.experiment}'), Tune experiment {outcome.path}")
     for trial in outcome.trials:
         value = trial.metrics.get(trial.headline or "")
-        headline = "" if value is None else f"{trial.headline.removeprefix('eval/').removesuffix('/accuracy')} {value:.2%}"
+        measured = (trial.headline or "").removeprefix("eval/").removesuffix("/accuracy")
+        headline = "" if value is None else f"{measured} {value:.2%}"
         state = "failed: " + (trial.error or "") if trial.error else "finished"
         print(f"  {trial.name:<{width}}  {state:<10}  {headline:<24}  run {trial.run_id or '-'}")
-    print(f"compare: mlflow ui --backend-store-uri {outcome.tracking_uri}   |   clozemath report --experiment {outcome.experiment}")
+    print(f"compare: mlflow ui --backend-store-uri {outcome.tracking_uri}   |   "
+          f"clozemath report --experiment {outcome.experiment}")
     if outcome.failed:
         first = outcome.failed[0]
-        raise ClozeMathError(f"{len(outcome.failed)} of {len(outcome.trials)} trials failed; {first.name}: {first.error}")
+        failed = f"{len(outcome.failed)} of {len(outcome.trials)} trials failed"
+        raise ClozeMathError(f"{failed}; {first.name}: {first.error}")
 
 
 # --------------------------------------------------------------------------------------------------------------

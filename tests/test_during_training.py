@@ -30,7 +30,8 @@ def test_the_first_sets_first_decoding_on_a_subset_every_n_steps_but_the_last(co
     chosen = eval_problems(config.eval.sets[0].model_copy(update={"limit": 5}))
     assert [p.id for p in evaluation.problems] == [p.id for p in chosen]
     assert [step for step in range(1, 10) if evaluation.due(step, total_steps=9)] == [3, 6]
-    assert step_evaluation(config.model_copy(update={"eval": config.eval.model_copy(update={"every_steps": None})})) is None
+    never = config.eval.model_copy(update={"every_steps": None})
+    assert step_evaluation(config.model_copy(update={"eval": never})) is None
 
 
 @pytest.mark.parametrize(("zero_stage", "expected_total"), [(2, 2 * 2), (3, 5)])

@@ -66,10 +66,12 @@ def assert_grid_tracked(config: TrackingConfig, trials: list[str], resumed: bool
     for name, run in runs.items():
         tags = run.data.tags
         assert run.info.status == "FINISHED" and tags[tracking.PARENT_TAG] == parent.info.run_id
-        assert name == f"smoke-grid/model={tags['model']},method={tags['method']},dataset={tags['train_set']},seed={tags['seed']}"
+        point = f"model={tags['model']},method={tags['method']},dataset={tags['train_set']},seed={tags['seed']}"
+        assert name == f"smoke-grid/{point}"
         artifacts = {a.path for a in client.list_artifacts(run.info.run_id)}
         assert {"config.yaml", "eval"} <= artifacts
-        assert "eval/predictions/gsm8k.jsonl" in {a.path for a in client.list_artifacts(run.info.run_id, "eval/predictions")}
+        predictions = {a.path for a in client.list_artifacts(run.info.run_id, "eval/predictions")}
+        assert "eval/predictions/gsm8k.jsonl" in predictions
         metrics = run.data.metrics
         assert metrics["eval/gsm8k/beam/total"] == metrics["eval/gsm8k/cot/total"] == 2
         assert 0.0 <= metrics["eval/gsm8k/beam/accuracy"] <= 1.0
@@ -113,7 +115,8 @@ def test_smoke_grid_runs_to_the_end_tracked_as_parent_and_children(smoke_grid) -
         assert {key: params[key] for key in flatten(experiment)} == {k: str(v) for k, v in flatten(experiment).items()}
     trained = runs["smoke-grid/model=tiny-llama-b,method=clozemath,dataset=gsm8k,seed=0"]
     assert trained.data.params["model.random_init.hidden_size"] == "48"
-    assert (folder / "runs" / "smoke-grid" / "model=tiny-llama,method=clozemath,dataset=gsm8k,seed=0" / "adapter").is_dir()
+    run_folder = folder / "runs" / "smoke-grid" / "model=tiny-llama,method=clozemath,dataset=gsm8k,seed=0"
+    assert (run_folder / "adapter").is_dir()
 
 
 def markdown_row(text: str, *labels: str) -> list[str]:
@@ -241,7 +244,9 @@ def test_a_killed_driver_is_restored_without_redoing_finished_trials(tmp_path: P
         return runs if max(steps(config, runs[trained].info.run_id, "train/loss"), default=0) >= 3 else None
 
     with open(tmp_path / "first.log", "w") as log:
-        driver = subprocess.Popen(command, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        driver = subprocess.Popen(
+            command, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+        )
     try:
         before = wait_for(base_done_and_trained_past_checkpoint, 480, "the first trial", driver)
     finally:
@@ -270,7 +275,8 @@ def test_a_trial_that_fails_on_a_user_mistake_fails_the_command_in_one_line(
     argv = ["run", str(experiment), "method=base", "eval.sets=[{dataset: gsm8k, path: /nowhere}]", *store(tmp_path)]
     assert main(argv) == 2
     captured = capsys.readouterr()
-    assert captured.err.strip().splitlines()[-1] == "clozemath: error: 1 of 1 trials failed; smoke: /nowhere: no such data file"
+    last = captured.err.strip().splitlines()[-1]
+    assert last == "clozemath: error: 1 of 1 trials failed; smoke: /nowhere: no such data file"
     assert "smoke  failed: /nowhere: no such data file" in captured.out
     config = TrackingConfig(uri=f"sqlite:///{tmp_path / 'mlruns.db'}", experiment="smoke")
     (parent,) = tracking.find_runs(config, {"role": "grid"})

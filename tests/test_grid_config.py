@@ -75,7 +75,8 @@ def test_rules_apply_in_order_and_do_not_leak_between_points(tmp_path: Path) -> 
     grid = tmp_path / "g.yaml"
     grid.write_text(
         "name: g\nbase: {experiment: smoke}\n"
-        "axes:\n  method: [it, mft]\n  data:\n    small: {data.limit: 4}\n    big: {data.limit: 8, train.max_steps: 3}\n"
+        "axes:\n  method: [it, mft]\n"
+        "  data:\n    small: {data.limit: 4}\n    big: {data.limit: 8, train.max_steps: 3}\n"
         "exclude: [{method: it, data: big}]\n"
         "overrides:\n  - when: {method: mft}\n    set: {train.lr: 0.5, method.mft.r_max: 0.1}\n"
     )
@@ -118,13 +119,18 @@ def test_bad_grids_are_one_line_errors(tmp_path: Path, text: str, message: str) 
 
 @pytest.mark.parametrize(
     ("override", "culprit"),
-    [("axes.model=[tiny-llama,tiny-gpt]", "unknown model 'tiny-gpt'"), ("axes.method=[mft,cloze]", "unknown method 'cloze'"),
-     ("axes.dataset=[gsm8k,svamp]", "no bundle 'svamp'"), ("axes.optimizer=[adam]", "no such axis")],
+    [
+        ("axes.model=[tiny-llama,tiny-gpt]", "unknown model 'tiny-gpt'"),
+        ("axes.method=[mft,cloze]", "unknown method 'cloze'"),
+        ("axes.dataset=[gsm8k,svamp]", "no bundle 'svamp'"),
+        ("axes.optimizer=[adam]", "no such axis"),
+    ],
 )
 def test_clozemath_run_refuses_a_bad_grid_before_anything_starts(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], override: str, culprit: str
 ) -> None:
-    argv = ["run", str(SMOKE), override, f"train.output_dir={tmp_path / 'runs'}", f"tracking.uri=sqlite:///{tmp_path / 'm.db'}"]
+    store = [f"train.output_dir={tmp_path / 'runs'}", f"tracking.uri=sqlite:///{tmp_path / 'm.db'}"]
+    argv = ["run", str(SMOKE), override, *store]
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith("clozemath: error: ") and culprit in err, err

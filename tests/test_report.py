@@ -22,7 +22,8 @@ def accuracy(model: str, method: str, train_set: str, seed: str, eval_set: str, 
     base = {"deepseek-math-7b": 0.6, "llama-3.2-1b": 0.2}[model]
     bonus = {"base": 0.0, "mft": 0.05, "clozemath": 0.08, "it": 0.03, "it_prefixlm": 0.04}[method]
     shift = {"gsm8k": 0.0, "math": -0.1, "gsm_symbolic": -0.05, "gsm_p1": -0.1, "gsm_p2": -0.15}[eval_set]
-    return round(base + bonus + shift + (0.01 if decoding == "cot" else 0.0) + 0.002 * int(seed) + (train_set == "math") * 0.001, 4)
+    noise = (0.01 if decoding == "cot" else 0.0) + 0.002 * int(seed) + (train_set == "math") * 0.001
+    return round(base + bonus + shift + noise, 4)
 
 
 TOTALS = {"gsm8k": 100, "math": 50, "gsm_symbolic": 40, "gsm_p1": 40, "gsm_p2": 20}
@@ -38,7 +39,8 @@ def log_trial(config: TrackingConfig, parent: str, model: str, method: str, trai
         for decoding in decodings:
             value = accuracy(model, method, train_set, seed, eval_set, decoding)
             key = f"eval/{eval_set}/{decoding}"
-            values |= {f"{key}/accuracy": value, f"{key}/correct": round(value * TOTALS[eval_set]), f"{key}/total": TOTALS[eval_set]}
+            total = TOTALS[eval_set]
+            values |= {f"{key}/accuracy": value, f"{key}/correct": round(value * total), f"{key}/total": total}
     if method != "base":
         tracking.log_metrics(config.uri, run_id, 10, {"eval/gsm8k/beam/accuracy": 0.1 * int(seed)})
     tracking.log_metrics(config.uri, run_id, 20, values)
@@ -95,7 +97,8 @@ def test_tables_hold_the_means_over_seeds_with_the_best_in_bold(store: TrackingC
                                            f"**{mean('llama-3.2-1b', 'clozemath', 'gsm8k', 'gsm8k', 'cot')}**"]
 
     table3 = out.split("**Table 3")[1].split("**Table 4")[0]
-    assert row(table3, "MATH", "GSM-P1", "MFT") == [mean(m, "mft", "math", "gsm_p1") for m in ("deepseek-math-7b", "llama-3.2-1b")]
+    models = ("deepseek-math-7b", "llama-3.2-1b")
+    assert row(table3, "MATH", "GSM-P1", "MFT") == [mean(m, "mft", "math", "gsm_p1") for m in models]
     pooled = []
     for seed in SEEDS:  # Overall: correct answers of the three sets over their problems, then the mean over seeds
         correct = sum(round(accuracy("deepseek-math-7b", "clozemath", "gsm8k", seed, s) * TOTALS[s])
@@ -106,13 +109,15 @@ def test_tables_hold_the_means_over_seeds_with_the_best_in_bold(store: TrackingC
     table4 = out.split("**Table 4")[1]
     assert "| Method | DeepSeek-Math |" in table4  # only the model with ablations
     assert row(table4, "ClozeMath") == [f"**{mean('deepseek-math-7b', 'clozemath', 'gsm8k', 'gsm8k')}**"]
-    assert row(table4, "W/o Text infilling") == [mean("deepseek-math-7b", "it_prefixlm", "gsm8k", "gsm8k", seeds=("0",))]
+    ablation = mean("deepseek-math-7b", "it_prefixlm", "gsm8k", "gsm8k", seeds=("0",))
+    assert row(table4, "W/o Text infilling") == [ablation]
     assert (tmp_path / "tables.md").read_text().strip() in out
     assert (tmp_path / "accuracy_vs_steps.png").read_bytes()[:4] == b"\x89PNG"
 
 
 def test_latex_bolds_with_textbf(store: TrackingConfig, tmp_path: Path, capsys) -> None:
-    assert main(["report", "--experiment", "paper", "--tracking-uri", store.uri, "--out", str(tmp_path), "--latex"]) == 0
+    argv = ["report", "--experiment", "paper", "--tracking-uri", store.uri, "--out", str(tmp_path), "--latex"]
+    assert main(argv) == 0
     out = capsys.readouterr().out
     assert out.count(r"\begin{tabular}") == 4 and r"W/o Text infilling & " in out  # a label, then a value
     assert "Training set & Method" not in out and r"\textbf{Training set} & \textbf{Method}" in out
@@ -127,7 +132,8 @@ def test_a_chosen_parent_and_the_accuracy_curves(store: TrackingConfig) -> None:
     parent, results = grid_runs(store.uri, "paper", older.info.run_id)
     assert parent.info.run_name == "older" and [(r.model, r.method) for r in results] == [("llama-3.2-1b", "clozemath")]
     (table1, *_) = paper_tables(results)
-    assert to_markdown(table1).splitlines()[-1] == f"| GSM8K | ClozeMath | **{mean('llama-3.2-1b', 'clozemath', 'gsm8k', 'gsm8k', seeds=('0',))}** |"
+    value = mean("llama-3.2-1b", "clozemath", "gsm8k", "gsm8k", seeds=("0",))
+    assert to_markdown(table1).splitlines()[-1] == f"| GSM8K | ClozeMath | **{value}** |"
 
 
 def test_an_experiment_without_grid_runs_is_a_one_line_error(store: TrackingConfig) -> None:
