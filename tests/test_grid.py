@@ -200,7 +200,7 @@ def ray_head(tmp_path: Path) -> Iterator[tuple[str, dict[str, str]]]:
     finally:
         os.killpg(head.pid, signal.SIGTERM)  # the head and the node's processes it started, all at once
         try:
-            head.wait(30)
+            head.wait(10)
         except subprocess.TimeoutExpired:
             os.killpg(head.pid, signal.SIGKILL)
             head.wait()
