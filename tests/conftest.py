@@ -24,3 +24,14 @@ def ray_session() -> Iterator[None]:
     ray.init(num_cpus=8, runtime_env=runtime_env())
     yield
     ray.shutdown()
+
+
+@pytest.fixture(scope="module")
+def one_torch_thread() -> Iterator[None]:
+    """Tiny models: threads only add overhead, and much more so on a shared 2-core machine."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)

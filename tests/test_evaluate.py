@@ -37,13 +37,7 @@ SMOKE = ROOT / "configs" / "experiments" / "smoke.yaml"
 DECODINGS = ("greedy", "beam", "cot")
 
 
-@pytest.fixture(scope="module", autouse=True)
-def few_threads():
-    """Tiny matrices: threads only add overhead, and much more so on a shared machine."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module")
