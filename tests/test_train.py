@@ -274,6 +274,7 @@ def test_zero3_worker_failure_resumes_from_checkpoint(workdir: Path, ray_session
         (["model=smollm2-135m", "model.path=/nonexistent/model"], "/nonexistent/model"),
         (["model=smollm2-135m", "model.gguf_file=missing.Q4.gguf"], "missing.Q4.gguf"),
         (["train.zero_stage=1"], "train.zero_stage"),
+        (["train.zero_stage=3", "train.compile=true"], "train"),
     ],
 )
 def test_run_errors_are_one_line(
