@@ -118,8 +118,9 @@ class TrainConfig(_Strict):
     warmup_ratio: float = 0.03
     weight_decay: float = 0.0
     max_grad_norm: float = 1.0
-    compile: bool | Literal["auto"] = "auto"
-    """torch.compile the model in the DeepSpeed engine; auto: on GPU under ZeRO-2. The first steps pay for it."""
+    compile: bool = False
+    """torch.compile the model in the DeepSpeed engine (ZeRO-2; for long GPU runs): a LoRA step on a GPU is bound by
+    kernel launches, which compiling fuses. Lengths are compiled dynamic; the first steps pay minutes for it."""
     checkpoint_every: int = 50
     max_failures: int = 1
     seed: int = 0

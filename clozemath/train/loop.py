@@ -109,14 +109,6 @@ def deepspeed_config(train: TrainConfig, bf16: bool) -> dict[str, Any]:
     }
 
 
-def compiles(train: TrainConfig, device: torch.device) -> bool:
-    """`train.compile`; auto: on GPU under ZeRO-2 (a step there is bound by kernel launches, which compiling fuses;
-    ZeRO-3's partitioned weights do not trace)."""
-    if train.compile == "auto":
-        return device.type == "cuda" and train.zero_stage == 2
-    return train.compile
-
-
 def ensure_distributed_env() -> None:
     """Single-process defaults for the variables DeepSpeed reads, when no launcher (or Ray Train) set them."""
     if "RANK" in os.environ:
@@ -180,8 +172,8 @@ def build_engine(model: torch.nn.Module, train: TrainConfig, total_steps: int, w
         config=deepspeed_config(train, bf16=next(model.parameters()).dtype == torch.bfloat16),
     )
     _leave_tied_frozen_weights_out(engine)
-    if compiles(train, trainable[0].device):
-        engine.compile()
+    if train.compile:
+        engine.compile(compile_kwargs={"dynamic": True})  # one graph for every sequence length
     return engine
 
 
