@@ -5,9 +5,8 @@ random model, for the attention settings a ClozeMath run can use:
 
 - `hf-causal`: the baseline researchers run today: the peft model's own forward with `labels` (logits at every
   position), `loss.backward()`, fused AdamW; no DeepSpeed. `hf-causal-compiled`: the same under `torch.compile`.
-- `causal`, `prefix_lm-sdpa`, `prefix_lm-flex`: `clozemath.train.loop.train` (DeepSpeed ZeRO-2 or 3, one GPU), causal mask,
-  PrefixLM through the additive 4D mask with sdpa, or PrefixLM through a FlexAttention BlockMask; `--compile`:
-  with `train.compile=true`.
+- `causal`, `prefix_lm-sdpa`, `prefix_lm-flex`: `clozemath.train.loop.train` (DeepSpeed ZeRO-2 or 3, one GPU),
+  causal mask, PrefixLM through the additive 4D mask with sdpa, or PrefixLM through a FlexAttention BlockMask.
 
 Every row has `--prefix-share` of its tokens in the prefix (default 0.66: ClozeMath's GSM8K samples) and the rest
 as targets; the same rows feed every mode. Times are per optimizer step after `--warmup` steps.
@@ -57,13 +56,6 @@ def synthetic_rows(count: int, seq: int, prefix_share: float, seed: int = 0) -> 
     return rows
 
 
-def compile_setting(mode: str, args: argparse.Namespace) -> bool:
-    """`train.compile` of a mode (the hf modes read it as: wrap the model in `torch.compile`)."""
-    if mode.startswith("hf-"):
-        return mode == "hf-causal-compiled"
-    return args.compile
-
-
 def experiment(model: ModelConfig, mode: str, args: argparse.Namespace) -> ExperimentConfig:
     attention = "prefix_lm" if mode.startswith("prefix_lm") else "causal"
     implementation = "flex_attention" if mode.endswith("flex") else "sdpa"
@@ -74,7 +66,6 @@ def experiment(model: ModelConfig, mode: str, args: argparse.Namespace) -> Exper
         train=TrainConfig(
             micro_batch_size=args.batch, max_steps=args.warmup + args.steps, checkpoint_every=10**9,
             group_by_length=False, zero_stage=args.zero_stage, lr=5e-5,
-            compile=compile_setting(mode, args),
         ),
     )
 
@@ -97,7 +88,7 @@ def run_ours(config: ExperimentConfig, rows: list[dict[str, Any]], device: torch
 def run_hf(config: ExperimentConfig, rows: list[dict[str, Any]], device: torch.device, tick: Tick) -> None:
     """The plain loop: `model(input_ids, attention_mask, labels).loss`, backward, fused AdamW."""
     loaded = load_model(config.model, num_sentinels=8, device=device)
-    model = torch.compile(loaded.model) if config.train.compile else loaded.model
+    model = torch.compile(loaded.model) if config.name.endswith("-compiled") else loaded.model
     trainable = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(trainable, lr=5e-5, fused=device.type == "cuda")
     batch_size = config.train.micro_batch_size
@@ -167,12 +158,13 @@ def measure(mode: str, run: Callable[..., None], config: ExperimentConfig, rows:
     return {"tokens_per_s": tokens / per_step, "ms_per_step": 1000 * per_step, "peak_gib": peak}
 
 
-def table(results: dict[str, dict[str, float]], args: argparse.Namespace, device_name: str, model: ModelConfig) -> str:
+def table(
+    results: dict[str, dict[str, float]], args: argparse.Namespace, device_name: str, model: ModelConfig
+) -> str:
     base = results.get("hf-causal", {}).get("tokens_per_s")
     lines = [
         f"Training throughput on {device_name}: {args.model}, LoRA rank 32 (dropout {model.lora.dropout}"
-        f"{'' if args.no_special_rows else ', + special-token rows'}){', ours compiled' if args.compile else ''}, "
-        f"ours on ZeRO-{args.zero_stage}, "
+        f"{'' if args.no_special_rows else ', + special-token rows'}), ours on ZeRO-{args.zero_stage}, "
         f"batch {args.batch} x {args.seq}, prefix share {args.prefix_share}, mean of {args.steps} steps after "
         f"{args.warmup}.",
         "",
@@ -200,7 +192,6 @@ def main() -> None:
     parser.add_argument("--profile", type=Path, help="write each mode's profile (top operations) into this folder")
     parser.add_argument("--lora-dropout", type=float, help="default: the model config's")
     parser.add_argument("--no-special-rows", action="store_true", help="LoRA alone, no trainable special-token rows")
-    parser.add_argument("--compile", action="store_true", help="ours with `train.compile=true`")
     parser.add_argument("--zero-stage", type=int, choices=(2, 3), default=2, help="ours (default: %(default)s)")
     args = parser.parse_args()
 

@@ -118,21 +118,12 @@ class TrainConfig(_Strict):
     warmup_ratio: float = 0.03
     weight_decay: float = 0.0
     max_grad_norm: float = 1.0
-    compile: bool = False
-    """torch.compile the model in the DeepSpeed engine (ZeRO-2; for long GPU runs): a LoRA step on a GPU is bound by
-    kernel launches, which compiling fuses. Lengths are compiled dynamic; the first steps pay minutes for it."""
     checkpoint_every: int = 50
     max_failures: int = 1
     seed: int = 0
     output_dir: str = "runs"
     fail_at_step: int | None = None
     """Test hook: rank 0 raises once when it reaches this step (exercises restart and resume)."""
-
-    @model_validator(mode="after")
-    def _compiles(self) -> TrainConfig:
-        if self.compile is True and self.zero_stage == 3:
-            raise ValueError("`compile: true` needs zero_stage 2: ZeRO-3 gathers the weights outside the compiled graph")
-        return self
 
 
 class EvalSetConfig(_Strict):

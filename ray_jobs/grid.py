@@ -1,8 +1,8 @@
 """The grid on Ray Tune: one trial per point, each a `run_experiment` (preprocess, Ray Train, evaluation).
 
 The trial is a Tune function trainable: it launches the trial's `TorchTrainer` (Ray Train V2 runs no longer go into a
-`Tuner` themselves), whose workers hold their own resources, with a `TuneReportCallback` so that every step's
-metrics reach Tune; then it evaluates. The function itself asks for one CPU; how many trials run at once follows
+`Tuner` themselves), whose workers hold their own resources, with a `TuneReportCallback` so that the metrics of its
+checkpoints and evaluations reach Tune; then it evaluates. The function itself asks for one CPU; how many trials run at once follows
 the cluster's GPUs (`max_concurrent_trials` overrides it).
 
 MLflow: the driver opens one parent run per grid; each trial logs into a child run tagged with its model, method,
@@ -32,6 +32,20 @@ from clozemath.errors import ClozeMathError
 from clozemath.model.load import load_tokenizer
 from ray_jobs.cluster import init_ray, user_error
 from ray_jobs.run import progress, run_experiment
+
+
+
+class TuneProgress(TuneReportCallback):
+    """Forward to Tune the reports that carry a checkpoint or an evaluation during training, not every step's.
+
+    Tune takes one result at a time, when its driver gets round to it (about every half second), and Ray Train's
+    workers wait for that: forwarding every step kept each training step waiting. MLflow still logs every step.
+    """
+
+    def after_report(self, run_context: Any, metrics: list[dict[str, Any]], checkpoint: Any) -> None:
+        if checkpoint is not None or any(name.startswith("eval/") for name in metrics[0]):
+            super().after_report(run_context, metrics, checkpoint)
+
 
 TRIAL_RESOURCES = {"CPU": 1}
 """The trial function's own: Ray Train's workers, Ray Data's tasks and the evaluation actors ask for theirs."""
@@ -247,6 +261,6 @@ def run_trial(settings: dict[str, Any], trials: dict[str, dict[str, Any]], grid:
         trial_tags(config, grid),
         run_id=earlier[0].info.run_id if earlier else None,
         train_run_name=f"train-{config_key(config)}",
-        train_callbacks=[TuneReportCallback()],
+        train_callbacks=[TuneProgress()],
     )
     tune.report({**outcome.eval_metrics, RUN_ID_KEY: outcome.run_id})

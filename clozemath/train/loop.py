@@ -172,8 +172,6 @@ def build_engine(model: torch.nn.Module, train: TrainConfig, total_steps: int, w
         config=deepspeed_config(train, bf16=next(model.parameters()).dtype == torch.bfloat16),
     )
     _leave_tied_frozen_weights_out(engine)
-    if train.compile:
-        engine.compile(compile_kwargs={"dynamic": True})  # one graph for every sequence length
     return engine
 
 
