@@ -2,8 +2,8 @@
 
 The trial is a Tune function trainable: it launches the trial's `TorchTrainer` (Ray Train V2 runs no longer go into a
 `Tuner` themselves), whose workers hold their own resources, with a `TuneReportCallback` so that the metrics of its
-checkpoints and evaluations reach Tune; then it evaluates. The function itself asks for one CPU; how many trials run at once follows
-the cluster's GPUs (`max_concurrent_trials` overrides it).
+checkpoints and evaluations reach Tune; then it evaluates. The function itself asks for one CPU; how many trials run
+at once follows the cluster's GPUs (`max_concurrent_trials` overrides it).
 
 MLflow: the driver opens one parent run per grid; each trial logs into a child run tagged with its model, method,
 training set and seed. Restore: the Tune experiment lives in `<train.output_dir>/tune/<grid>-<key>`, the key a hash
@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -47,6 +48,17 @@ class TuneProgress(TuneReportCallback):
             super().after_report(run_context, metrics, checkpoint)
 
 
+class QuietUserErrors(logging.Filter):
+    """Drop Tune's log of a failed trial's traceback when the failure is a user mistake: the command ends with its
+    one-line error, and the traceback stays in the trial's error file. Other failures keep their traceback."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        error = record.exc_info[1] if record.exc_info else None
+        return error is None or user_error(error) is None
+
+
+TUNE_CONTROLLER_LOGGER = "ray.tune.execution.tune_controller"
+"""Where Tune logs a failed trial's traceback."""
 TRIAL_RESOURCES = {"CPU": 1}
 """The trial function's own: Ray Train's workers, Ray Data's tasks and the evaluation actors ask for theirs."""
 TUNE_DIR = "tune"
@@ -114,7 +126,12 @@ def run_grid(grid: GridConfig, root: Path | None = None, source: str | Path = "g
             ),
             run_config=tune.RunConfig(name=path.name, storage_path=str(path.parent), verbose=1),
         )
-    results = tuner.fit()
+    quiet, tune_log = QuietUserErrors(), logging.getLogger(TUNE_CONTROLLER_LOGGER)
+    tune_log.addFilter(quiet)
+    try:
+        results = tuner.fit()
+    finally:
+        tune_log.removeFilter(quiet)
     headlines = {e.name: f"eval/{e.eval.sets[0].dataset}/{e.eval.decodings_of(e.eval.sets[0])[0]}/accuracy"
                  for e in experiments if e.eval.sets}
     outcomes = [_trial_outcome(result, headlines) for result in results]

@@ -4,6 +4,7 @@ driver killed mid-grid, then `clozemath run` again restoring it without redoing 
 
 from __future__ import annotations
 
+import logging
 import os
 import secrets
 import signal
@@ -23,7 +24,8 @@ from sqlalchemy.exc import OperationalError
 from clozemath import tracking
 from clozemath.cli import main
 from clozemath.config import GridConfig, TrackingConfig, expand_grid, flatten, load_config
-from ray_jobs.grid import GridOutcome, run_grid, with_absolute_paths
+from clozemath.errors import ClozeMathError
+from ray_jobs.grid import GridOutcome, QuietUserErrors, run_grid, with_absolute_paths
 
 ROOT = Path(__file__).resolve().parents[1]
 SMOKE = ROOT / "configs" / "grids" / "smoke.yaml"
@@ -282,3 +284,14 @@ def test_a_trial_that_fails_on_a_user_mistake_fails_the_command_in_one_line(
     (parent,) = tracking.find_runs(config, {"role": "grid"})
     (child,) = tracking.find_runs(config, {"role": "trial"})
     assert (parent.info.status, child.info.status) == ("FAILED", "FAILED")
+
+
+def test_tune_keeps_quiet_about_a_user_mistake_only() -> None:
+    def record(error: BaseException) -> logging.LogRecord:
+        exc_info = (type(error), error, None)
+        return logging.LogRecord("tune", logging.ERROR, __file__, 1, "Trial task failed", None, exc_info)
+
+    quiet = QuietUserErrors()
+    assert not quiet.filter(record(ClozeMathError("/nowhere: no such data file")))
+    assert quiet.filter(record(RuntimeError("CUDA out of memory")))
+    assert quiet.filter(logging.LogRecord("tune", logging.INFO, __file__, 1, "Trial started", None, None))
