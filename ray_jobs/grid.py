@@ -35,7 +35,6 @@ from ray_jobs.cluster import init_ray, user_error
 from ray_jobs.run import progress, run_experiment
 
 
-
 class TuneProgress(TuneReportCallback):
     """Forward to Tune the reports that carry a checkpoint or an evaluation during training, not every step's.
 

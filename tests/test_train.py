@@ -14,11 +14,10 @@ from transformers import LlamaConfig, LlamaForCausalLM
 from clozemath import tracking
 from clozemath.cli import main
 from clozemath.config import ExperimentConfig, MethodConfig, ModelConfig, TrainConfig, flatten, load_config
-from clozemath.data.tokenize import EOS, MASK, SEP, SpecialTokens
+from clozemath.data.tokenize import EOS, MASK, SEP, SpecialTokens, collate
 from clozemath.errors import ClozeMathError
 from clozemath.model.load import load_for_inference
 from clozemath.train.loop import StepMetrics, TargetLoss, epoch_micro_batches, model_inputs, train
-from clozemath.data.tokenize import collate
 from ray_jobs.cluster import TRAIN_POLL_ENV_VAR, TRAIN_POLL_S, runtime_env
 from ray_jobs.preprocess import Prepared, preprocess
 from ray_jobs.run import run_experiment
@@ -223,7 +222,6 @@ def test_preprocess_is_cached(workdir: Path, ray_session: None) -> None:
         assert all(label != -100 for label in labels[row["prefix_len"] :])
 
 
-@pytest.mark.slow
 def test_ray_train_collects_reports_briskly_unless_told_otherwise(monkeypatch: pytest.MonkeyPatch) -> None:
     """Ray Train's 2 s default poll would make every step last 2 s (measured: 2.08 s a step of the smoke config)."""
     monkeypatch.delenv(TRAIN_POLL_ENV_VAR, raising=False)
@@ -232,6 +230,7 @@ def test_ray_train_collects_reports_briskly_unless_told_otherwise(monkeypatch: p
     assert runtime_env()["env_vars"][TRAIN_POLL_ENV_VAR] == "1.5"
 
 
+@pytest.mark.slow
 def test_zero2_run_learns_and_is_tracked(workdir: Path, ray_session: None) -> None:
     config = smoke_config(workdir, "train.zero_stage=2")
     outcome = run_experiment(config)
