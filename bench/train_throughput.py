@@ -95,7 +95,7 @@ def run_hf(config: ExperimentConfig, rows: list[dict[str, Any]], device: torch.d
     for step in range(config.train.max_steps or 0):
         chunk = rows[(step * batch_size) % len(rows) :][:batch_size]
         batch = {k: v.to(device) for k, v in collate(chunk, loaded.tokenizer.pad_token_id).items()}
-        inputs = model_inputs(batch, config, next(model.parameters()).dtype)
+        inputs = model_inputs(batch, config, loaded.model, packed=False)
         loss = model(**inputs).loss
         loss.backward()
         torch.nn.utils.clip_grad_norm_(trainable, 1.0)

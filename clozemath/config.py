@@ -50,7 +50,8 @@ class ModelConfig(_Strict):
     """Override the tokenizer's end-of-sequence token (SmolLM2's GGUF names `<|im_start|>`; its turns end `<|im_end|>`)."""
     dtype: Literal["auto", "float32", "bfloat16"] = "auto"
     """auto: bfloat16 on GPU, float32 on CPU."""
-    attn_implementation: Literal["sdpa", "flex_attention", "eager"] = "sdpa"
+    attn_implementation: Literal["auto", "sdpa", "flex_attention", "eager"] = "auto"
+    """auto: flex_attention to train on a GPU (block-sparse masks for packed rows), sdpa otherwise."""
     lora: LoraConfig = LoraConfig()
 
     @model_validator(mode="after")
@@ -124,6 +125,15 @@ class TrainConfig(_Strict):
     output_dir: str = "runs"
     fail_at_step: int | None = None
     """Test hook: rank 0 raises once when it reaches this step (exercises restart and resume)."""
+    pack_tokens: int | Literal["auto"] | None = "auto"
+    """Pack the samples into rows of this many tokens, one row a micro-batch (`micro_batch_size` then does not
+    apply). auto: on a GPU, sized to its free memory (`clozemath.train.packing`); on CPU, no packing. None: one
+    sample a row, `micro_batch_size` rows padded to the longest."""
+    compile: bool | Literal["auto"] = "auto"
+    """Compile each decoder layer (torch.compile, fixed shapes). auto: when packing on a GPU under ZeRO-2."""
+    report_every: int = 10
+    """Steps between the workers' reports to Ray Train (a checkpoint or an evaluation reports at once); every step's
+    metrics still reach MLflow."""
 
 
 class EvalSetConfig(_Strict):

@@ -33,6 +33,7 @@ from clozemath.errors import ClozeMathError
 from clozemath.model.load import load_tokenizer
 from ray_jobs.cluster import init_ray, user_error
 from ray_jobs.run import progress, run_experiment
+from ray_jobs.train import STEPS_KEY
 
 
 class TuneProgress(TuneReportCallback):
@@ -44,7 +45,8 @@ class TuneProgress(TuneReportCallback):
 
     def after_report(self, run_context: Any, metrics: list[dict[str, Any]], checkpoint: Any) -> None:
         if checkpoint is not None or any(name.startswith("eval/") for name in metrics[0]):
-            super().after_report(run_context, metrics, checkpoint)
+            last_steps = [{name: value for name, value in m.items() if name != STEPS_KEY} for m in metrics]
+            super().after_report(run_context, last_steps, checkpoint)
 
 
 class QuietUserErrors(logging.Filter):

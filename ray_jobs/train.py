@@ -38,11 +38,14 @@ from clozemath import tracking
 from clozemath.config import ExperimentConfig
 from clozemath.errors import ClozeMathError
 from clozemath.eval.during_training import evaluate_step, step_evaluation
-from clozemath.train.loop import ADAPTER_DIR, StepMetrics, all_ranks_sum, plan_steps
+from clozemath.train.loop import ADAPTER_DIR, StepMetrics, all_ranks_sum, eager_inference, plan_steps
 from ray_jobs.preprocess import Prepared
 
 KEEP_CHECKPOINTS = 1
 """The latest is all a restart needs (and the last one holds the adapter)."""
+STEPS_KEY = "steps"
+"""A report's key holding the metrics of every step since the previous report (the report's own values are the
+last step's)."""
 
 
 def usable_cores() -> int:
@@ -69,14 +72,25 @@ def train_worker(settings: dict[str, Any]) -> None:
     evaluation = step_evaluation(config)
     context = ray.train.get_context()
 
+    pending: list[dict[str, Any]] = []
+
     def report(metrics: StepMetrics, checkpoint: Path | None) -> None:
+        """Every step's metrics, reported to Ray in batches (a report waits for the controller's poll)."""
         values = metrics.as_dict()
         if evaluation is not None and evaluation.due(metrics.step, metrics.total_steps):
-            values |= evaluate_step(
-                evaluation, loaded, config, context.get_world_rank(), context.get_world_size(),
-                lambda counts: all_ranks_sum(counts, device),
+            with eager_inference(loaded.model):
+                values |= evaluate_step(
+                    evaluation, loaded, config, context.get_world_rank(), context.get_world_size(),
+                    lambda counts: all_ranks_sum(counts, device),
+                )
+        pending.append(values)
+        due = metrics.step % config.train.report_every == 0 or metrics.step == metrics.total_steps
+        if checkpoint is not None or due or any(name.startswith("eval/") for name in values):
+            ray.train.report(
+                {**values, STEPS_KEY: list(pending)},
+                checkpoint=Checkpoint.from_directory(checkpoint) if checkpoint else None,
             )
-        ray.train.report(values, checkpoint=Checkpoint.from_directory(checkpoint) if checkpoint else None)
+            pending.clear()
 
     latest = ray.train.get_checkpoint()
     with latest.as_directory() if latest is not None else nullcontext(None) as resume_from:
@@ -102,8 +116,10 @@ class ForwardMetrics(UserCallback):
 
     def after_report(self, run_context: Any, metrics: list[dict[str, Any]], checkpoint: Checkpoint | None) -> None:
         reported = metrics[0]
+        for step in reported[STEPS_KEY]:
+            logged = {name: value for name, value in step.items() if name.startswith(("train/", "eval/"))}
+            tracking.log_metrics(self.tracking_uri, self.run_id, step["step"], logged)
         values = {name: value for name, value in reported.items() if name.startswith(("train/", "eval/"))}
-        tracking.log_metrics(self.tracking_uri, self.run_id, reported["step"], values)
         accuracies = "".join(
             f"  {name.removeprefix('eval/').removesuffix('/accuracy')} {value:.1%}"
             for name, value in values.items() if name.startswith("eval/") and name.endswith("/accuracy")
@@ -118,13 +134,15 @@ class ForwardMetrics(UserCallback):
 
 def use_gpu(config: ExperimentConfig) -> bool:
     if config.train.use_gpu == "auto":
-        return ray.cluster_resources().get("GPU", 0) >= config.train.num_workers
+        return ray.is_initialized() and ray.cluster_resources().get("GPU", 0) >= config.train.num_workers
     return config.train.use_gpu
 
 
 def check_plan(config: ExperimentConfig, prepared: Prepared) -> None:
     """Refuse, before any worker starts, what would fail in every worker (and again after each restart)."""
-    plan_steps(prepared.num_rows // config.train.num_workers, config.train)
+    rows = prepared.num_rows // config.train.num_workers
+    packing = config.train.pack_tokens is not None and (config.train.pack_tokens != "auto" or use_gpu(config))
+    plan_steps(rows if packing else rows // config.train.micro_batch_size, config.train)  # a packed row: >= 1 sample
     fail_at = config.train.fail_at_step
     if fail_at is not None and fail_at <= config.train.checkpoint_every:
         raise ClozeMathError(

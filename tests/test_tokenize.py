@@ -146,11 +146,12 @@ def test_collate_pads_on_the_right_and_ignores_padding_in_the_labels() -> None:
     batch = collate(rows, pad_id=tokenizer.pad_token_id)
     width = max(len(r["input_ids"]) for r in rows)
     assert batch["input_ids"].shape == batch["labels"].shape == batch["attention_mask"].shape == (5, width)
-    assert batch["prefix_len"].tolist() == [r["prefix_len"] for r in rows]
+    assert batch["prefix_mask"].sum(dim=1).tolist() == [r["prefix_len"] for r in rows]
     for row, item in enumerate(rows):
         n = len(item["input_ids"])
         assert batch["input_ids"][row, :n].tolist() == item["input_ids"]
         assert batch["attention_mask"][row].tolist() == [1] * n + [0] * (width - n)
+        assert batch["prefix_mask"][row].tolist() == [True] * item["prefix_len"] + [False] * (width - item["prefix_len"])
         assert bool((batch["input_ids"][row, n:] == tokenizer.pad_token_id).all())
         ignored = (batch["labels"][row] == -100).nonzero().flatten().tolist()
         assert ignored == list(range(item["prefix_len"])) + list(range(n, width))

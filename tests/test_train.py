@@ -100,7 +100,7 @@ def padding(lengths: list[int], batches: list[list[int]]) -> int:
 def test_target_loss_equals_the_models_own_loss_and_gradients(tied: bool, method: str) -> None:
     model = tiny_peft_model(tied=tied).eval()  # no dropout: both passes see the same network
     batch = collate(copy_rows(6, seed=3), PAD)
-    inputs = model_inputs(batch, experiment(method), torch.float32)
+    inputs = model_inputs(batch, experiment(method), model, packed=False)
     ours = TargetLoss(model)(**inputs)
     ours.backward()
     ours_grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.requires_grad}

@@ -187,18 +187,35 @@ def encode_sample(
 
 
 def collate(batch: Sequence[dict[str, Any]], pad_id: int) -> dict[str, torch.Tensor]:
-    """Right-padded tensors: input_ids, labels (-100 on padding), attention_mask, prefix_len."""
-    width = max(len(row["input_ids"]) for row in batch)
-    input_ids = torch.full((len(batch), width), pad_id, dtype=torch.long)
-    labels = torch.full((len(batch), width), IGNORE_INDEX, dtype=torch.long)
-    attention_mask = torch.zeros((len(batch), width), dtype=torch.long)
-    for row, item in enumerate(batch):
-        length = len(item["input_ids"])
-        input_ids[row, :length] = torch.as_tensor(item["input_ids"])
-        labels[row, :length] = torch.as_tensor(item["labels"])
-        attention_mask[row, :length] = 1
-    prefix_len = torch.tensor([int(item["prefix_len"]) for item in batch], dtype=torch.long)
-    return {"input_ids": input_ids, "labels": labels, "attention_mask": attention_mask, "prefix_len": prefix_len}
+    """One sample a row, right-padded to the longest (see `collate_packs`)."""
+    return collate_packs([[row] for row in batch], pad_id, width=max(len(row["input_ids"]) for row in batch))
+
+
+def collate_packs(packs: Sequence[Sequence[dict[str, Any]]], pad_id: int, width: int) -> dict[str, torch.Tensor]:
+    """Rows of `width` tokens, each holding the samples of one pack one after the other, then right padding.
+
+    `input_ids`; `labels` (-100 on prefixes and padding); `attention_mask` (0 on padding, else the number of the sample
+    in its row: 1, 2, ...; the documents of `clozemath.model.attention`); `prefix_mask` (True on each sample's prefix).
+    A sample's first token never has a label, so no sample is trained to predict across the boundary before it.
+    """
+    shape = (len(packs), width)
+    input_ids = torch.full(shape, pad_id, dtype=torch.long)
+    labels = torch.full(shape, IGNORE_INDEX, dtype=torch.long)
+    attention_mask = torch.zeros(shape, dtype=torch.long)
+    prefix_mask = torch.zeros(shape, dtype=torch.bool)
+    for row, pack in enumerate(packs):
+        start = 0
+        for document, item in enumerate(pack, start=1):
+            end = start + len(item["input_ids"])
+            if end > width:
+                raise ClozeMathError(f"a pack of {sum(len(i['input_ids']) for i in pack)} tokens exceeds its {width}")
+            input_ids[row, start:end] = torch.as_tensor(item["input_ids"])
+            labels[row, start:end] = torch.as_tensor(item["labels"])
+            labels[row, start] = IGNORE_INDEX
+            attention_mask[row, start:end] = document
+            prefix_mask[row, start : start + int(item["prefix_len"])] = True
+            start = end
+    return {"input_ids": input_ids, "labels": labels, "attention_mask": attention_mask, "prefix_mask": prefix_mask}
 
 
 def num_sentinels_needed(samples: Iterable[Sample]) -> int:

@@ -1,8 +1,11 @@
-"""PrefixLM attention: bidirectional among the prefix positions, causal after; padding never attended.
+"""PrefixLM attention over rows that hold one or several samples (packing): bidirectional among a sample's prefix
+positions, causal after, never across samples; padding never attended.
 
-A sequence is described by two [batch, seq] tensors: `attention_mask` (1 for real tokens, 0 for padding, on either
-side) and `prefix_mask` (True at the positions of the bidirectional prefix; all False gives a causal mask).
-The rule lives in one `mask_mod` (FlexAttention's form); the dense masks for sdpa/eager evaluate the same function.
+A batch is described by two [batch, seq] tensors: `attention_mask` (0 for padding; otherwise the number of the
+sample, the *document*, a position belongs to: 1 everywhere in an unpacked row, 1, 2, 3, ... along a packed row)
+and `prefix_mask` (True at the positions of each document's bidirectional prefix; all False gives causal
+attention). A plain 0/1 padding mask is the one-document case. The rule lives in one `mask_mod` (FlexAttention's
+form); the dense masks for sdpa/eager evaluate the same function.
 """
 
 from __future__ import annotations
@@ -17,22 +20,25 @@ MaskMod = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], tor
 
 
 def prefix_mask_from_lengths(prefix_len: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-    """True at the first `prefix_len[b]` real (non-padding) positions of each row, wherever its padding lies."""
-    real_rank = attention_mask.long().cumsum(dim=1) - 1  # index of each real token among the row's real tokens
+    """True at the first `prefix_len[b]` real (non-padding) positions of each one-document row, wherever its padding
+    lies."""
+    real_rank = attention_mask.bool().long().cumsum(dim=1) - 1  # index of each real token among the row's real tokens
     return attention_mask.bool() & (real_rank < prefix_len.to(real_rank.device).unsqueeze(1))
 
 
 def prefix_lm_mask_mod(attention_mask: torch.Tensor, prefix_mask: torch.Tensor) -> MaskMod:
     """FlexAttention `mask_mod(batch, head, q, kv)`: may query q attend key kv.
 
-    A query always sees itself, so that a padding query has a non-empty row (no NaN); real queries never see padding.
+    Only within one document; there causal, or both ways between two prefix positions. A query always sees itself,
+    so that a padding query has a non-empty row (no NaN); real queries never see padding.
     """
-    real = attention_mask.bool()
-    prefix = prefix_mask.bool() & real
+    documents = attention_mask.long()
+    prefix = prefix_mask.bool() & attention_mask.bool()
 
     def mask_mod(b: torch.Tensor, h: torch.Tensor, q: torch.Tensor, kv: torch.Tensor) -> torch.Tensor:
+        same_document = (documents[b, q] == documents[b, kv]) & (documents[b, kv] > 0)
         visible = (q >= kv) | (prefix[b, q] & prefix[b, kv])
-        return (visible & real[b, kv]) | (q == kv)
+        return (same_document & visible) | (q == kv)
 
     return mask_mod
 
@@ -59,15 +65,25 @@ def additive_mask(attention_mask: torch.Tensor, prefix_mask: torch.Tensor, dtype
 
 
 def block_mask(attention_mask: torch.Tensor, prefix_mask: torch.Tensor) -> BlockMask:
-    """The same rule as a FlexAttention BlockMask (one per batch row, shared by all heads)."""
+    """The same rule as a FlexAttention BlockMask (one per batch row, shared by all heads).
+
+    On a GPU the block map is built by a compiled kernel (`_compile`), without materialising the dense
+    [seq, seq] mask: a packed row of 16k tokens would need 256M booleans per row."""
     batch, seq = attention_mask.shape
     mask_mod = prefix_lm_mask_mod(attention_mask, prefix_mask)
-    return create_block_mask(mask_mod, batch, None, seq, seq, device=attention_mask.device)
+    on_gpu = attention_mask.device.type == "cuda"
+    return create_block_mask(mask_mod, batch, None, seq, seq, device=attention_mask.device, _compile=on_gpu)
 
 
 def position_ids_for(attention_mask: torch.Tensor) -> torch.Tensor:
-    """Positions counted over real tokens only, so that left padding does not shift a row's positions."""
-    return (attention_mask.long().cumsum(dim=1) - 1).clamp_(min=0)
+    """Positions that restart at every document (a packed row's samples each start at 0); padding on the left of a
+    row does not shift its positions."""
+    documents = attention_mask.long()
+    positions = torch.arange(documents.shape[1], device=documents.device).expand_as(documents)
+    starts = torch.ones_like(documents, dtype=torch.bool)
+    starts[:, 1:] = documents[:, 1:] != documents[:, :-1]
+    first = torch.where(starts, positions, torch.zeros_like(positions)).cummax(dim=1).values
+    return positions - first
 
 
 def attention_inputs(
@@ -78,9 +94,10 @@ def attention_inputs(
 ) -> dict[str, Any]:
     """Keyword arguments (`attention_mask`, `position_ids`) for a transformers causal LM over whole sequences.
 
-    `prefix_mask=None` means causal attention: the 2D padding mask is passed and the model builds its own (fastest)
-    causal mask. Otherwise a 4D mask: additive float for sdpa/eager (`dtype` = the model's compute dtype), a
-    BlockMask for flex_attention. transformers passes a 4D mask or a BlockMask through untouched.
+    `prefix_mask=None` means causal attention over one-document rows: the 2D padding mask is passed and the model
+    builds its own (fastest) causal mask. Otherwise (PrefixLM, or a packed row, whose causal mask is all-False
+    `prefix_mask`) a 4D mask: additive float for sdpa/eager (`dtype` = the model's compute dtype), a BlockMask for
+    flex_attention. transformers passes a 4D mask or a BlockMask through untouched.
     """
     if prefix_mask is None:
         mask: torch.Tensor | BlockMask = attention_mask

@@ -115,7 +115,15 @@ def compute_dtype(cfg: ModelConfig, device: torch.device | str) -> torch.dtype:
     return getattr(torch, cfg.dtype)
 
 
-def _random_model(cfg: ModelConfig, tokenizer: PreTrainedTokenizerBase) -> PreTrainedModel:
+def attention_implementation(cfg: ModelConfig, device: torch.device | str, training: bool) -> str:
+    """`auto`: flex_attention to train on a GPU (packed rows need its block-sparse document masks; it has no backward
+    on CPU), sdpa otherwise (decoding's dense PrefixLM prompt masks)."""
+    if cfg.attn_implementation != "auto":
+        return cfg.attn_implementation
+    return "flex_attention" if training and torch.device(device).type == "cuda" else "sdpa"
+
+
+def _random_model(cfg: ModelConfig, tokenizer: PreTrainedTokenizerBase, attn_implementation: str) -> PreTrainedModel:
     """A Llama from `cfg.random_init`, vocabulary sized to the tokenizer, seeded (built on CPU, so any device agrees)."""
     settings = dict(cfg.random_init or {})
     seed = int(settings.pop("seed", SEED))
@@ -124,7 +132,7 @@ def _random_model(cfg: ModelConfig, tokenizer: PreTrainedTokenizerBase) -> PreTr
         bos_token_id=tokenizer.bos_token_id,
         eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id,
-        attn_implementation=cfg.attn_implementation,
+        attn_implementation=attn_implementation,
         **settings,
     )
     with torch.random.fork_rng(devices=[]):
@@ -132,14 +140,14 @@ def _random_model(cfg: ModelConfig, tokenizer: PreTrainedTokenizerBase) -> PreTr
         return LlamaForCausalLM(config)
 
 
-def _pretrained_model(cfg: ModelConfig, dtype: torch.dtype) -> PreTrainedModel:
+def _pretrained_model(cfg: ModelConfig, dtype: torch.dtype, attn_implementation: str) -> PreTrainedModel:
     location, gguf_file = _checked_location(cfg.path, cfg.gguf_file)
     return _from_pretrained(
         AutoModelForCausalLM,
         location,
         gguf_file=gguf_file,
         dtype=dtype,
-        attn_implementation=cfg.attn_implementation,
+        attn_implementation=attn_implementation,
     )
 
 
@@ -223,10 +231,11 @@ def load_model(
     tokenizer = load_tokenizer(cfg)
     specials = install_special_tokens(tokenizer, num_sentinels, cfg.eos_token)
     dtype = compute_dtype(cfg, device)
+    implementation = attention_implementation(cfg, device, training)
     if cfg.random_init is not None:
-        model = _random_model(cfg, tokenizer).to(dtype=dtype)
+        model = _random_model(cfg, tokenizer, implementation).to(dtype=dtype)
     else:
-        model = _pretrained_model(cfg, dtype)
+        model = _pretrained_model(cfg, dtype, implementation)
     _fit_vocabulary(model, tokenizer)
     _use_tokenizer_ids(model, tokenizer)
     model.to(device)

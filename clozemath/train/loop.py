@@ -7,7 +7,8 @@ of times. The last checkpoint also holds the trained adapter in `adapter/` (writ
 final checkpoint is its result.
 
 Resuming is exact. The data order is a pure function of (seed, epoch, rank, the rows): a seeded permutation per
-epoch, read as an endless stream of micro-batches; everything random within a step (dropout, MFT noise) is drawn
+epoch (laid into packed rows, `clozemath.train.packing`, or cut into padded micro-batches), read as an endless stream
+of micro-batches; everything random within a step (dropout, MFT noise) is drawn
 after seeding with (seed, step, rank). A checkpoint holds the engine state (trainable weights, optimizer
 partitions, schedule), the step and the data position (the next micro-batch); a resumed run redoes no step and
 ends at the planned number of optimizer steps whatever happened on the way.
@@ -31,10 +32,11 @@ import torch.distributed as dist
 
 from clozemath.config import ExperimentConfig, TrainConfig
 from clozemath.data.objectives import apply_mft_noise, mft_rate
-from clozemath.data.tokenize import IGNORE_INDEX, MASK, SpecialTokens, collate
+from clozemath.data.tokenize import IGNORE_INDEX, MASK, SpecialTokens, collate_packs
 from clozemath.errors import ClozeMathError
-from clozemath.model.attention import attention_inputs, prefix_mask_from_lengths
+from clozemath.model.attention import attention_inputs
 from clozemath.model.load import save_adapter
+from clozemath.train.packing import auto_pack_tokens, epoch_packs, packs_needed
 
 CHECKPOINT_TAG = "state"
 """DeepSpeed's tag (sub-folder) for the engine state inside a checkpoint folder."""
@@ -84,16 +86,35 @@ class Plan:
     warmup_steps: int
 
 
-def plan_steps(num_rows: int, train: TrainConfig) -> Plan:
-    """Steps of the whole run from one worker's row count (every rank must get the same count)."""
-    per_epoch = num_rows // train.micro_batch_size
+def plan_steps(per_epoch: int, train: TrainConfig) -> Plan:
+    """Steps of the whole run from one worker's micro-batches per epoch (every rank must get the same count)."""
     if per_epoch < train.grad_accum:
         raise ClozeMathError(
-            f"too few training samples: {num_rows} per worker cannot fill one step of "
-            f"train.micro_batch_size={train.micro_batch_size} x train.grad_accum={train.grad_accum}"
+            f"too few training samples: {per_epoch} micro-batches per worker cannot fill one step of "
+            f"train.grad_accum={train.grad_accum} (train.micro_batch_size={train.micro_batch_size}, "
+            f"train.pack_tokens={train.pack_tokens})"
         )
     total = train.max_steps or max(1, int(train.epochs * per_epoch) // train.grad_accum)
     return Plan(per_epoch, total, warmup_steps=math.ceil(train.warmup_ratio * total))
+
+
+def pack_budget(train: TrainConfig, model: torch.nn.Module, lengths: Sequence[int]) -> int | None:
+    """Tokens of a packed row, or None for padded micro-batches (`train.pack_tokens`; auto packs on a GPU only)."""
+    if train.pack_tokens != "auto":
+        return train.pack_tokens
+    device = next(model.parameters()).device
+    if device.type != "cuda":
+        return None
+    free, _ = torch.cuda.mem_get_info(device)
+    return auto_pack_tokens(model.config, free, max(lengths, default=1))
+
+
+def micro_batches_per_epoch(lengths: Sequence[int], train: TrainConfig, budget: int | None, device: torch.device) -> int:
+    """The same on every rank: padded micro-batches of the smallest shard (the others drop their extra rows), or
+    the packed rows of the largest (the others spread their samples over as many rows)."""
+    if budget is None:
+        return all_ranks_reduce(len(lengths) // train.micro_batch_size, dist.ReduceOp.MIN, device)
+    return all_ranks_reduce(packs_needed(lengths, budget), dist.ReduceOp.MAX, device)
 
 
 def deepspeed_config(train: TrainConfig, bf16: bool) -> dict[str, Any]:
@@ -215,31 +236,78 @@ def epoch_micro_batches(
 
 
 def micro_batch_rows(
-    lengths: Sequence[int], plan: Plan, train: TrainConfig, seed: int, start: int
+    lengths: Sequence[int], plan: Plan, train: TrainConfig, budget: int | None, seed: int, start: int
 ) -> Iterator[list[int]]:
-    """Row indices of micro-batch `start`, `start + 1`, ... of the endless stream of epochs."""
+    """Row indices of micro-batch `start`, `start + 1`, ... of the endless stream of epochs (with packing, a
+    micro-batch is one packed row)."""
     index = start
     while True:
         epoch, offset = divmod(index, plan.micro_batches_per_epoch)
-        batches = epoch_micro_batches(
-            lengths, plan.micro_batches_per_epoch, train.micro_batch_size, seed, epoch, train.group_by_length
-        )
+        if budget is None:
+            batches = epoch_micro_batches(
+                lengths, plan.micro_batches_per_epoch, train.micro_batch_size, seed, epoch, train.group_by_length
+            )
+        else:
+            batches = epoch_packs(lengths, budget, plan.micro_batches_per_epoch, seed, epoch)
         yield from batches[offset:]
         index = (epoch + 1) * plan.micro_batches_per_epoch
 
 
+def micro_batch(rows: Sequence[Mapping[str, Any]], indices: list[int], budget: int | None, pad_id: int) -> dict[str, torch.Tensor]:
+    """The tensors of one micro-batch: one packed row of `budget` tokens, or one sample a row padded to the longest."""
+    samples = [rows[i] for i in indices]
+    if budget is not None:
+        return collate_packs([samples], pad_id, width=budget)
+    return collate_packs([[sample] for sample in samples], pad_id, width=max(len(s["input_ids"]) for s in samples))
+
+
 def model_inputs(
-    batch: Mapping[str, torch.Tensor], config: ExperimentConfig, dtype: torch.dtype
+    batch: Mapping[str, torch.Tensor], config: ExperimentConfig, model: torch.nn.Module, packed: bool
 ) -> dict[str, torch.Tensor | Any]:
-    """Forward arguments: the batch with the method's attention mask (PrefixLM from `prefix_len`, or causal)."""
-    attention_mask = batch["attention_mask"]
-    prefix_mask = (
-        prefix_mask_from_lengths(batch["prefix_len"], attention_mask)
-        if config.method.attention == "prefix_lm"
-        else None
-    )
-    masks = attention_inputs(config.model.attn_implementation, attention_mask, prefix_mask, dtype)
+    """Forward arguments: the batch with the method's attention mask (PrefixLM, or causal) in the form the model's
+    attention implementation takes. A causal one-sample-a-row batch passes its padding mask alone (the model's own
+    causal mask is the fastest); packed rows always need the document mask."""
+    prefix_mask: torch.Tensor | None = batch["prefix_mask"]
+    if config.method.attention != "prefix_lm":
+        prefix_mask = torch.zeros_like(prefix_mask) if packed else None
+    implementation = model.config._attn_implementation
+    dtype = next(model.parameters()).dtype
+    masks = attention_inputs(implementation, batch["attention_mask"], prefix_mask, dtype)
     return {"input_ids": batch["input_ids"], "labels": batch["labels"], **masks}
+
+
+def should_compile(train: TrainConfig, budget: int | None, device: torch.device) -> bool:
+    """`train.compile`; auto: packed rows (one shape) on a GPU under ZeRO-2 (ZeRO-3 gathers each layer's weights
+    in module hooks, which a compiled layer would trace)."""
+    if train.compile != "auto":
+        return train.compile
+    return device.type == "cuda" and budget is not None and train.zero_stage == 2
+
+
+def decoder_layers(model: torch.nn.Module) -> torch.nn.ModuleList:
+    causal_lm = model.get_base_model() if hasattr(model, "get_base_model") else model
+    return causal_lm.get_decoder().layers
+
+
+def compile_decoder_layers(model: torch.nn.Module) -> None:
+    """Regional compilation: each decoder layer (with its LoRA adapters) compiled in place, fixed shapes. The layers
+    share one compiled graph (their weights are its inputs), so compiling costs about one layer's time; the
+    embedding and the loss stay eager (the loss's shape follows the number of target tokens)."""
+    for layer in decoder_layers(model):
+        layer.compile(dynamic=False)
+
+
+@contextmanager
+def eager_inference(model: torch.nn.Module) -> Iterator[None]:
+    """Decoding with a training model: compiled layers run eagerly (decoding's shapes change every call) and attention
+    is sdpa (decoding's dense PrefixLM prompt masks); both restored afterwards."""
+    implementation = model.config._attn_implementation
+    model.set_attn_implementation("sdpa")
+    try:
+        with torch.compiler.set_stance("force_eager"):
+            yield
+    finally:
+        model.set_attn_implementation(implementation)
 
 
 def step_seed(seed: int, step: int, rank: int) -> int:
@@ -268,10 +336,10 @@ def all_ranks_sum(values: list[float], device: torch.device) -> list[float]:
     return tensor.tolist()
 
 
-def all_ranks_min(value: int, device: torch.device) -> int:
+def all_ranks_reduce(value: int, op: dist.ReduceOp, device: torch.device) -> int:
     tensor = torch.tensor([value], dtype=torch.int64, device=device)
     if dist.get_world_size() > 1:
-        dist.all_reduce(tensor, op=dist.ReduceOp.MIN)
+        dist.all_reduce(tensor, op=op)
     return int(tensor.item())
 
 
@@ -297,15 +365,17 @@ def load_checkpoint(engine: Any, folder: Path, plan: Plan) -> tuple[int, int]:
 
 @dataclass
 class _StepTally:
-    loss: float = 0.0
+    """One step's sums; the loss stays on the device (reading it would wait for the GPU every micro-batch)."""
+
+    loss: torch.Tensor | float = 0.0
     micro_batches: int = 0
     tokens: int = 0
     positions: int = 0
 
-    def add(self, loss: float, attention_mask: torch.Tensor) -> None:
-        self.loss += loss
+    def add(self, loss: torch.Tensor, attention_mask: torch.Tensor) -> None:
+        self.loss = self.loss + loss.detach().float()
         self.micro_batches += 1
-        self.tokens += int(attention_mask.sum())
+        self.tokens += int((attention_mask > 0).sum())
         self.positions += attention_mask.numel()
 
 
@@ -326,16 +396,19 @@ def train(
     train_cfg = config.train
     vocab_size = model.config.vocab_size
     mask_id = specials.ids[MASK]
-    dtype, device = next(model.parameters()).dtype, next(model.parameters()).device
-    if device.type == "cpu" and config.model.attn_implementation == "flex_attention":
+    device = next(model.parameters()).device
+    if device.type == "cpu" and model.config._attn_implementation == "flex_attention":
         raise ClozeMathError("model.attn_implementation=flex_attention cannot train on CPU (no backward there): use sdpa")
     init_distributed(device)
     rank = dist.get_rank()
-    plan = plan_steps(all_ranks_min(len(rows), device), train_cfg)  # the same on every rank, or collectives hang
+    lengths = [len(row["input_ids"]) for row in rows]
+    budget = pack_budget(train_cfg, model, lengths)
+    plan = plan_steps(micro_batches_per_epoch(lengths, train_cfg, budget, device), train_cfg)
+    if should_compile(train_cfg, budget, device):
+        compile_decoder_layers(model)
     engine = build_engine(model, train_cfg, plan.total_steps, plan.warmup_steps)
     step, next_micro_batch = load_checkpoint(engine, resume_from, plan) if resume_from is not None else (0, 0)
-    lengths = [len(row["input_ids"]) for row in rows]
-    batches = micro_batch_rows(lengths, plan, train_cfg, seed=train_cfg.seed * 1009 + rank, start=next_micro_batch)
+    batches = micro_batch_rows(lengths, plan, train_cfg, budget, seed=train_cfg.seed * 1009 + rank, start=next_micro_batch)
     engine.train()
     while step < plan.total_steps:
         if train_cfg.fail_at_step == step + 1 and resume_from is None and rank == 0:
@@ -343,16 +416,17 @@ def train(
         started, tally = time.perf_counter(), _StepTally()
         torch.manual_seed(step_seed(train_cfg.seed, step, rank))  # dropout: a function of the step, as the data
         for _ in range(train_cfg.grad_accum):
-            batch = collate([rows[i] for i in next(batches)], pad_id)
+            batch = micro_batch(rows, next(batches), budget, pad_id)
             batch = noised(batch, config, step, plan.total_steps, mask_id, vocab_size)
-            inputs = model_inputs({k: v.to(device) for k, v in batch.items()}, config, dtype)
+            inputs = model_inputs({k: v.to(device, non_blocking=True) for k, v in batch.items()}, config, model,
+                                  packed=budget is not None)
             loss = engine(**inputs)
             engine.backward(loss)
             engine.step()
-            tally.add(float(loss.detach()), batch["attention_mask"])
+            tally.add(loss, batch["attention_mask"])
         step += 1
         loss_sum, micro_batches, tokens, positions = all_ranks_sum(
-            [tally.loss, tally.micro_batches, tally.tokens, tally.positions], device
+            [float(tally.loss), tally.micro_batches, tally.tokens, tally.positions], device
         )
         metrics = StepMetrics(
             step=step,
