@@ -59,6 +59,8 @@ class StepMetrics:
     epoch: float
     loss: float
     lr: float
+    tokens: int
+    """Real (non-padding) tokens of all ranks in this step."""
     tokens_per_s: float
     """Real (non-padding) tokens of all ranks per second of this step."""
     pad_share: float
@@ -434,6 +436,7 @@ def train(
             epoch=step * train_cfg.grad_accum / plan.micro_batches_per_epoch,
             loss=loss_sum / micro_batches,
             lr=engine.get_lr()[0],
+            tokens=int(tokens),
             tokens_per_s=tokens / (time.perf_counter() - started),
             pad_share=1.0 - tokens / positions,
         )
