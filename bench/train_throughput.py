@@ -85,7 +85,7 @@ def real_rows(model: ModelConfig, problems: int) -> tuple[list[dict[str, Any]], 
 def experiment(model: ModelConfig, mode: str, args: argparse.Namespace) -> ExperimentConfig:
     attention = "causal" if mode.endswith("causal") or mode.startswith("hf-causal") else "prefix_lm"
     implementation = "flex_attention" if mode.endswith("flex") else "sdpa"
-    packing = {"pack_tokens": args.pack_tokens, "compile": "auto"} if mode == "packed" else {"pack_tokens": None}
+    packing = {"pack_tokens": args.pack_tokens, "compile": args.compile} if mode == "packed" else {"pack_tokens": None}
     return ExperimentConfig(
         name=f"bench-{mode}",
         model=model if mode == "packed" else model.model_copy(update={"attn_implementation": implementation}),
@@ -258,6 +258,10 @@ def main() -> None:
     parser.add_argument("--prefix-share", type=float, default=0.66)
     parser.add_argument("--pack-tokens", type=lambda v: v if v == "auto" else int(v), default="auto",
                         help="packed mode's train.pack_tokens (default: %(default)s)")
+    parser.add_argument("--compile", type=lambda v: v if v == "auto" else v == "on", default="auto",
+                        help="packed mode's train.compile: auto, on or off (default: %(default)s)")
+    parser.add_argument("--no-cudnn-sdpa", action="store_true",
+                        help="keep sdpa off cuDNN (which builds a new plan for every new shape of a padded batch)")
     parser.add_argument("--modes", default=",".join(MODES), help="comma-separated (default: %(default)s)")
     parser.add_argument("--out", help="also write the markdown table to this file")
     parser.add_argument("--profile", type=Path, help="write each mode's profile (top operations) into this folder")
@@ -267,6 +271,8 @@ def main() -> None:
     args = parser.parse_args()
 
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if args.no_cudnn_sdpa:
+        torch.backends.cuda.enable_cudnn_sdp(False)
     device_name = torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU"
     model = ModelConfig.model_validate(read_yaml(ROOT / "configs" / "models" / f"{args.model}.yaml"))
     lora = {"rank": 32, "alpha": 64, "train_special_tokens": not args.no_special_rows}
@@ -291,6 +297,8 @@ def main() -> None:
         config = experiment(model, mode, args)
         results[mode] = measure(mode, run, config, rows, sentinels, device, args.warmup, args.profile)
         print(f"{mode}: {results[mode]}", flush=True)
+        if torch._dynamo.utils.counters["stats"]["unique_graphs"]:
+            print(f"{mode} compile: {torch._dynamo.utils.compile_times()}", flush=True)
         report = table(results, args, device_name, model, described)
         if args.out:
             Path(args.out).write_text(report + "\n")
