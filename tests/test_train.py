@@ -259,8 +259,10 @@ def test_zero2_run_learns_and_is_tracked(workdir: Path, ray_session: None) -> No
 
 @pytest.mark.slow
 def test_zero3_worker_failure_resumes_from_checkpoint(workdir: Path, ray_session: None) -> None:
-    """Rank 0 fails before step 6; the workers restart from the step-4 checkpoint and stop at step 8."""
-    config = smoke_config(workdir, "name=smoke_zero3", "train.zero_stage=3", "train.fail_at_step=6", "eval.sets=[]")
+    """Rank 0 fails before step 6; the workers restart from the step-4 checkpoint and stop at step 8. (Reporting every
+    step, the failed attempt's step 5 reaches MLflow too, to be compared with the resumed one.)"""
+    config = smoke_config(workdir, "name=smoke_zero3", "train.zero_stage=3", "train.fail_at_step=6", "eval.sets=[]",
+                          "train.report_every=1")
     assert config.train.checkpoint_every == 4 and config.train.max_steps == 8
     outcome = run_experiment(config)
 
