@@ -48,9 +48,14 @@ def gsm8k() -> list[Problem]:
 
 
 def lm_text(problem: Problem) -> str:
-    """What an LM sample reads, prompt to end: the reference every infilling sample must restore."""
+    """What an infilling sample restores, prompt to end: the LM sample's text less GSM8K's `#### N` line."""
     segments = segment_solution(problem.dataset, problem.solution)
-    return f"{format_prompt(DATA.prompt_template, problem.question)} {''.join(s.text for s in segments)}"
+    solution = "".join(s.text for s in segments)
+    if problem.dataset == "gsm8k":
+        body, answer_line = solution.rsplit("\n", 1)
+        assert answer_line == f"#### {problem.solution.rsplit('#### ', 1)[1]}"
+        solution = body
+    return f"{format_prompt(DATA.prompt_template, problem.question)} {solution}"
 
 
 def target_pieces(sample: Sample) -> list[tuple[int, str]]:
@@ -99,6 +104,20 @@ def test_every_gsm8k_cloze_sample_hides_exactly_the_equations_it_asks_for() -> N
             assert [k for k, _ in target_pieces(sample)] == in_prefix
             assert [text for _, text in target_pieces(sample)] == expected
             assert restored(sample) == lm_text(problem)
+
+
+@pytest.mark.parametrize("method", [CLOZEMATH, random_span_method(LONG)], ids=["clozemath", "random_span"])
+def test_no_gsm8k_infilling_prefix_shows_the_final_answer_line_and_every_lm_sample_ends_with_it(
+    method: MethodConfig,
+) -> None:
+    for problem in gsm8k()[:3000]:
+        gold = problem.solution.rsplit("#### ", 1)[1]
+        for sample in build_samples(problem, method, DATA.prompt_template, 0):
+            if sample.kind == "lm":
+                assert sample.target.endswith(f"\n#### {gold}<EOS>")
+            else:
+                assert "####" not in sample.prefix + sample.target
+                assert restored(sample) == lm_text(problem)
 
 
 def test_a_solution_without_equations_gives_no_infilling_samples() -> None:

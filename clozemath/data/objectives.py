@@ -6,7 +6,8 @@ prompt (`Question: ...\\nAnswer:`) and Y the clean solution:
 - LM sample:         prefix `P<SEP>`,     target ` Y<EOS>`
 - infilling sample:  prefix `P Y'<SEP>`,  target `<M_0> a<M_1> b<EOS>`   (P and Y' joined by one space)
 
-where Y' is Y with each masked piece replaced by its sentinel (the whitespace around the piece stays in Y'), and
+where Y' is Y, less GSM8K's closing `#### N` line (it would give the always-masked last equation's result away), with
+each masked piece replaced by its sentinel (the whitespace around the piece stays in Y'), and
 a, b are the masked pieces, each written after its sentinel with exactly one space, as the LM target writes Y
 after `<SEP>`. No other whitespace is put next to a special token. A masked piece never has whitespace at its
 ends: an equation is masked without the whitespace around it, a random span runs from a word's first character
@@ -31,7 +32,7 @@ from typing import Literal
 import torch
 
 from clozemath.config import DataConfig, MethodConfig, RandomSpanConfig
-from clozemath.data.segment import Segment, equation_units, segment_solution
+from clozemath.data.segment import Segment, equation_units, segment_solution, without_final_answer
 from clozemath.data.sources import Problem
 from clozemath.data.tokenize import EOS, IGNORE_INDEX, SEP, sentinel
 from clozemath.errors import ClozeMathError
@@ -186,18 +187,21 @@ def samples_from_segments(
 ) -> list[Sample]:
     """One LM sample, then the method's infilling samples (k of them for k units of F), unbalanced.
 
-    Y is the segments joined, which segmentation guarantees to be the clean solution.
+    Y is the segments joined, which segmentation guarantees to be the clean solution. Infilling samples show Y without
+    GSM8K's `#### N` line: their last equation is always masked, and that line would give its result away.
     """
     if not method.trains:
         raise ClozeMathError(f"method '{method.name}' does not train: it has no training samples")
     solution = "".join(segment.text for segment in segments)
     samples = [lm_sample(problem_id, prompt, solution)] if "lm" in method.objectives else []
+    shown = without_final_answer(segments)  # the final answer line is text: the units' indices stay valid
     if "cloze" in method.objectives:
-        samples += cloze_samples(problem_id, prompt, segments, units, problem_rng(seed, problem_id, "cloze"))
+        samples += cloze_samples(problem_id, prompt, shown, units, problem_rng(seed, problem_id, "cloze"))
     if "random_span" in method.objectives:
         assert method.random_span is not None  # the config validator pairs the objective with its settings
         rng = problem_rng(seed, problem_id, "random_span")
-        samples += random_span_samples(problem_id, prompt, solution, len(units), method.random_span, rng)
+        shown_solution = "".join(segment.text for segment in shown)
+        samples += random_span_samples(problem_id, prompt, shown_solution, len(units), method.random_span, rng)
     return samples
 
 

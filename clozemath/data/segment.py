@@ -63,6 +63,15 @@ def segment_solution(dataset: str, solution: str) -> list[Segment]:
     return _segments(solution, _math_equations(solution))
 
 
+def without_final_answer(segments: list[Segment]) -> list[Segment]:
+    """The segments without GSM8K's closing `#### N` line (and the line break before it): what an infilling sample
+    shows, since its last equation is always masked and `#### N` would give that equation's result away."""
+    if not segments or segments[-1].kind != "text":
+        return list(segments)
+    kept = _FINAL_ANSWER_LINE.sub("", segments[-1].text)
+    return [*segments[:-1], *([Segment("text", kept)] if kept else [])]
+
+
 def equation_units(segments: list[Segment]) -> list[list[int]]:
     """The units of F in order, as segment indices: an ungrouped equation alone, or all members of one group."""
     units: list[list[int]] = []
@@ -102,6 +111,8 @@ def _segments(text: str, spans: list[_Span]) -> list[Segment]:
 # ---------------------------------------------------------------------------------------------------------------
 # GSM8K: `Natalia sold 48/2 = <<48/2=24>>24 clips` -> equation `48/2 = 24` (the annotation's place anchors it).
 
+# GSM8K's final answer line, `#### 72`, with the line break before it.
+_FINAL_ANSWER_LINE = re.compile(r"\s*####[^\n]*\s*\Z")
 # A calculator annotation, `<<48/2=24>>`; annotations never nest nor hold `<` or `>`.
 _ANNOTATION = re.compile(r"<<[^<>]*>>")
 # A number as GSM8K writes it: `1,148`, `0.2`, `.5` (thousands commas only in groups of three).
