@@ -5,8 +5,9 @@ belongs to text segments, so an equation starts and ends on a visible character.
 
 GSM8K: one equation per `<<expr=result>>` calculator annotation, the arithmetic visible around it: the expression
 left of it with its `=` and the result right of it (`48/2 = <<48/2=24>>24` gives `48/2 = 24`), or the result alone
-where no expression is visible. Currency, percent signs, thousands commas and unit words (`7 stickers/page * 6
-pages= 42`) belong to the equation; the `#### N` line is never one.
+where no expression is visible. Currency, percent signs, thousands commas and unit words, abbreviated or hyphenated
+(`7 stickers/page * 6 pages= 42`, `640 sq. ft. - 80 sq. ft. = 560`), belong to the equation; the `#### N` line is
+never one.
 
 MATH: equations are the relation-bearing (`=`, `<`, `\\le`, `\\equiv`, ...) parts of LaTeX math spans (`$..$`,
 `$$..$$`, `\\(..\\)`, `\\[..\\]`, `align`, `equation`, `eqnarray`); a span without a relation (`$x$`) is text, and so
@@ -121,18 +122,22 @@ _NUMBER = r"(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?|\.\d+"
 _CURRENCY = "$€£¢"
 # The visible result right after an annotation: `24`, `-10`, `1,148`, `.4`, `95%`, `20€`.
 _RESULT = re.compile(rf"-?(?:{_NUMBER})[%{_CURRENCY}]?")
+# A unit word: letters, with inner periods, hyphens or ampersands and an abbreviation's closing period (`pages`,
+# `sq.ft`, `ft.`, `lbs.`, `a.m.`, `time-outs`, `M&Ms`, `cm³`); a period before a capitalised word ends a sentence.
+_UNIT = r"[A-Za-z][A-Za-z²³]*(?:[-.&][A-Za-z²³]+)*(?:\.(?![ \t]+[A-Z]))?"
 # One operand of visible arithmetic: brackets, a sign, currency, then a number (`$1.25`, `20%`, `20€`, `56cm`,
-# `2E`) or a one-letter variable (`x`, `E`), then unit words and closing brackets (`7 stickers/page`, `(5280 feet/1
-# mile)`, `6 pages`).
+# `2E`) or a one-letter variable (`x`, `E`), then unit words, per-unit words, named parts in brackets and closing
+# brackets (`7 stickers/page`, `12 cookies / box`, `(5280 feet/1 mile)`, `6 pages`, `1 (Carmela)`, `(50-40)mph`).
 _OPERAND = (
-    rf"(?:[(\[][ \t]*)*-?[{_CURRENCY}]?(?:(?:{_NUMBER})[%{_CURRENCY}]?[A-Za-z]*|\b[A-Za-z]\b)"
-    r"(?:[ \t]+[A-Za-z]+|/[A-Za-z]+|[)\]])*"
+    rf"(?:[(\[][ \t]*)*-?[{_CURRENCY}]?(?:(?:{_NUMBER})[%{_CURRENCY}]?(?:{_UNIT})?|\b[A-Za-z]\b)"
+    rf"(?:[ \t]+{_UNIT}|[ \t]*/[ \t]*{_UNIT}|[ \t]*\([A-Za-z][A-Za-z ]*\)|[ \t]*[)\]](?:{_UNIT})?)*"
 )
 # An operator between operands: + - * / ^, the dashes and signs people type, `x` for times, words (`3 times 60`),
 # and `=` for chains (`x = 3*4 = 12`).
 _OPERATOR = r"[ \t]*(?:[-+*/^=×÷–−]|[xX]|\b(?:plus|minus|times|divided by|multiplied by)\b)[ \t]*"
-# Operands joined by operators, ending where the result starts, after its `=` (or `equals`).
-_EQUALS = r"[ \t]*(?:=|\bequals\b)[ \t]*\Z"
+# Operands joined by operators, ending where the result starts, after its `=` (or `equals`) and any currency or
+# percent sign written apart from the result (`=$ 100`, `= %95`).
+_EQUALS = rf"[ \t]*(?:=|\bequals\b)[ \t]*[{_CURRENCY}%]*[ \t]*\Z"
 # The expression left of an annotation; a leading operator is allowed only where the expression continues the
 # previous equation on its line (`5+5=10+2=12`).
 _EXPRESSION = re.compile(rf"{_OPERAND}(?:{_OPERATOR}{_OPERAND})*{_EQUALS}")
