@@ -68,7 +68,9 @@ class DataConfig(_Strict):
     path: str | None = None
     """A JSONL file or a folder holding `<split>.jsonl`; default `$CLOZEMATH_DATA_DIR/<dataset>/`, then the hub."""
     limit: int | None = None
-    seed: int = 0
+    seed: int | None = None
+    """Seeds which group members are masked, where random spans fall, which LM samples get an extra copy.
+    Default: `train.seed`, so that a run's seeds vary its masks as they vary its initialisation and order."""
     prompt_template: str = "Question: {question}\nAnswer:"
     max_length: int = 1024
 
@@ -188,6 +190,12 @@ class ExperimentConfig(_Strict):
     train: TrainConfig = TrainConfig()
     eval: EvalConfig = EvalConfig()
     tracking: TrackingConfig = TrackingConfig()
+
+    @model_validator(mode="after")
+    def _data_seed_follows_train_seed(self) -> ExperimentConfig:
+        if self.data.seed is None:
+            self.data = self.data.model_copy(update={"seed": self.train.seed})  # never the shared default's
+        return self
 
 
 class GridRule(_Strict):

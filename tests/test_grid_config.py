@@ -51,6 +51,13 @@ def test_paper_grid_is_the_papers_experiments() -> None:
     assert by_name["paper/model=llama-3.2-1b,method=clozemath,dataset=math,seed=2"].data.max_length == 1536
 
 
+def test_the_data_seed_follows_the_training_seed_unless_set() -> None:
+    trials = expanded(SMOKE, "axes.method=[clozemath]", "axes.dataset=[gsm8k]", "axes.train.seed=[3,4]")
+    assert sorted((t.train.seed, t.data.seed) for t in trials if t.model.name == "tiny-llama") == [(3, 3), (4, 4)]
+    fixed = expanded(SMOKE, "axes.method=[clozemath]", "axes.dataset=[gsm8k]", "axes.train.seed=[3,4]", "data.seed=7")
+    assert {t.data.seed for t in fixed} == {7}
+
+
 def test_smoke_grid_has_the_papers_shape() -> None:
     trials = expanded(SMOKE)
     assert len(trials) == 2 * 3 * 2

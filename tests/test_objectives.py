@@ -31,7 +31,7 @@ from clozemath.data.segment import Segment, equation_units, segment_solution
 from clozemath.data.sources import Problem, load_problems
 from clozemath.errors import ClozeMathError
 
-DATA = DataConfig()
+DATA = DataConfig(seed=0)
 CLOZEMATH = MethodConfig(name="clozemath", objectives=["lm", "cloze"], attention="prefix_lm")
 SHORT = RandomSpanConfig(coverage=0.15, mean_span_words=3)
 LONG = RandomSpanConfig(coverage=0.5, mean_span_words=12)
@@ -262,6 +262,10 @@ def test_mft_rate_warms_up_linearly_to_r_max_over_two_thirds_of_training() -> No
     assert rates[198] < r_max
 
 
+NOISE_IDS = torch.arange(128_000)
+"""Llama 3's ordinary tokens (its 256 special and reserved ones follow)."""
+
+
 def noisy_batch() -> tuple[torch.Tensor, torch.Tensor]:
     """Eight rows: prefix of 30 tokens, target of 50, then padding."""
     ids = torch.randint(1000, 2000, (8, 100), generator=torch.Generator().manual_seed(0))
@@ -276,7 +280,7 @@ def test_mft_noise_touches_target_inputs_only_at_the_scheduled_rate(noise: str) 
     ids, labels = noisy_batch()
     ids_before, labels_before = ids.clone(), labels.clone()
     rate = mft_rate(100, 300, 0.4)
-    noisy = apply_mft_noise(ids, labels, rate, noise, mask_id=7, vocab_size=128256,
+    noisy = apply_mft_noise(ids, labels, rate, noise, mask_id=7, noise_ids=NOISE_IDS,
                             generator=torch.Generator().manual_seed(1))
     assert torch.equal(ids, ids_before) and torch.equal(labels, labels_before)  # inputs are not modified in place
     target = labels != -100
@@ -285,9 +289,18 @@ def test_mft_noise_touches_target_inputs_only_at_the_scheduled_rate(noise: str) 
     assert changed.float().mean().item() == pytest.approx(rate, abs=0.05)
     if noise == "mask":
         assert bool((noisy[target][changed] == 7).all())
-    assert torch.equal(apply_mft_noise(ids, labels, 0.0, noise, 7, 128256), ids)
-    everything = apply_mft_noise(ids, labels, 1.0, "mask", 7, 128256)
+    assert torch.equal(apply_mft_noise(ids, labels, 0.0, noise, 7, NOISE_IDS), ids)
+    everything = apply_mft_noise(ids, labels, 1.0, "mask", 7, NOISE_IDS)
     assert bool((everything[target] == 7).all())
+
+
+def test_mft_random_noise_draws_every_ordinary_token_and_nothing_else() -> None:
+    ids, labels = noisy_batch()
+    ordinary = torch.tensor([3, 5, 8, 13, 21])
+    drawn = [apply_mft_noise(ids, labels, 1.0, "random", 7, ordinary, generator=torch.Generator().manual_seed(seed))
+             for seed in range(5)]
+    values = set(torch.cat([d[labels != -100] for d in drawn]).tolist())
+    assert values == {3, 5, 8, 13, 21}
 
 
 # --- errors ----------------------------------------------------------------------------------------------------------

@@ -279,6 +279,8 @@ def objective_counts(problems: Iterable[Problem], lm_share: float, seed: int) ->
 
 def dataset_samples(problems: Iterable[Problem], method: MethodConfig, data: DataConfig) -> list[Sample]:
     """Every training sample of a dataset, balanced, in problem order (LM copies first, then infilling)."""
+    if data.seed is None:
+        raise ClozeMathError("data.seed is unset (an experiment sets it from train.seed)")
     unbalanced = [s for problem in problems for s in build_samples(problem, method, data.prompt_template, data.seed)]
     return balance(unbalanced, lm_repeats(count_kinds(unbalanced), method.lm_share), data.seed)
 
@@ -298,13 +300,14 @@ def apply_mft_noise(
     rate: float,
     noise: Literal["mask", "random"],
     mask_id: int,
-    vocab_size: int,
+    noise_ids: torch.Tensor,
     generator: torch.Generator | None = None,
 ) -> torch.Tensor:
-    """New input ids: each target token (labels != -100) replaced with probability `rate` by `<mask>` or a
-    uniformly random token. The prefix, the padding and the labels are left as they are.
+    """New input ids: each target token (labels != -100) replaced with probability `rate` by `<mask>` or a token
+    drawn uniformly from `noise_ids` (the tokenizer's ordinary tokens, as Masked Thought draws them: never a
+    special, reserved or padding row). The prefix, the padding and the labels are left as they are.
 
-    `generator` must live on `input_ids`' device.
+    `generator` and `noise_ids` must live on `input_ids`' device.
     """
     hit = (labels != IGNORE_INDEX) & (
         torch.rand(input_ids.shape, generator=generator, device=input_ids.device) < rate
@@ -312,7 +315,6 @@ def apply_mft_noise(
     if noise == "mask":
         replacement = torch.full_like(input_ids, mask_id)
     else:
-        replacement = torch.randint(
-            0, vocab_size, input_ids.shape, generator=generator, device=input_ids.device, dtype=input_ids.dtype
-        )
+        drawn = torch.randint(0, len(noise_ids), input_ids.shape, generator=generator, device=input_ids.device)
+        replacement = noise_ids[drawn].to(input_ids.dtype)
     return torch.where(hit, replacement, input_ids)
