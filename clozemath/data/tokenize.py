@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from itertools import chain
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -94,6 +94,18 @@ def ordinary_token_ids(tokenizer: PreTrainedTokenizerBase) -> tuple[int, ...]:
     tokens included); the embedding matrix's padding rows past `len(tokenizer)` are no tokens at all."""
     excluded = set(tokenizer.added_tokens_decoder) | set(tokenizer.all_special_ids)
     return tuple(i for i in range(len(tokenizer)) if i not in excluded)
+
+
+def token_offsets(tokenizer: PreTrainedTokenizerBase) -> Callable[[str], list[tuple[int, int]]]:
+    """A text -> the character offsets of its tokens, no special token added (random spans are drawn over them)."""
+    if not tokenizer.is_fast:
+        raise ClozeMathError(f"tokenizer {type(tokenizer).__name__} gives no character offsets (a fast one does)")
+
+    def offsets(text: str) -> list[tuple[int, int]]:
+        encoded = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
+        return [tuple(pair) for pair in encoded["offset_mapping"]]
+
+    return offsets
 
 
 # --------------------------------------------------------------------------------------------------------------
