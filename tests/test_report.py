@@ -37,7 +37,8 @@ def log_trial(config: TrackingConfig, parent: str, model: str, method: str, trai
     sets = [train_set, "gsm_symbolic", "gsm_p1", "gsm_p2"] if method in ("mft", "clozemath") else [train_set]
     values: dict[str, float] = {}
     for eval_set in sets:
-        decodings = ["beam", "cot"] if eval_set == "gsm8k" and method in ("base", "mft", "clozemath") else ["beam"]
+        decodings = ["beam", "cot"] if eval_set == "gsm8k" and method in ("mft", "clozemath") else ["beam"]
+        decodings = ["greedy"] if method == "base" else decodings  # as lm-evaluation-harness runs base models
         for decoding in decodings:
             value = accuracy(model, method, train_set, seed, eval_set, decoding)
             key = f"eval/{eval_set}/{decoding}"
