@@ -139,6 +139,12 @@ class TrainConfig(_Strict):
     """Batch rows of similar length together (in shuffled windows): less padding, same randomness of order."""
     epochs: float = 1.0
     max_steps: int | None = None
+    budget: Literal["epochs", "steps", "tokens"] = "epochs"
+    """What is equal across the methods of a comparison: `epochs` (each method trains `epochs` over its own samples:
+    infilling methods, with several samples per problem, take several times the steps of IT or MFT), or the optimizer
+    `steps` or training `tokens` that `budget_reference` makes in `epochs` (the driver sets `max_steps` from them)."""
+    budget_reference: str = "clozemath"
+    """The method (a name under configs/methods/) whose `epochs` set a matched budget."""
     lr: float = 5e-5
     warmup_ratio: float = 0.03
     weight_decay: float = 0.0
@@ -149,6 +155,12 @@ class TrainConfig(_Strict):
     output_dir: str = "runs"
     fail_at_step: int | None = None
     """Test hook: rank 0 raises once when it reaches this step (exercises restart and resume)."""
+
+    @model_validator(mode="after")
+    def _one_step_count(self) -> TrainConfig:
+        if self.budget != "epochs" and self.max_steps is not None:
+            raise ValueError(f"`max_steps` and `budget: {self.budget}` both set the steps: drop one")
+        return self
 
 
 class EvalSetConfig(_Strict):
@@ -290,6 +302,11 @@ def _resolve_reference(kind: str, ref: str, root: Path, source: Path | str) -> d
     raw = read_yaml(candidate)
     _validate(_REFERENCE_MODELS[kind], raw, candidate)  # a mistake inside it is reported against that file
     return raw
+
+
+def load_method(name: str, root: Path) -> MethodConfig:
+    """`configs/methods/<name>.yaml` under the configs folder `root`."""
+    return MethodConfig.model_validate(_resolve_reference("method", name, root, f"{root / 'methods'}"))
 
 
 def _resolve_references(raw: dict[str, Any], root: Path, source: Path | str) -> dict[str, Any]:

@@ -57,6 +57,10 @@ class TrialResult:
     train_set: str
     seed: str
     metrics: dict[str, float]
+    steps: int | None = None
+    """The optimizer steps the trial planned (None: it trained nothing, or predates this record)."""
+    tokens: int | None = None
+    """The training tokens those steps see."""
 
 
 @dataclass
@@ -112,10 +116,11 @@ def _all_runs(client: MlflowClient, experiment_id: str, query: str) -> list[Run]
 
 
 def _trial_result(run: Run) -> TrialResult:
-    tags = run.data.tags
+    tags, params = run.data.tags, run.data.params
+    steps, tokens = (params.get(f"train.planned_{name}") for name in ("steps", "tokens"))
     return TrialResult(
         run.info.run_id, tags["model"], tags["method"], tags.get("train_set", ""), tags.get("seed", "0"),
-        dict(run.data.metrics),
+        dict(run.data.metrics), None if steps is None else int(steps), None if tokens is None else int(tokens),
     )
 
 
@@ -280,6 +285,17 @@ def to_latex(table: Table) -> str:
     return "\n".join(lines)
 
 
+def compute_table(results: list[TrialResult]) -> str:
+    """Each trained trial's optimizer steps and training tokens (markdown): what a comparison of methods spent."""
+    trained = sorted((r for r in results if r.steps is not None), key=lambda r: (r.train_set, r.model, r.method))
+    lines = ["**Compute: steps and training tokens per trial**", "",
+             "| Training set | Model | Method | Seed | Steps | Training tokens |",
+             "| --- | --- | --- | --- | ---: | ---: |"]
+    lines += [f"| {TRAIN_SETS.get(r.train_set, r.train_set)} | {_model_name(r.model)} | {_method_name(r.method)} | "
+              f"{r.seed} | {r.steps:,} | {'–' if r.tokens is None else f'{r.tokens:,}'} |" for r in trained]
+    return "\n".join(lines)
+
+
 # --------------------------------------------------------------------------------------------------------------
 # Figure 3
 
@@ -343,7 +359,7 @@ def report(
     `reports/<experiment>`); returns the printed text."""
     parent, results = grid_runs(tracking_uri, experiment, parent_run_id)
     render = to_latex if latex else to_markdown
-    text = "\n\n".join(render(table) for table in paper_tables(results, decoding))
+    text = "\n\n".join([*(render(table) for table in paper_tables(results, decoding)), compute_table(results)])
     folder = Path(out) if out is not None else Path("reports") / experiment
     folder.mkdir(parents=True, exist_ok=True)
     (folder / ("tables.tex" if latex else "tables.md")).write_text(text + "\n")

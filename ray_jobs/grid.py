@@ -28,11 +28,11 @@ from ray import tune
 from ray.tune.integration.ray_train import TuneReportCallback
 
 from clozemath import tracking
-from clozemath.config import ExperimentConfig, GridConfig, TrackingConfig, dump_yaml, expand_grid
+from clozemath.config import ExperimentConfig, GridConfig, TrackingConfig, configs_root, dump_yaml, expand_grid
 from clozemath.errors import ClozeMathError
 from clozemath.model.load import load_tokenizer
 from ray_jobs.cluster import init_ray, user_error
-from ray_jobs.run import progress, run_experiment
+from ray_jobs.run import progress, run_experiment, with_budget
 
 
 class TuneProgress(TuneReportCallback):
@@ -102,6 +102,7 @@ def run_grid(grid: GridConfig, root: Path | None = None, source: str | Path = "g
     failed trials into a one-line error). `root`: the `configs/` folder the grid's references resolve in."""
     experiments = [with_absolute_paths(experiment) for experiment in expand_grid(grid, root, source)]
     check_models(experiments)
+    experiments = [with_budget(experiment, root or configs_root()) for experiment in experiments]
     key = grid_key(experiments)
     tracking_cfg = experiments[0].tracking
     path = Path(experiments[0].train.output_dir) / TUNE_DIR / f"{_safe(grid.name)}-{key}"

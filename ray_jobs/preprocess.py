@@ -53,6 +53,8 @@ class Prepared:
     kinds: dict[str, int]
     """Rows per sample kind (after balancing and the length cut)."""
     dropped_for_length: int
+    num_tokens: int
+    """Tokens of all rows (padding aside): one epoch's training tokens."""
     from_cache: bool
 
     def dataset(self) -> ray.data.Dataset:
@@ -136,6 +138,7 @@ class EncodeSamples:
             "input_ids": pa.array([e["input_ids"] for _, e in kept], pa.list_(pa.int32())),
             "labels": pa.array([e["labels"] for _, e in kept], pa.list_(pa.int32())),
             "prefix_len": pa.array([e["prefix_len"] for _, e in kept], pa.int32()),
+            "num_tokens": pa.array([len(e["input_ids"]) for _, e in kept], pa.int32()),
         })
 
 
@@ -181,12 +184,14 @@ def _build(config: ExperimentConfig, problems: list[Problem], folder: Path) -> d
         compute=ray.data.ActorPoolStrategy(min_size=1, max_size=MAX_ENCODERS),
     )
     encoded.write_parquet(str(folder / ROWS_DIR))
-    kinds = _kind_counts(ray.data.read_parquet(str(folder / ROWS_DIR), columns=["kind"]).to_pandas()["kind"])
+    rows = ray.data.read_parquet(str(folder / ROWS_DIR), columns=["kind", "num_tokens"]).to_pandas()
+    kinds = _kind_counts(rows["kind"])
     return {
         "num_rows": sum(kinds.values()),
         "num_sentinels": num_sentinels,
         "kinds": kinds,
         "dropped_for_length": balanced.count() - sum(kinds.values()),
+        "num_tokens": int(rows["num_tokens"].sum()),
     }
 
 

@@ -14,8 +14,9 @@ from pathlib import Path
 from ray.train import UserCallback
 
 from clozemath import tracking
-from clozemath.config import ExperimentConfig, as_grid, configs_root, load_config
+from clozemath.config import ExperimentConfig, as_grid, configs_root, load_config, load_method
 from clozemath.eval.evaluate import run_folder
+from clozemath.train.budget import Footprint, matched_steps, planned_steps, planned_tokens
 from ray_jobs.cluster import init_ray, user_errors_surfaced
 from ray_jobs.evaluate import print_results, run_evaluation
 from ray_jobs.preprocess import Prepared, preprocess
@@ -64,7 +65,13 @@ def run_experiment(
         tracking.log_config(uri, run_id, config)
         adapter, steps = None, 0
         if prepared is not None:
-            data_params = {"data.num_samples": prepared.num_rows, "data.num_sentinels": prepared.num_sentinels}
+            footprint = Footprint(prepared.num_rows, prepared.num_tokens)
+            planned = planned_steps(footprint, config.train)
+            data_params = {
+                "data.num_samples": prepared.num_rows, "data.num_sentinels": prepared.num_sentinels,
+                "train.planned_steps": planned,
+                "train.planned_tokens": planned_tokens(footprint, planned, config.train),
+            }
             tracking.log_params(uri, run_id, data_params)
             with user_errors_surfaced():
                 adapter, steps = fit(
@@ -81,6 +88,24 @@ def run_experiment(
     finally:
         tracking.end_run(uri, run_id, succeeded)
     return RunOutcome(run_id=run_id, adapter=adapter, prepared=prepared, eval_metrics=eval_metrics)
+
+
+def _footprint(config: ExperimentConfig) -> Footprint:
+    prepared = _prepare(config)
+    return Footprint(prepared.num_rows, prepared.num_tokens)
+
+
+def with_budget(config: ExperimentConfig, root: Path) -> ExperimentConfig:
+    """The config with a matched `train.budget` turned into `train.max_steps`: the steps or training tokens that
+    `train.budget_reference` makes in `train.epochs` on this data (both training sets prepared here, then cached)."""
+    train = config.train
+    if train.budget == "epochs" or not config.method.trains:
+        return config
+    reference = config.model_copy(update={"method": load_method(train.budget_reference, root)}, deep=True)
+    steps = matched_steps(train, _footprint(reference), _footprint(config))
+    progress(f"[{config.name}] budget: the {train.budget} of {train.budget_reference} in {train.epochs} epochs: "
+             f"{steps} steps")
+    return config.model_copy(update={"train": train.model_copy(update={"budget": "epochs", "max_steps": steps})})
 
 
 def _prepare(config: ExperimentConfig) -> Prepared:

@@ -16,6 +16,8 @@ from clozemath.report import grid_runs, paper_tables, to_markdown
 
 SEEDS = ("0", "1")
 ABLATIONS = ("it_prefixlm", "clozemath_causal", "it", "random_span")
+STEPS = {"mft": 1400, "clozemath": 8886, "it": 1400, "it_prefixlm": 1400, "clozemath_causal": 8886,
+         "random_span": 8886}
 
 
 def accuracy(model: str, method: str, train_set: str, seed: str, eval_set: str, decoding: str = "beam") -> float:
@@ -46,6 +48,8 @@ def log_trial(config: TrackingConfig, parent: str, model: str, method: str, trai
             values |= {f"{key}/accuracy": value, f"{key}/correct": round(value * total), f"{key}/total": total}
     if method != "base":
         tracking.log_metrics(config.uri, run_id, 10, {"eval/gsm8k/beam/accuracy": 0.1 * int(seed)})
+        steps = STEPS[method]
+        tracking.log_params(config.uri, run_id, {"train.planned_steps": steps, "train.planned_tokens": 1000 * steps})
     tracking.log_metrics(config.uri, run_id, 20, values)
     tracking.end_run(config.uri, run_id)
 
@@ -109,7 +113,7 @@ def test_tables_hold_the_means_over_seeds_with_the_best_in_bold(store: TrackingC
         pooled.append(correct / 100)
     assert row(table3, "GSM8K", "Overall", "ClozeMath")[0] == f"**{100 * sum(pooled) / 2:.2f}**"
 
-    table4 = out.split("**Table 4")[1]
+    table4 = out.split("**Table 4")[1].split("**Compute")[0]
     assert "| Method | DeepSeek-Math |" in table4  # only the model with ablations
     assert row(table4, "ClozeMath") == [f"**{mean('deepseek-math-7b', 'clozemath', 'gsm8k', 'gsm8k')}**"]
     rows = [line.split("|")[1].strip() for line in table4.splitlines() if line.startswith("| ")][2:]
@@ -117,6 +121,10 @@ def test_tables_hold_the_means_over_seeds_with_the_best_in_bold(store: TrackingC
                     "W/o Equation masking"]  # the paper's five rows, in its order
     for method, name in zip(ABLATIONS, rows[1:]):
         assert row(table4, name) == [mean("deepseek-math-7b", method, "gsm8k", "gsm8k", seeds=("0",))]
+    compute = out.split("**Compute")[1]
+    assert row(compute, "GSM8K", "DeepSeek-Math", "W/o Equation masking", "0") == ["8,886", "8,886,000"]
+    assert row(compute, "MATH", "Llama-3.2-1B", "MFT", "1") == ["1,400", "1,400,000"]
+    assert "| Base |" not in compute  # nothing trained
     assert (tmp_path / "tables.md").read_text().strip() in out
     assert (tmp_path / "accuracy_vs_steps.png").read_bytes()[:4] == b"\x89PNG"
 
