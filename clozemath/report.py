@@ -9,7 +9,8 @@ The child runs of a grid's MLflow run carry the tags `model`, `method`, `train_s
 - Table 3 (GSM-Symbolic): training set x {GSM-Sym, GSM-P1, GSM-P2, Overall} x method rows, a column per model;
   Overall is the pooled accuracy of the three sets (their correct answers over their problems).
 - Table 4 (ablations): ClozeMath and its ablations on GSM8K, a column per model that has ablations.
-- Figure 3: GSM8K accuracy against training steps (`eval.every_steps`), a panel per model, a line per method.
+- Figure 3: GSM8K accuracy against training steps (`eval.every_steps`, every point on the same subset of GSM8K test),
+  a panel per model, a line per method.
 
 The best cell of each comparison is bold: per column within a block (Tables 1, 3, 4), per model (Table 2's rows).
 """
@@ -28,6 +29,7 @@ from mlflow.entities import Run
 from clozemath import tracking
 from clozemath.config import TrackingConfig
 from clozemath.errors import ClozeMathError
+from clozemath.eval.during_training import CURVE
 
 MODEL_NAMES = {
     "deepseek-math-7b": "DeepSeek-Math", "llama-3.1-8b": "Llama-3.1-8B", "llama-3.2-3b": "Llama-3.2-3B",
@@ -310,7 +312,7 @@ def accuracy_curves(tracking_uri: str, results: list[TrialResult], decoding: str
     for r in results:
         if r.train_set != "gsm8k" or r.method == "base":
             continue
-        for point in client.get_metric_history(r.run_id, f"eval/gsm8k/{decoding}/accuracy"):
+        for point in client.get_metric_history(r.run_id, f"{CURVE}/gsm8k/{decoding}/accuracy"):
             by_step[r.model][r.method][point.step].append(100 * point.value)
     return {
         model: {method: sorted((step, statistics.fmean(v)) for step, v in by.items()) for method, by in methods.items()}

@@ -35,6 +35,8 @@ def test_paper_grid_is_the_papers_experiments() -> None:
     assert {t.method.name for t in trials} == {"base", "mft", "clozemath"} | ABLATIONS
     for t in trials:
         assert t.model.lora.rank == 32 and t.train.lr == 5e-5 and t.eval.num_beams == 5 and t.eval.cot_k == 9
+        assert t.eval.every_steps == (200 if t.data.dataset == "gsm8k" else None)  # Figure 3 plots GSM8K runs only
+        assert t.data.seed == t.train.seed and t.train.budget == "epochs"
         sets = {s.dataset: t.eval.decodings_of(s) for s in t.eval.sets}
         if t.method.name == "base":
             assert t.train.seed == 0 and list(sets) == [t.data.dataset]

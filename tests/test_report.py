@@ -12,7 +12,7 @@ from clozemath import tracking
 from clozemath.cli import main
 from clozemath.config import TrackingConfig
 from clozemath.errors import ClozeMathError
-from clozemath.report import grid_runs, paper_tables, to_markdown
+from clozemath.report import accuracy_curves, grid_runs, paper_tables, to_markdown
 
 SEEDS = ("0", "1")
 ABLATIONS = ("it_prefixlm", "clozemath_causal", "it", "random_span")
@@ -47,7 +47,7 @@ def log_trial(config: TrackingConfig, parent: str, model: str, method: str, trai
             total = TOTALS[eval_set]
             values |= {f"{key}/accuracy": value, f"{key}/correct": round(value * total), f"{key}/total": total}
     if method != "base":
-        tracking.log_metrics(config.uri, run_id, 10, {"eval/gsm8k/beam/accuracy": 0.1 * int(seed)})
+        tracking.log_metrics(config.uri, run_id, 10, {"curve/gsm8k/beam/accuracy": 0.1 * int(seed)})
         steps = STEPS[method]
         tracking.log_params(config.uri, run_id, {"train.planned_steps": steps, "train.planned_tokens": 1000 * steps})
     tracking.log_metrics(config.uri, run_id, 20, values)
@@ -148,6 +148,14 @@ def test_a_chosen_parent_and_the_accuracy_curves(store: TrackingConfig) -> None:
     (table1, *_) = paper_tables(results)
     value = mean("llama-3.2-1b", "clozemath", "gsm8k", "gsm8k", seeds=("0",))
     assert to_markdown(table1).splitlines()[-1] == f"| GSM8K | ClozeMath | **{value}** |"
+
+
+def test_figure_3_curves_hold_only_the_points_on_the_training_time_subset(store: TrackingConfig) -> None:
+    """Each trial logs a subset point (`curve/...`) at step 10 and its full-set accuracy (`eval/...`) at step 20."""
+    _, results = grid_runs(store.uri, "paper")
+    curves = accuracy_curves(store.uri, results, "beam")
+    assert curves["llama-3.2-1b"]["clozemath"] == [(10, pytest.approx(100 * (0.0 + 0.1) / 2))]
+    assert set(curves["deepseek-math-7b"]) == {"mft", "clozemath", *ABLATIONS}
 
 
 def test_an_experiment_without_grid_runs_is_a_one_line_error(store: TrackingConfig) -> None:
