@@ -176,13 +176,17 @@ def test_a_masked_group_hides_the_same_random_half_of_its_members_until_revealed
 def test_math_cloze_samples_hide_lone_equations_whole_and_a_fixed_half_of_each_group() -> None:
     problems = load_problems("math", "train", limit=2500)
     groups_seen = 0
+    odd_groups: Counter[int] = Counter()
     for problem in problems:
         segments = segment_solution("math", problem.solution)
         units = equation_units(segments)
         cloze = [s for s in build_samples(problem, CLOZEMATH, DATA.prompt_template, 0) if s.kind == "cloze"]
         assert len(cloze) == len(units)
-        hidden_per_unit = [len(u) if len(u) == 1 else max(1, len(u) // 2) for u in units]
         pieces = [[text for _, text in target_pieces(sample)] for sample in cloze]
+        hidden_per_unit = [len(now) - len(later) for now, later in zip(pieces, [*pieces[1:], []])]
+        for unit, hidden in zip(units, hidden_per_unit):  # a group: half of it, an odd one rounded either way
+            assert hidden == 1 if len(unit) == 1 else hidden in (len(unit) // 2, (len(unit) + 1) // 2)
+            odd_groups[hidden] += len(unit) == 3
         for t, sample in enumerate(cloze):
             assert len(pieces[t]) == sum(hidden_per_unit[t:])
             assert pieces[t] == pieces[0][sum(hidden_per_unit[:t]) :]  # the same members stay hidden until revealed
@@ -194,7 +198,8 @@ def test_math_cloze_samples_hide_lone_equations_whole_and_a_fixed_half_of_each_g
             assert hidden == [m for m in members if m in hidden][:count] and set(hidden) <= set(members)
             start += count
             groups_seen += len(unit) > 1
-    assert groups_seen > 100
+    assert groups_seen > 50
+    assert odd_groups[1] > 5 and odd_groups[2] > 5  # 3-equation groups hide 1 or 2
 
 
 # --- random spans ----------------------------------------------------------------------------------------------------

@@ -96,11 +96,17 @@ def _masked_piece(text: str) -> list[Piece]:
 
 
 def group_halves(units: Sequence[Sequence[int]], rng: random.Random) -> list[list[int]]:
-    """The members masked when each unit is masked: all of a lone equation, a random half (at least one) of a group.
+    """The members masked when each unit is masked: all of a lone equation, a random half of a group.
 
-    Drawn once per problem, so progressive demasking reveals the same hidden members of a group throughout.
+    Half of an odd group rounds down or up at random, with even odds (a 3-equation group hides 1 or 2): groups are
+    masked 50% on average, as the paper says. Drawn once per problem, so progressive demasking reveals the same hidden
+    members of a group throughout.
     """
-    return [list(unit) if len(unit) == 1 else sorted(rng.sample(list(unit), max(1, len(unit) // 2))) for unit in units]
+    return [list(unit) if len(unit) == 1 else sorted(rng.sample(list(unit), _half(len(unit), rng))) for unit in units]
+
+
+def _half(size: int, rng: random.Random) -> int:
+    return size // 2 + (size % 2 == 1 and rng.random() < 0.5)
 
 
 def cloze_pieces(segments: Sequence[Segment], masked: set[int]) -> list[Piece]:

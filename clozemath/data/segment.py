@@ -12,11 +12,14 @@ never one.
 MATH: equations are the relation-bearing (`=`, `<`, `\\le`, `\\equiv`, ...) parts of LaTeX math spans (`$..$`,
 `$$..$$`, `\\(..\\)`, `\\[..\\]`, `align`, `equation`, `eqnarray`); a span without a relation (`$x$`) is text, and so
 are `[asy]` pictures and spans that never close. The delimiters stay in the text, so that masking `$x = 5$` leaves
-`$<M_0>$`: the context still says "a formula stands here", and the model fills in only the formula. A span of several
-rows (`\\\\`-separated lines of a display, an align environment, a `cases`/`array`/`aligned` system) is a group: each
-relation-bearing row is an equation of the group, while the separators and alignment context (`\\begin{aligned}`, a
-row's leading `&`, its closing punctuation) are text. A rows environment inside a relation (`f(x) = \\begin{cases}`)
-is part of one equation, and matrix rows (`pmatrix`) never split.
+`$<M_0>$`: the context still says "a formula stands here", and the model fills in only the formula. Each
+relation-bearing row of a span of several rows (`\\\\`-separated lines of a display, an align environment, a
+`cases`/`array`/`aligned` block) is an equation, while the separators and alignment context (`\\begin{aligned}`, a
+row's leading `&`, its closing punctuation) are text. The rows form a group (simultaneous equations, one unit of F)
+when each states an equation with its own left side, none opens with an implication and there are no more rows than
+unknowns; otherwise (`&=` chains, `\\Rightarrow` rows, one equation rewritten row after row) they are steps, each
+an equation of its own. A rows environment inside a relation (`f(x) = \\begin{cases}`) is part of one equation,
+and matrix rows (`pmatrix`) never split.
 """
 
 from __future__ import annotations
@@ -198,6 +201,11 @@ _ROWS_ENVIRONMENT = re.compile(
 _RELATION = re.compile(
     r"[=<>]|\\(?:le|leq|leqslant|ge|geq|geqslant|ne|neq|equiv|approx|lt|gt|cong|sim|simeq|doteq|propto)(?![A-Za-z])"
 )
+# A row that opens with an implication derives from the row before: `\Rightarrow x &= 2`.
+_IMPLICATION = re.compile(r"\\(?:Rightarrow|Longrightarrow|implies|therefore|iff|Leftrightarrow|to)(?![A-Za-z])")
+# LaTeX commands and `\text{...}` words, which name no unknown; and a one-letter symbol, which may.
+_COMMAND = re.compile(r"\\(?:text|mbox|mathrm)\s*\{[^{}]*\}|\\[A-Za-z]+")
+_SYMBOL = re.compile(r"(?<![A-Za-z])[A-Za-z](?![A-Za-z])")
 # What a row may start with that is layout, not equation: spaces, alignment `&`, `\hline`.
 _ROW_HEAD = re.compile(r"(?:\s|&|\\hline)*")
 # What a row may end with that is punctuation or spacing, not equation: `.`, `,`, `\quad`, `\,`, `~`, `\nonumber`
@@ -211,10 +219,29 @@ def _math_equations(solution: str) -> list[_Span]:
     groups = 0
     for body_start, body_end in _math_bodies(solution):
         rows = _equation_rows(solution, body_start, body_end)
-        group = groups if len(rows) > 1 else None
+        group = groups if _is_system([solution[start:end] for start, end in rows]) else None
         groups += group is not None
         spans.extend(_Span(start, end, group) for start, end in rows)
     return spans
+
+
+def _is_system(rows: list[str]) -> bool:
+    """Whether the rows of one display are simultaneous equations (one unit of F) rather than a chain of steps.
+
+    A system: every row states an equation with its own left side, no row opens with an implication, and there are
+    no more rows than unknowns (one-letter symbols). Otherwise the rows are steps that follow from each other:
+    `&= ...` continuations, `\\Rightarrow` rows, or one equation rewritten row after row (`2x+3 &= 7 \\\\ 2x &= 4`).
+    """
+    if len(rows) < 2 or not all(map(_has_own_left_side, rows)):
+        return False
+    unknowns = set(_SYMBOL.findall(_COMMAND.sub(" ", " ".join(rows))))
+    return len(rows) <= len(unknowns)
+
+
+def _has_own_left_side(row: str) -> bool:
+    relation = _RELATION.search(row)
+    left = row[: relation.start()] if relation else ""
+    return not _IMPLICATION.match(row) and re.search(r"[0-9A-Za-z]", left) is not None
 
 
 def _math_bodies(text: str) -> list[tuple[int, int]]:
