@@ -183,7 +183,8 @@ def test_prepare_shows_decoded_samples_and_a_summary(capsys) -> None:
         ("gsm8k-train-0", "lm"), ("gsm8k-train-0", "cloze"), ("gsm8k-train-0", "cloze"), ("gsm8k-train-1", "lm")
     ]
     assert rows[1]["target"] == "<M_0> 48/2 = 24<M_1> 48+24 = 72<EOS>"
-    assert rows[1]["prefix"].endswith("#### 72<SEP>") and "<M_1>" in rows[1]["prefix"]
+    assert rows[1]["prefix"].endswith("clips altogether in April and May.<SEP>") and "<M_1>" in rows[1]["prefix"]
+    assert "####" not in rows[1]["prefix"] and rows[0]["target"].endswith("\n#### 72<EOS>")  # no answer leak
     summary = json.loads(captured.err.splitlines()[-1])["summary"]
     assert summary["problems"] == 2 and summary["sentinels_needed"] == 2
     assert summary["samples"]["cloze"] == 4 and summary["samples"]["lm"] == sum(
