@@ -172,7 +172,8 @@ def test_a_batch_mixing_sets_is_prompted_and_graded_per_set(loaded, smoke):
     assert [p.prompt.startswith("Problem:") for p in predictions] == [True, True, False, False]
     for prediction in predictions[:2]:
         graded = grade(prediction.dataset, prediction.generation, prediction.gold)
-        assert (prediction.extracted, prediction.correct, prediction.harness) == (graded.extracted, graded.correct, None)
+        assert (prediction.extracted, prediction.correct) == (graded.extracted, graded.correct)
+        assert prediction.harness is None
     for prediction in predictions[2:]:  # few-shot GSM8K: the harness's filters grade it
         verdicts = harness_verdicts(prediction.generation, prediction.gold)
         assert (prediction.correct, prediction.harness) == (verdicts[STRICT_MATCH], verdicts)
