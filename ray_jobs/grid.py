@@ -30,6 +30,7 @@ from ray.tune.integration.ray_train import TuneReportCallback
 from clozemath import tracking
 from clozemath.config import ExperimentConfig, GridConfig, TrackingConfig, configs_root, dump_yaml, expand_grid
 from clozemath.errors import ClozeMathError
+from clozemath.eval.during_training import CURVE
 from clozemath.model.load import load_tokenizer
 from ray_jobs.cluster import init_ray, user_error
 from ray_jobs.run import progress, run_experiment, with_budget
@@ -43,7 +44,7 @@ class TuneProgress(TuneReportCallback):
     """
 
     def after_report(self, run_context: Any, metrics: list[dict[str, Any]], checkpoint: Any) -> None:
-        if checkpoint is not None or any(name.startswith("eval/") for name in metrics[0]):
+        if checkpoint is not None or any(name.startswith(f"{CURVE}/") for name in metrics[0]):
             super().after_report(run_context, metrics, checkpoint)
 
 

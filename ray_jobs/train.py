@@ -37,7 +37,7 @@ from ray.train.torch import TorchTrainer
 from clozemath import tracking
 from clozemath.config import ExperimentConfig
 from clozemath.errors import ClozeMathError
-from clozemath.eval.during_training import evaluate_step, step_evaluation
+from clozemath.eval.during_training import CURVE, evaluate_step, step_evaluation
 from clozemath.train.loop import ADAPTER_DIR, StepMetrics, all_ranks_sum, plan_steps
 from ray_jobs.preprocess import Prepared
 
@@ -102,11 +102,11 @@ class ForwardMetrics(UserCallback):
 
     def after_report(self, run_context: Any, metrics: list[dict[str, Any]], checkpoint: Checkpoint | None) -> None:
         reported = metrics[0]
-        values = {name: value for name, value in reported.items() if name.startswith(("train/", "eval/"))}
+        values = {name: value for name, value in reported.items() if name.startswith(("train/", f"{CURVE}/"))}
         tracking.log_metrics(self.tracking_uri, self.run_id, reported["step"], values)
         accuracies = "".join(
-            f"  {name.removeprefix('eval/').removesuffix('/accuracy')} {value:.1%}"
-            for name, value in values.items() if name.startswith("eval/") and name.endswith("/accuracy")
+            f"  {name.removeprefix(f'{CURVE}/').removesuffix('/accuracy')} {value:.1%}"
+            for name, value in values.items() if name.startswith(f"{CURVE}/") and name.endswith("/accuracy")
         )
         print(
             f"[{self.label}] step {reported['step']}/{reported['total_steps']}  loss {values['train/loss']:.4f}  "
