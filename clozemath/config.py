@@ -69,15 +69,40 @@ class DataConfig(_Strict):
     path: str | None = None
     """A JSONL file or a folder holding `<split>.jsonl`; default `$CLOZEMATH_DATA_DIR/<dataset>/`, then the hub."""
     limit: int | None = None
-    seed: int = 0
+    seed: int | None = None
+    """Seeds which group members are masked, where random spans fall, which LM samples get an extra copy.
+    Default: `train.seed`, so that a run's seeds vary its masks as they vary its initialisation and order."""
     prompt_template: str = "Question: {question}\nAnswer:"
     max_length: int = 1024
 
 
+class SpanShape(_Strict):
+    coverage: float
+    """Share of the solution's tokens that the spans of one sample cover."""
+    mean_span_tokens: float
+    """Mean length of a span, in tokens."""
+
+    @model_validator(mode="after")
+    def _in_range(self) -> SpanShape:
+        if not 0.0 < self.coverage < 1.0:
+            raise ValueError("`coverage` must lie strictly between 0 and 1")
+        if self.mean_span_tokens < 1:
+            raise ValueError("`mean_span_tokens` must be at least 1")
+        return self
+
+
 class RandomSpanConfig(_Strict):
-    coverage: float = 0.15
-    """Share of the solution's words that the spans cover (0.15 short, 0.5 long in the paper)."""
-    mean_span_words: float = 3.0
+    shapes: list[SpanShape] = [
+        SpanShape(coverage=0.15, mean_span_tokens=3), SpanShape(coverage=0.5, mean_span_tokens=12)
+    ]
+    """The shapes a problem's random-span samples take in turn, from a random first one: the paper's short spans
+    (15% of the tokens) and long spans (50%)."""
+
+    @model_validator(mode="after")
+    def _has_shapes(self) -> RandomSpanConfig:
+        if not self.shapes:
+            raise ValueError("`shapes` needs at least one span shape")
+        return self
 
 
 class MftConfig(_Strict):
@@ -115,6 +140,12 @@ class TrainConfig(_Strict):
     """Batch rows of similar length together (in shuffled windows): less padding, same randomness of order."""
     epochs: float = 1.0
     max_steps: int | None = None
+    budget: Literal["epochs", "steps", "tokens"] = "epochs"
+    """What is equal across the methods of a comparison: `epochs` (each method trains `epochs` over its own samples:
+    infilling methods, with several samples per problem, take several times the steps of IT or MFT), or the optimizer
+    `steps` or training `tokens` that `budget_reference` makes in `epochs` (the driver sets `max_steps` from them)."""
+    budget_reference: str = "clozemath"
+    """The method (a name under configs/methods/) whose `epochs` set a matched budget."""
     lr: float = 5e-5
     warmup_ratio: float = 0.03
     weight_decay: float = 0.0
@@ -134,6 +165,12 @@ class TrainConfig(_Strict):
     report_every: int = 10
     """Steps between the workers' reports to Ray Train (a checkpoint or an evaluation reports at once); every step's
     metrics still reach MLflow."""
+
+    @model_validator(mode="after")
+    def _one_step_count(self) -> TrainConfig:
+        if self.budget != "epochs" and self.max_steps is not None:
+            raise ValueError(f"`max_steps` and `budget: {self.budget}` both set the steps: drop one")
+        return self
 
 
 class EvalSetConfig(_Strict):
@@ -198,6 +235,12 @@ class ExperimentConfig(_Strict):
     train: TrainConfig = TrainConfig()
     eval: EvalConfig = EvalConfig()
     tracking: TrackingConfig = TrackingConfig()
+
+    @model_validator(mode="after")
+    def _data_seed_follows_train_seed(self) -> ExperimentConfig:
+        if self.data.seed is None:
+            self.data = self.data.model_copy(update={"seed": self.train.seed})  # never the shared default's
+        return self
 
 
 class GridRule(_Strict):
@@ -269,6 +312,11 @@ def _resolve_reference(kind: str, ref: str, root: Path, source: Path | str) -> d
     raw = read_yaml(candidate)
     _validate(_REFERENCE_MODELS[kind], raw, candidate)  # a mistake inside it is reported against that file
     return raw
+
+
+def load_method(name: str, root: Path) -> MethodConfig:
+    """`configs/methods/<name>.yaml` under the configs folder `root`."""
+    return MethodConfig.model_validate(_resolve_reference("method", name, root, f"{root / 'methods'}"))
 
 
 def _resolve_references(raw: dict[str, Any], root: Path, source: Path | str) -> dict[str, Any]:

@@ -4,12 +4,13 @@ The child runs of a grid's MLflow run carry the tags `model`, `method`, `train_s
 `eval/<set>/<decoding>/{accuracy,correct,total}`; a cell is the mean over seeds of one accuracy, in percent.
 
 - Table 1 (overall): training set x {Base, MFT, ClozeMath} rows, a column per model; each model evaluated on the set
-  it was trained on (base models: few-shot), with `decoding` (beam search).
+  it was trained on, with `decoding` (beam search); base models few-shot, greedy, as lm-evaluation-harness runs them.
 - Table 2 (CoT-decoding): a row per model, a column per method; GSM8K-trained, GSM8K test, CoT-decoding.
 - Table 3 (GSM-Symbolic): training set x {GSM-Sym, GSM-P1, GSM-P2, Overall} x method rows, a column per model;
   Overall is the pooled accuracy of the three sets (their correct answers over their problems).
 - Table 4 (ablations): ClozeMath and its ablations on GSM8K, a column per model that has ablations.
-- Figure 3: GSM8K accuracy against training steps (`eval.every_steps`), a panel per model, a line per method.
+- Figure 3: GSM8K accuracy against training steps (`eval.every_steps`, every point on the same subset of GSM8K test),
+  a panel per model, a line per method.
 
 The best cell of each comparison is bold: per column within a block (Tables 1, 3, 4), per model (Table 2's rows).
 """
@@ -28,6 +29,7 @@ from mlflow.entities import Run
 from clozemath import tracking
 from clozemath.config import TrackingConfig
 from clozemath.errors import ClozeMathError
+from clozemath.eval.during_training import CURVE
 
 MODEL_NAMES = {
     "deepseek-math-7b": "DeepSeek-Math", "llama-3.1-8b": "Llama-3.1-8B", "llama-3.2-3b": "Llama-3.2-3B",
@@ -37,12 +39,14 @@ METHOD_NAMES = {
     "base": "Base", "mft": "MFT", "clozemath": "ClozeMath",
     "it_prefixlm": "W/o Text infilling", "clozemath_causal": "W/o PrefixLM",
     "it": "W/o Text-infilling & W/o PrefixLM",
-    "random_span_short": "W/o Equation masking (short spans)", "random_span_long": "W/o Equation masking (long spans)",
+    "random_span": "W/o Equation masking",
 }
-ABLATIONS = ("it_prefixlm", "clozemath_causal", "it", "random_span_short", "random_span_long")
+ABLATIONS = ("it_prefixlm", "clozemath_causal", "it", "random_span")
 TRAIN_SETS = {"gsm8k": "GSM8K", "math": "MATH"}
 SYMBOLIC_SETS = {"gsm_symbolic": "GSM-Sym", "gsm_p1": "GSM-P1", "gsm_p2": "GSM-P2"}
 FIGURE_FILE = "accuracy_vs_steps.png"
+BASE_DECODING = "greedy"
+"""Base models are decoded as lm-evaluation-harness decodes them; their accuracy is its GSM8K strict-match."""
 
 
 @dataclass(frozen=True)
@@ -55,6 +59,10 @@ class TrialResult:
     train_set: str
     seed: str
     metrics: dict[str, float]
+    steps: int | None = None
+    """The optimizer steps the trial planned (None: it trained nothing, or predates this record)."""
+    tokens: int | None = None
+    """The training tokens those steps see."""
 
 
 @dataclass
@@ -110,10 +118,11 @@ def _all_runs(client: MlflowClient, experiment_id: str, query: str) -> list[Run]
 
 
 def _trial_result(run: Run) -> TrialResult:
-    tags = run.data.tags
+    tags, params = run.data.tags, run.data.params
+    steps, tokens = (params.get(f"train.planned_{name}") for name in ("steps", "tokens"))
     return TrialResult(
         run.info.run_id, tags["model"], tags["method"], tags.get("train_set", ""), tags.get("seed", "0"),
-        dict(run.data.metrics),
+        dict(run.data.metrics), None if steps is None else int(steps), None if tokens is None else int(tokens),
     )
 
 
@@ -163,7 +172,8 @@ def table_overall(results: list[TrialResult], models: list[str], methods: list[s
     for train_set, set_name in TRAIN_SETS.items():
         first = len(table.values)
         for method in (m for m in methods if m in ("base", "mft", "clozemath")):
-            row = [cell(results, model, method, train_set, f"eval/{train_set}/{decoding}/accuracy") for model in models]
+            used = BASE_DECODING if method == "base" else decoding
+            row = [cell(results, model, method, train_set, f"eval/{train_set}/{used}/accuracy") for model in models]
             if any(value is not None for value in row):
                 table.labels.append([set_name, METHOD_NAMES[method]])
                 table.values.append(row)
@@ -277,6 +287,17 @@ def to_latex(table: Table) -> str:
     return "\n".join(lines)
 
 
+def compute_table(results: list[TrialResult]) -> str:
+    """Each trained trial's optimizer steps and training tokens (markdown): what a comparison of methods spent."""
+    trained = sorted((r for r in results if r.steps is not None), key=lambda r: (r.train_set, r.model, r.method))
+    lines = ["**Compute: steps and training tokens per trial**", "",
+             "| Training set | Model | Method | Seed | Steps | Training tokens |",
+             "| --- | --- | --- | --- | ---: | ---: |"]
+    lines += [f"| {TRAIN_SETS.get(r.train_set, r.train_set)} | {_model_name(r.model)} | {_method_name(r.method)} | "
+              f"{r.seed} | {r.steps:,} | {'–' if r.tokens is None else f'{r.tokens:,}'} |" for r in trained]
+    return "\n".join(lines)
+
+
 # --------------------------------------------------------------------------------------------------------------
 # Figure 3
 
@@ -291,7 +312,7 @@ def accuracy_curves(tracking_uri: str, results: list[TrialResult], decoding: str
     for r in results:
         if r.train_set != "gsm8k" or r.method == "base":
             continue
-        for point in client.get_metric_history(r.run_id, f"eval/gsm8k/{decoding}/accuracy"):
+        for point in client.get_metric_history(r.run_id, f"{CURVE}/gsm8k/{decoding}/accuracy"):
             by_step[r.model][r.method][point.step].append(100 * point.value)
     return {
         model: {method: sorted((step, statistics.fmean(v)) for step, v in by.items()) for method, by in methods.items()}
@@ -340,7 +361,7 @@ def report(
     `reports/<experiment>`); returns the printed text."""
     parent, results = grid_runs(tracking_uri, experiment, parent_run_id)
     render = to_latex if latex else to_markdown
-    text = "\n\n".join(render(table) for table in paper_tables(results, decoding))
+    text = "\n\n".join([*(render(table) for table in paper_tables(results, decoding)), compute_table(results)])
     folder = Path(out) if out is not None else Path("reports") / experiment
     folder.mkdir(parents=True, exist_ok=True)
     (folder / ("tables.tex" if latex else "tables.md")).write_text(text + "\n")

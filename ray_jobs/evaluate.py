@@ -38,6 +38,7 @@ from clozemath.eval.evaluate import (
     results_table,
     write_predictions,
 )
+from clozemath.eval.harness import FILTERS as HARNESS_FILTERS
 from clozemath.tracking import end_run, log_artifacts, log_config, log_metrics, start_run
 from ray_jobs.cluster import init_ray, user_errors_surfaced
 
@@ -47,7 +48,7 @@ and keep a GPU busy, small enough to spread a set over the pool and to show prog
 _PREDICTION_TYPES = {
     "id": pa.string(), "dataset": pa.string(), "decoding": pa.string(), "prompt": pa.string(),
     "generation": pa.string(), "extracted": pa.string(), "gold": pa.string(), "correct": pa.bool_(),
-    "confidence": pa.float64(),
+    "confidence": pa.float64(), "harness": pa.struct([(name, pa.bool_()) for name in HARNESS_FILTERS]),
 }
 SCHEMA = pa.schema([(field.name, _PREDICTION_TYPES[field.name]) for field in fields(Prediction)]
                    + [("seconds", pa.float64())])

@@ -28,11 +28,12 @@ from ray import tune
 from ray.tune.integration.ray_train import TuneReportCallback
 
 from clozemath import tracking
-from clozemath.config import ExperimentConfig, GridConfig, TrackingConfig, dump_yaml, expand_grid
+from clozemath.config import ExperimentConfig, GridConfig, TrackingConfig, configs_root, dump_yaml, expand_grid
 from clozemath.errors import ClozeMathError
+from clozemath.eval.during_training import CURVE
 from clozemath.model.load import load_tokenizer
 from ray_jobs.cluster import init_ray, user_error
-from ray_jobs.run import progress, run_experiment
+from ray_jobs.run import progress, run_experiment, with_budget
 from ray_jobs.train import STEPS_KEY
 
 
@@ -44,7 +45,7 @@ class TuneProgress(TuneReportCallback):
     """
 
     def after_report(self, run_context: Any, metrics: list[dict[str, Any]], checkpoint: Any) -> None:
-        if checkpoint is not None or any(name.startswith("eval/") for name in metrics[0]):
+        if checkpoint is not None or any(name.startswith(f"{CURVE}/") for name in metrics[0]):
             last_steps = [{name: value for name, value in m.items() if name != STEPS_KEY} for m in metrics]
             super().after_report(run_context, last_steps, checkpoint)
 
@@ -104,6 +105,7 @@ def run_grid(grid: GridConfig, root: Path | None = None, source: str | Path = "g
     failed trials into a one-line error). `root`: the `configs/` folder the grid's references resolve in."""
     experiments = [with_absolute_paths(experiment) for experiment in expand_grid(grid, root, source)]
     check_models(experiments)
+    experiments = [with_budget(experiment, root or configs_root()) for experiment in experiments]
     key = grid_key(experiments)
     tracking_cfg = experiments[0].tracking
     path = Path(experiments[0].train.output_dir) / TUNE_DIR / f"{_safe(grid.name)}-{key}"

@@ -8,6 +8,7 @@ skips the pipeline. The folder appears atomically (written beside, then renamed)
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import inspect
 import json
@@ -25,9 +26,9 @@ import ray.data
 
 from clozemath.config import ExperimentConfig, MethodConfig, ModelConfig
 from clozemath.data import objectives, segment, sources, tokenize
-from clozemath.data.objectives import Sample, balance, build_samples, lm_repeats
+from clozemath.data.objectives import Sample, TokenOffsets, balance, build_samples, lm_repeats
 from clozemath.data.sources import Problem, load_problems
-from clozemath.data.tokenize import encode_samples, install_special_tokens, num_sentinels_needed
+from clozemath.data.tokenize import encode_samples, install_special_tokens, num_sentinels_needed, token_offsets
 from clozemath.model.load import load_tokenizer
 from ray_jobs.cluster import init_ray
 
@@ -52,6 +53,8 @@ class Prepared:
     kinds: dict[str, int]
     """Rows per sample kind (after balancing and the length cut)."""
     dropped_for_length: int
+    num_tokens: int
+    """Tokens of all rows (padding aside): one epoch's training tokens."""
     from_cache: bool
 
     def dataset(self) -> ray.data.Dataset:
@@ -92,10 +95,19 @@ def cache_key(config: ExperimentConfig, problems: list[Problem]) -> str:
 # The pipeline's steps (run on Ray workers)
 
 
+@functools.cache
+def _offsets_of_tokenizer(tokenizer_dir: str) -> TokenOffsets:
+    """The tokenizer's character offsets, loaded once per worker process (random spans are drawn over tokens)."""
+    from transformers import AutoTokenizer
+
+    return token_offsets(AutoTokenizer.from_pretrained(tokenizer_dir))
+
+
 def samples_of_problem(
-    row: dict[str, Any], method: MethodConfig, prompt_template: str, seed: int
+    row: dict[str, Any], method: MethodConfig, prompt_template: str, seed: int, tokenizer_dir: str
 ) -> list[dict[str, Any]]:
-    samples = build_samples(Problem(**row), method, prompt_template, seed)
+    offsets = _offsets_of_tokenizer(tokenizer_dir) if "random_span" in method.objectives else None
+    samples = build_samples(Problem(**row), method, prompt_template, seed, offsets)
     return [{**s.to_dict(), "sentinels": num_sentinels_needed([s])} for s in samples]
 
 
@@ -126,6 +138,7 @@ class EncodeSamples:
             "input_ids": pa.array([e["input_ids"] for _, e in kept], pa.list_(pa.int32())),
             "labels": pa.array([e["labels"] for _, e in kept], pa.list_(pa.int32())),
             "prefix_len": pa.array([e["prefix_len"] for _, e in kept], pa.int32()),
+            "num_tokens": pa.array([len(e["input_ids"]) for _, e in kept], pa.int32()),
         })
 
 
@@ -147,7 +160,10 @@ def _build(config: ExperimentConfig, problems: list[Problem], folder: Path) -> d
     )
     samples = problems_ds.flat_map(
         samples_of_problem,
-        fn_kwargs={"method": config.method, "prompt_template": config.data.prompt_template, "seed": config.data.seed},
+        fn_kwargs={
+            "method": config.method, "prompt_template": config.data.prompt_template, "seed": config.data.seed,
+            "tokenizer_dir": str(folder / TOKENIZER_DIR),
+        },
     ).materialize()
     stats = samples.select_columns(["kind", "sentinels"]).to_pandas()  # two small columns: one pass, no shuffle
     num_sentinels = int(stats["sentinels"].max()) if len(stats) else 0
@@ -168,12 +184,14 @@ def _build(config: ExperimentConfig, problems: list[Problem], folder: Path) -> d
         compute=ray.data.ActorPoolStrategy(min_size=1, max_size=MAX_ENCODERS),
     )
     encoded.write_parquet(str(folder / ROWS_DIR))
-    kinds = _kind_counts(ray.data.read_parquet(str(folder / ROWS_DIR), columns=["kind"]).to_pandas()["kind"])
+    rows = ray.data.read_parquet(str(folder / ROWS_DIR), columns=["kind", "num_tokens"]).to_pandas()
+    kinds = _kind_counts(rows["kind"])
     return {
         "num_rows": sum(kinds.values()),
         "num_sentinels": num_sentinels,
         "kinds": kinds,
         "dropped_for_length": balanced.count() - sum(kinds.values()),
+        "num_tokens": int(rows["num_tokens"].sum()),
     }
 
 

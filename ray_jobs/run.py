@@ -14,12 +14,13 @@ from pathlib import Path
 from ray.train import UserCallback
 
 from clozemath import tracking
-from clozemath.config import ExperimentConfig, as_grid, configs_root, load_config
+from clozemath.config import ExperimentConfig, as_grid, configs_root, load_config, load_method
 from clozemath.eval.evaluate import run_folder
+from clozemath.train.budget import Footprint, matched_epochs, planned_tokens
 from ray_jobs.cluster import init_ray, user_errors_surfaced
 from ray_jobs.evaluate import print_results, run_evaluation
 from ray_jobs.preprocess import Prepared, preprocess
-from ray_jobs.train import fit
+from ray_jobs.train import fit, packs
 
 CACHE_DIR = "cache"
 
@@ -64,12 +65,17 @@ def run_experiment(
         tracking.log_config(uri, run_id, config)
         adapter, steps = None, 0
         if prepared is not None:
-            data_params = {"data.num_samples": prepared.num_rows, "data.num_sentinels": prepared.num_sentinels}
+            footprint = Footprint(prepared.num_rows, prepared.num_tokens)
+            data_params = {
+                "data.num_samples": prepared.num_rows, "data.num_sentinels": prepared.num_sentinels,
+                "train.planned_tokens": planned_tokens(footprint, config.train),
+            }
             tracking.log_params(uri, run_id, data_params)
             with user_errors_surfaced():
                 adapter, steps = fit(
                     config, prepared, run_folder(config).resolve(), run_id, train_run_name, train_callbacks
                 )
+            tracking.log_params(uri, run_id, {"train.planned_steps": steps})
             tracking.log_artifacts(uri, run_id, adapter, "adapter")
             progress(f"[{config.name}] adapter written to {adapter}")
         eval_metrics = {}
@@ -81,6 +87,24 @@ def run_experiment(
     finally:
         tracking.end_run(uri, run_id, succeeded)
     return RunOutcome(run_id=run_id, adapter=adapter, prepared=prepared, eval_metrics=eval_metrics)
+
+
+def _footprint(config: ExperimentConfig) -> Footprint:
+    prepared = _prepare(config)
+    return Footprint(prepared.num_rows, prepared.num_tokens)
+
+
+def with_budget(config: ExperimentConfig, root: Path) -> ExperimentConfig:
+    """The config with a matched `train.budget` turned into `train.epochs`: the steps or training tokens that
+    `train.budget_reference` makes in `train.epochs` on this data (both training sets prepared here, then cached)."""
+    train = config.train
+    if train.budget == "epochs" or not config.method.trains:
+        return config
+    reference = config.model_copy(update={"method": load_method(train.budget_reference, root)}, deep=True)
+    epochs = matched_epochs(train, _footprint(reference), _footprint(config), packed=packs(config))
+    progress(f"[{config.name}] budget: the {train.budget} of {train.budget_reference} in {train.epochs} epochs: "
+             f"{epochs:.3f} epochs")
+    return config.model_copy(update={"train": train.model_copy(update={"budget": "epochs", "epochs": epochs})})
 
 
 def _prepare(config: ExperimentConfig) -> Prepared:

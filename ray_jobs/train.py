@@ -37,7 +37,7 @@ from ray.train.torch import TorchTrainer
 from clozemath import tracking
 from clozemath.config import ExperimentConfig
 from clozemath.errors import ClozeMathError
-from clozemath.eval.during_training import evaluate_step, step_evaluation
+from clozemath.eval.during_training import CURVE, evaluate_step, step_evaluation
 from clozemath.train.loop import ADAPTER_DIR, StepMetrics, all_ranks_sum, eager_inference, plan_steps
 from ray_jobs.preprocess import Prepared
 
@@ -85,7 +85,7 @@ def train_worker(settings: dict[str, Any]) -> None:
                 )
         pending.append(values)
         due = metrics.step % config.train.report_every == 0 or metrics.step == metrics.total_steps
-        if checkpoint is not None or due or any(name.startswith("eval/") for name in values):
+        if checkpoint is not None or due or any(name.startswith(f"{CURVE}/") for name in values):
             ray.train.report(
                 {**values, STEPS_KEY: list(pending)},
                 checkpoint=Checkpoint.from_directory(checkpoint) if checkpoint else None,
@@ -117,12 +117,12 @@ class ForwardMetrics(UserCallback):
     def after_report(self, run_context: Any, metrics: list[dict[str, Any]], checkpoint: Checkpoint | None) -> None:
         reported = metrics[0]
         for step in reported[STEPS_KEY]:
-            logged = {name: value for name, value in step.items() if name.startswith(("train/", "eval/"))}
+            logged = {name: value for name, value in step.items() if name.startswith(("train/", f"{CURVE}/"))}
             tracking.log_metrics(self.tracking_uri, self.run_id, step["step"], logged)
-        values = {name: value for name, value in reported.items() if name.startswith(("train/", "eval/"))}
+        values = {name: value for name, value in reported.items() if name.startswith(("train/", f"{CURVE}/"))}
         accuracies = "".join(
-            f"  {name.removeprefix('eval/').removesuffix('/accuracy')} {value:.1%}"
-            for name, value in values.items() if name.startswith("eval/") and name.endswith("/accuracy")
+            f"  {name.removeprefix(f'{CURVE}/').removesuffix('/accuracy')} {value:.1%}"
+            for name, value in values.items() if name.startswith(f"{CURVE}/") and name.endswith("/accuracy")
         )
         print(
             f"[{self.label}] step {reported['step']}/{reported['total_steps']}  loss {values['train/loss']:.4f}  "
@@ -138,11 +138,15 @@ def use_gpu(config: ExperimentConfig) -> bool:
     return config.train.use_gpu
 
 
+def packs(config: ExperimentConfig) -> bool:
+    """Whether the workers will pack their samples (`train.pack_tokens`; auto: on GPUs)."""
+    return config.train.pack_tokens is not None and (config.train.pack_tokens != "auto" or use_gpu(config))
+
+
 def check_plan(config: ExperimentConfig, prepared: Prepared) -> None:
     """Refuse, before any worker starts, what would fail in every worker (and again after each restart)."""
     rows = prepared.num_rows // config.train.num_workers
-    packing = config.train.pack_tokens is not None and (config.train.pack_tokens != "auto" or use_gpu(config))
-    plan_steps(rows if packing else rows // config.train.micro_batch_size, config.train)  # a packed row: >= 1 sample
+    plan_steps(rows if packs(config) else rows // config.train.micro_batch_size, config.train)  # a packed row: >= 1 sample
     fail_at = config.train.fail_at_step
     if fail_at is not None and fail_at <= config.train.checkpoint_every:
         raise ClozeMathError(

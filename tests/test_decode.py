@@ -12,18 +12,8 @@ import pytest
 import torch
 from transformers import AutoTokenizer, DynamicCache, LlamaConfig, LlamaForCausalLM
 
-from clozemath.data.sources import load_problems
-from clozemath.eval.answers import last_boxed
 from clozemath.eval.decode import decode
-from clozemath.eval.prompts import (
-    GSM8K_STOP,
-    MINERVA_EXEMPLARS,
-    MINERVA_MATH_STOP,
-    finetuned_prompt,
-    gsm8k_few_shot,
-    gsm8k_shots,
-    minerva_math_few_shot,
-)
+from clozemath.eval.prompts import finetuned_prompt
 from clozemath.errors import ClozeMathError
 from clozemath.model.attention import additive_mask, prefix_mask_from_lengths
 
@@ -309,31 +299,3 @@ def test_cot_needs_an_answer_span(model, tokenizer):
 def test_finetuned_prompt():
     assert finetuned_prompt("What is 1+1?", "<SEP>") == "Question: What is 1+1?\nAnswer:<SEP>"
     assert finetuned_prompt("q", "<S>", template="Q: {question}\nA:") == "Q: q\nA:<S>"
-
-
-def test_gsm8k_five_shot_prompt_as_the_harness_builds_it():
-    train = load_problems("gsm8k", "train", limit=10)
-    test = load_problems("gsm8k", "test", limit=1)[0]
-    prompt = gsm8k_few_shot(test.question, gsm8k_shots(train))
-    blocks = prompt.split("\n\n")
-    assert len(blocks) == 6 and prompt.count("Question: ") == 6 and prompt.count("\nAnswer: ") == 5
-    for block, shot in zip(blocks, train[:5]):
-        assert block == f"Question: {shot.question}\nAnswer: {shot.solution}"
-        assert block.endswith(f"#### {shot.answer}") and "<<" in block  # the harness keeps calculator annotations
-    assert blocks[-1] == f"Question: {test.question}\nAnswer:"
-    assert "Question:" in GSM8K_STOP and "\n\n" in GSM8K_STOP
-    assert not any(stop in shot.solution for shot in train[:5] for stop in GSM8K_STOP)  # a shot-like answer runs whole
-
-
-def test_minerva_math_four_shot_prompt():
-    problem = load_problems("math", "test", limit=1)[0]
-    prompt = minerva_math_few_shot(problem.question)
-    assert prompt.startswith("Problem:\nFind the domain of the expression")
-    assert prompt.endswith(f"\n\nProblem:\n{problem.question}\n\nSolution:")
-    assert prompt.count("Problem:\n") == 5 and prompt.count("\n\nSolution:\n") == 4
-    assert prompt.count(". I hope it is correct.") == 4
-    for question, solution, answer in MINERVA_EXEMPLARS:
-        final = f"Final Answer: The final answer is ${answer}$. I hope it is correct."
-        assert f"Problem:\n{question}\n\nSolution:\n{solution}\n{final}" in prompt
-        assert last_boxed(solution) == answer
-    assert MINERVA_MATH_STOP == ("Problem:",)

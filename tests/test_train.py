@@ -25,7 +25,9 @@ from ray_jobs.train import check_plan
 
 VOCAB = 300
 PAD = 0
-SPECIALS = SpecialTokens(tokens={SEP: SEP, MASK: MASK}, ids={SEP: 2, MASK: 1, EOS: 0}, added=True)
+SPECIALS = SpecialTokens(
+    tokens={SEP: SEP, MASK: MASK}, ids={SEP: 2, MASK: 1, EOS: 0}, added=True, ordinary_ids=tuple(range(3, VOCAB))
+)
 
 
 def tiny_peft_model(seed: int = 0, tied: bool = False) -> torch.nn.Module:

@@ -6,12 +6,13 @@ prompt (`Question: ...\\nAnswer:`) and Y the clean solution:
 - LM sample:         prefix `P<SEP>`,     target ` Y<EOS>`
 - infilling sample:  prefix `P Y'<SEP>`,  target `<M_0> a<M_1> b<EOS>`   (P and Y' joined by one space)
 
-where Y' is Y with each masked piece replaced by its sentinel (the whitespace around the piece stays in Y'), and
-a, b are the masked pieces, each written after its sentinel with exactly one space, as the LM target writes Y
-after `<SEP>`. No other whitespace is put next to a special token. A masked piece never has whitespace at its
-ends: an equation is masked without the whitespace around it, a random span runs from a word's first character
-to a word's last one. When tokenized, each name becomes its one token and the text between names is tokenized on
-its own (`clozemath.data.tokenize`), so ` Y` and ` a` start with the tokenizer's word-initial tokens.
+where Y' is Y, less GSM8K's closing `#### N` line (it would give the always-masked last equation's result away), with
+each masked piece replaced by its sentinel (the whitespace around the piece stays in Y'), and a, b are the masked
+pieces, each written after its sentinel with exactly one space, as the LM target writes Y after `<SEP>`. No other
+whitespace is put next to a special token. A masked piece never has whitespace at its ends: an equation is masked
+without the whitespace around it, a random span runs from a token's first visible character to a token's last one.
+When tokenized, each name becomes its one token and the text between names is tokenized on its own
+(`clozemath.data.tokenize`), so ` Y` and ` a` start with the tokenizer's word-initial tokens.
 
 Randomness (which members of a group are masked, where random spans fall, which problems get an extra LM copy) comes
 from a per-problem RNG derived from (seed, problem id, purpose): the samples of a problem do not depend on the
@@ -22,24 +23,21 @@ from __future__ import annotations
 
 import math
 import random
-import re
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Literal
 
 import torch
 
-from clozemath.config import DataConfig, MethodConfig, RandomSpanConfig
-from clozemath.data.segment import Segment, equation_units, segment_solution
+from clozemath.config import DataConfig, MethodConfig, RandomSpanConfig, SpanShape
+from clozemath.data.segment import Segment, equation_units, segment_solution, without_final_answer
 from clozemath.data.sources import Problem
 from clozemath.data.tokenize import EOS, IGNORE_INDEX, SEP, sentinel
 from clozemath.errors import ClozeMathError
 
 SampleKind = Literal["lm", "cloze", "random_span"]
 INFILLING_KINDS: tuple[SampleKind, ...] = ("cloze", "random_span")
-
-_WORD = re.compile(r"\S+")
 
 
 @dataclass(frozen=True)
@@ -98,11 +96,17 @@ def _masked_piece(text: str) -> list[Piece]:
 
 
 def group_halves(units: Sequence[Sequence[int]], rng: random.Random) -> list[list[int]]:
-    """The members masked when each unit is masked: all of a lone equation, a random half (at least one) of a group.
+    """The members masked when each unit is masked: all of a lone equation, a random half of a group.
 
-    Drawn once per problem, so progressive demasking reveals the same hidden members of a group throughout.
+    Half of an odd group rounds down or up at random, with even odds (a 3-equation group hides 1 or 2): groups are
+    masked 50% on average, as the paper says. Drawn once per problem, so progressive demasking reveals the same hidden
+    members of a group throughout.
     """
-    return [list(unit) if len(unit) == 1 else sorted(rng.sample(list(unit), max(1, len(unit) // 2))) for unit in units]
+    return [list(unit) if len(unit) == 1 else sorted(rng.sample(list(unit), _half(len(unit), rng))) for unit in units]
+
+
+def _half(size: int, rng: random.Random) -> int:
+    return size // 2 + (size % 2 == 1 and rng.random() < 0.5)
 
 
 def cloze_pieces(segments: Sequence[Segment], masked: set[int]) -> list[Piece]:
@@ -123,6 +127,31 @@ def cloze_samples(
     ]
 
 
+TokenOffsets = Callable[[str], list[tuple[int, int]]]
+"""A tokenizer's character offsets `[start, end)` of each token of a text (`clozemath.data.tokenize.token_offsets`)."""
+
+_SPAN_DRAWS = 20
+"""Draws per random-span sample before a repeat of an earlier sample of the problem is accepted (short solutions)."""
+
+
+def visible_tokens(text: str, offsets: Sequence[tuple[int, int]]) -> list[tuple[int, int]]:
+    """The character ranges of the tokens that show something, trimmed of whitespace: whitespace-only tokens
+    (`\n`) dropped, tokens sharing a character (one character split into byte tokens) merged."""
+    ranges: list[tuple[int, int]] = []
+    for start, end in offsets:
+        piece = text[start:end]
+        core = piece.strip()
+        if not core:
+            continue
+        start += len(piece) - len(piece.lstrip())
+        end = start + len(core)
+        if ranges and start < ranges[-1][1]:
+            ranges[-1] = (ranges[-1][0], max(end, ranges[-1][1]))
+        else:
+            ranges.append((start, end))
+    return ranges
+
+
 def _composition(total: int, parts: int, rng: random.Random, minimum: int) -> list[int]:
     """`total` split at random into `parts` integers, each at least `minimum` (requires total >= parts * minimum)."""
     free = total - parts * minimum
@@ -131,17 +160,17 @@ def _composition(total: int, parts: int, rng: random.Random, minimum: int) -> li
     return [minimum + edges[i + 1] - edges[i] - 1 for i in range(parts)]
 
 
-def random_span_words(num_words: int, config: RandomSpanConfig, rng: random.Random) -> list[tuple[int, int]]:
-    """Word spans [start, end) covering about `coverage` of the words, `mean_span_words` long on average.
+def random_spans(num_tokens: int, shape: SpanShape, rng: random.Random) -> list[tuple[int, int]]:
+    """Token spans [start, end) covering about `shape.coverage` of the tokens, `shape.mean_span_tokens` long on average.
 
-    The T5 recipe on words: the masked count and the span count are fixed, then both the masked and the kept
-    words are split at random into runs, kept runs between spans never empty.
+    The T5 recipe: the masked count and the span count are fixed, then both the masked and the kept tokens are split
+    at random into runs, kept runs between spans never empty.
     """
-    if num_words == 0:
+    if num_tokens == 0:
         return []
-    num_masked = min(num_words, max(1, round(config.coverage * num_words)))
-    num_kept = num_words - num_masked
-    num_spans = max(1, min(round(num_masked / config.mean_span_words), num_masked, num_kept + 1))
+    num_masked = min(num_tokens, max(1, round(shape.coverage * num_tokens)))
+    num_kept = num_tokens - num_masked
+    num_spans = max(1, min(round(num_masked / shape.mean_span_tokens), num_masked, num_kept + 1))
     span_lengths = _composition(num_masked, num_spans, rng, minimum=1)
     inner_gaps = _composition(num_kept - (num_spans - 1), num_spans + 1, rng, minimum=0)
     spans, position = [], inner_gaps[0]
@@ -151,28 +180,51 @@ def random_span_words(num_words: int, config: RandomSpanConfig, rng: random.Rand
     return spans
 
 
-def random_span_pieces(solution: str, spans: Sequence[tuple[int, int]]) -> list[Piece]:
-    words = [match.span() for match in _WORD.finditer(solution)]
+def random_span_pieces(
+    solution: str, tokens: Sequence[tuple[int, int]], spans: Sequence[tuple[int, int]]
+) -> list[Piece]:
+    """The solution with the characters of each token span masked (from its first token's first visible character
+    to its last token's last one)."""
     pieces: list[Piece] = []
     cursor = 0
     for first, end in spans:
-        start, stop = words[first][0], words[end - 1][1]
+        start, stop = tokens[first][0], tokens[end - 1][1]
         pieces += [(solution[cursor:start], False), (solution[start:stop], True)]
         cursor = stop
     pieces.append((solution[cursor:], False))
     return [p for p in pieces if p[0]]
 
 
+def _new_spans(
+    num_tokens: int, shape: SpanShape, rng: random.Random, earlier: Sequence[list[tuple[int, int]]]
+) -> list[tuple[int, int]]:
+    """Spans of `shape` unlike every earlier sample's, where `_SPAN_DRAWS` draws find such."""
+    for _ in range(_SPAN_DRAWS):
+        spans = random_spans(num_tokens, shape, rng)
+        if spans not in earlier:
+            break
+    return spans
+
+
 def random_span_samples(
-    problem_id: str, prompt: str, solution: str, count: int, config: RandomSpanConfig, rng: random.Random
+    problem_id: str,
+    prompt: str,
+    solution: str,
+    count: int,
+    config: RandomSpanConfig,
+    token_offsets: TokenOffsets,
+    rng: random.Random,
 ) -> list[Sample]:
-    """`count` independent random-span samples of one solution."""
-    num_words = sum(1 for _ in _WORD.finditer(solution))
+    """`count` random-span samples of one solution, taking the configured shapes (short, long) in turn from a random
+    first one, each masking other tokens than the ones before it where the solution allows."""
+    tokens = visible_tokens(solution, token_offsets(solution))
+    first = rng.randrange(len(config.shapes))
+    drawn: list[list[tuple[int, int]]] = []
+    for index in range(count):
+        drawn.append(_new_spans(len(tokens), config.shapes[(first + index) % len(config.shapes)], rng, drawn))
     return [
-        infilling_sample(
-            problem_id, "random_span", prompt, random_span_pieces(solution, random_span_words(num_words, config, rng))
-        )
-        for _ in range(count)
+        infilling_sample(problem_id, "random_span", prompt, random_span_pieces(solution, tokens, spans))
+        for spans in drawn
     ]
 
 
@@ -183,29 +235,40 @@ def samples_from_segments(
     units: Sequence[Sequence[int]],
     method: MethodConfig,
     seed: int,
+    token_offsets: TokenOffsets | None = None,
 ) -> list[Sample]:
-    """One LM sample, then the method's infilling samples (k of them for k units of F), unbalanced.
+    """One LM sample, then the method's infilling samples (k of them for k units of F), unbalanced; random spans need
+    the model tokenizer's `token_offsets`.
 
-    Y is the segments joined, which segmentation guarantees to be the clean solution.
+    Y is the segments joined, which segmentation guarantees to be the clean solution. Infilling samples show Y without
+    GSM8K's `#### N` line: their last equation is always masked, and that line would give its result away.
     """
     if not method.trains:
         raise ClozeMathError(f"method '{method.name}' does not train: it has no training samples")
     solution = "".join(segment.text for segment in segments)
     samples = [lm_sample(problem_id, prompt, solution)] if "lm" in method.objectives else []
+    shown = without_final_answer(segments)  # the final answer line is text: the units' indices stay valid
     if "cloze" in method.objectives:
-        samples += cloze_samples(problem_id, prompt, segments, units, problem_rng(seed, problem_id, "cloze"))
+        samples += cloze_samples(problem_id, prompt, shown, units, problem_rng(seed, problem_id, "cloze"))
     if "random_span" in method.objectives:
         assert method.random_span is not None  # the config validator pairs the objective with its settings
+        if token_offsets is None:
+            raise ClozeMathError(f"method '{method.name}': random spans are drawn over tokens, give a tokenizer")
         rng = problem_rng(seed, problem_id, "random_span")
-        samples += random_span_samples(problem_id, prompt, solution, len(units), method.random_span, rng)
+        shown_solution = "".join(segment.text for segment in shown)
+        samples += random_span_samples(
+            problem_id, prompt, shown_solution, len(units), method.random_span, token_offsets, rng
+        )
     return samples
 
 
-def build_samples(problem: Problem, method: MethodConfig, prompt_template: str, seed: int) -> list[Sample]:
+def build_samples(
+    problem: Problem, method: MethodConfig, prompt_template: str, seed: int, token_offsets: TokenOffsets | None = None
+) -> list[Sample]:
     """A problem's samples before balancing: Ray Data's flat_map calls this once per problem."""
     segments = segment_solution(problem.dataset, problem.solution)
     prompt = format_prompt(prompt_template, problem.question)
-    return samples_from_segments(problem.id, prompt, segments, equation_units(segments), method, seed)
+    return samples_from_segments(problem.id, prompt, segments, equation_units(segments), method, seed, token_offsets)
 
 
 def count_kinds(samples: Iterable[Sample]) -> Counter[str]:
@@ -238,45 +301,34 @@ def balance(samples: Iterable[Sample], repeats: float, seed: int) -> list[Sample
     return out
 
 
-PAPER_SPANS = {
-    "random_span_short": RandomSpanConfig(coverage=0.15, mean_span_words=3),
-    "random_span_long": RandomSpanConfig(coverage=0.5, mean_span_words=12),
-}
-"""The paper's random-span ablations, as in configs/methods/random_span_{short,long}.yaml."""
-
-
 def objective_counts(problems: Iterable[Problem], lm_share: float, seed: int) -> dict[str, int]:
     """How many samples each objective makes on these problems (counted by building them), and the balanced total.
 
-    `lm`: one per problem before balancing; `lm_balanced`: its copies once balanced against the cloze samples at
-    `lm_share`; `balanced_total`: ClozeMath's training set (lm_balanced + cloze).
+    `lm`: one per problem before balancing; `cloze`: one per unit of F (random-span infilling makes as many);
+    `lm_balanced`: the LM copies once balanced against the cloze samples at `lm_share`; `balanced_total`: ClozeMath's
+    training set (lm_balanced + cloze).
     """
     clozemath = MethodConfig(name="clozemath", objectives=["lm", "cloze"], lm_share=lm_share)
-    span_methods = {
-        key: MethodConfig(name=key, objectives=["random_span"], random_span=spans) for key, spans in PAPER_SPANS.items()
-    }
     counts: Counter[str] = Counter()
     problem_ids = []
     for problem in problems:
-        segments = segment_solution(problem.dataset, problem.solution)
-        units = equation_units(segments)
-        counts += count_kinds(samples_from_segments(problem.id, "", segments, units, clozemath, seed))
-        for key, method in span_methods.items():
-            counts[key] += len(samples_from_segments(problem.id, "", segments, units, method, seed))
+        counts += count_kinds(build_samples(problem, clozemath, "", seed))
         problem_ids.append(problem.id)
-    repeats = lm_repeats(Counter(lm=counts["lm"], cloze=counts["cloze"]), lm_share)
+    repeats = lm_repeats(counts, lm_share)
     lm_balanced = sum(lm_copies(problem_id, repeats, seed) for problem_id in problem_ids)
-    return {
-        **{key: counts[key] for key in ("lm", "cloze", *span_methods)},
-        "lm_balanced": lm_balanced,
-        "balanced_total": lm_balanced + counts["cloze"],
-    }
+    return {"lm": counts["lm"], "cloze": counts["cloze"], "lm_balanced": lm_balanced,
+            "balanced_total": lm_balanced + counts["cloze"]}
 
 
-def dataset_samples(problems: Iterable[Problem], method: MethodConfig, data: DataConfig) -> list[Sample]:
+def dataset_samples(
+    problems: Iterable[Problem], method: MethodConfig, data: DataConfig, token_offsets: TokenOffsets | None = None
+) -> list[Sample]:
     """Every training sample of a dataset, balanced, in problem order (LM copies first, then infilling)."""
-    unbalanced = [s for problem in problems for s in build_samples(problem, method, data.prompt_template, data.seed)]
-    return balance(unbalanced, lm_repeats(count_kinds(unbalanced), method.lm_share), data.seed)
+    if data.seed is None:
+        raise ClozeMathError("data.seed is unset (an experiment sets it from train.seed)")
+    template, seed = data.prompt_template, data.seed
+    unbalanced = [s for problem in problems for s in build_samples(problem, method, template, seed, token_offsets)]
+    return balance(unbalanced, lm_repeats(count_kinds(unbalanced), method.lm_share), seed)
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -294,13 +346,14 @@ def apply_mft_noise(
     rate: float,
     noise: Literal["mask", "random"],
     mask_id: int,
-    vocab_size: int,
+    noise_ids: torch.Tensor,
     generator: torch.Generator | None = None,
 ) -> torch.Tensor:
-    """New input ids: each target token (labels != -100) replaced with probability `rate` by `<mask>` or a
-    uniformly random token. The prefix, the padding and the labels are left as they are.
+    """New input ids: each target token (labels != -100) replaced with probability `rate` by `<mask>` or a token
+    drawn uniformly from `noise_ids` (the tokenizer's ordinary tokens, as Masked Thought draws them: never a
+    special, reserved or padding row). The prefix, the padding and the labels are left as they are.
 
-    `generator` must live on `input_ids`' device.
+    `generator` and `noise_ids` must live on `input_ids`' device.
     """
     hit = (labels != IGNORE_INDEX) & (
         torch.rand(input_ids.shape, generator=generator, device=input_ids.device) < rate
@@ -308,7 +361,6 @@ def apply_mft_noise(
     if noise == "mask":
         replacement = torch.full_like(input_ids, mask_id)
     else:
-        replacement = torch.randint(
-            0, vocab_size, input_ids.shape, generator=generator, device=input_ids.device, dtype=input_ids.dtype
-        )
+        drawn = torch.randint(0, len(noise_ids), input_ids.shape, generator=generator, device=input_ids.device)
+        replacement = noise_ids[drawn].to(input_ids.dtype)
     return torch.where(hit, replacement, input_ids)

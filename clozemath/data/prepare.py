@@ -20,6 +20,7 @@ from clozemath.data.tokenize import (
     encode_samples,
     install_special_tokens,
     num_sentinels_needed,
+    token_offsets,
 )
 from clozemath.model.load import load_tokenizer
 
@@ -52,8 +53,8 @@ def prepare_data(config: ExperimentConfig, limit: int | None = None) -> Prepared
     """Load the problems, build and balance the method's samples, install the special tokens, tokenize."""
     data = config.data
     problems = load_problems(data.dataset, data.split, data.path, limit if limit is not None else data.limit)
-    samples = dataset_samples(problems, config.method, data)
     tokenizer = load_tokenizer(config.model)
+    samples = dataset_samples(problems, config.method, data, token_offsets(tokenizer))
     specials = install_special_tokens(tokenizer, num_sentinels_needed(samples), config.model.eos_token)
     encoded = encode_samples(samples, tokenizer, specials, data.max_length)
     return PreparedData(len(problems), samples, encoded, tokenizer, specials)

@@ -5,17 +5,21 @@ belongs to text segments, so an equation starts and ends on a visible character.
 
 GSM8K: one equation per `<<expr=result>>` calculator annotation, the arithmetic visible around it: the expression
 left of it with its `=` and the result right of it (`48/2 = <<48/2=24>>24` gives `48/2 = 24`), or the result alone
-where no expression is visible. Currency, percent signs, thousands commas and unit words (`7 stickers/page * 6
-pages= 42`) belong to the equation; the `#### N` line is never one.
+where no expression is visible. Currency, percent signs, thousands commas and unit words, abbreviated or hyphenated
+(`7 stickers/page * 6 pages= 42`, `640 sq. ft. - 80 sq. ft. = 560`), belong to the equation; the `#### N` line is
+never one.
 
 MATH: equations are the relation-bearing (`=`, `<`, `\\le`, `\\equiv`, ...) parts of LaTeX math spans (`$..$`,
 `$$..$$`, `\\(..\\)`, `\\[..\\]`, `align`, `equation`, `eqnarray`); a span without a relation (`$x$`) is text, and so
 are `[asy]` pictures and spans that never close. The delimiters stay in the text, so that masking `$x = 5$` leaves
-`$<M_0>$`: the context still says "a formula stands here", and the model fills in only the formula. A span of several
-rows (`\\\\`-separated lines of a display, an align environment, a `cases`/`array`/`aligned` system) is a group: each
-relation-bearing row is an equation of the group, while the separators and alignment context (`\\begin{aligned}`, a
-row's leading `&`, its closing punctuation) are text. A rows environment inside a relation (`f(x) = \\begin{cases}`)
-is part of one equation, and matrix rows (`pmatrix`) never split.
+`$<M_0>$`: the context still says "a formula stands here", and the model fills in only the formula. Each
+relation-bearing row of a span of several rows (`\\\\`-separated lines of a display, an align environment, a
+`cases`/`array`/`aligned` block) is an equation, while the separators and alignment context (`\\begin{aligned}`, a
+row's leading `&`, its closing punctuation) are text. The rows form a group (simultaneous equations, one unit of F)
+when each states an equation with its own left side, none opens with an implication and there are no more rows than
+unknowns; otherwise (`&=` chains, `\\Rightarrow` rows, one equation rewritten row after row) they are steps, each
+an equation of its own. A rows environment inside a relation (`f(x) = \\begin{cases}`) is part of one equation,
+and matrix rows (`pmatrix`) never split.
 """
 
 from __future__ import annotations
@@ -63,6 +67,15 @@ def segment_solution(dataset: str, solution: str) -> list[Segment]:
     return _segments(solution, _math_equations(solution))
 
 
+def without_final_answer(segments: list[Segment]) -> list[Segment]:
+    """The segments without GSM8K's closing `#### N` line (and the line break before it): what an infilling sample
+    shows, since its last equation is always masked and `#### N` would give that equation's result away."""
+    if not segments or segments[-1].kind != "text":
+        return list(segments)
+    kept = _FINAL_ANSWER_LINE.sub("", segments[-1].text)
+    return [*segments[:-1], *([Segment("text", kept)] if kept else [])]
+
+
 def equation_units(segments: list[Segment]) -> list[list[int]]:
     """The units of F in order, as segment indices: an ungrouped equation alone, or all members of one group."""
     units: list[list[int]] = []
@@ -102,6 +115,8 @@ def _segments(text: str, spans: list[_Span]) -> list[Segment]:
 # ---------------------------------------------------------------------------------------------------------------
 # GSM8K: `Natalia sold 48/2 = <<48/2=24>>24 clips` -> equation `48/2 = 24` (the annotation's place anchors it).
 
+# GSM8K's final answer line, `#### 72`, with the line break before it.
+_FINAL_ANSWER_LINE = re.compile(r"\s*####[^\n]*\s*\Z")
 # A calculator annotation, `<<48/2=24>>`; annotations never nest nor hold `<` or `>`.
 _ANNOTATION = re.compile(r"<<[^<>]*>>")
 # A number as GSM8K writes it: `1,148`, `0.2`, `.5` (thousands commas only in groups of three).
@@ -110,18 +125,22 @@ _NUMBER = r"(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?|\.\d+"
 _CURRENCY = "$€£¢"
 # The visible result right after an annotation: `24`, `-10`, `1,148`, `.4`, `95%`, `20€`.
 _RESULT = re.compile(rf"-?(?:{_NUMBER})[%{_CURRENCY}]?")
+# A unit word: letters, with inner periods, hyphens or ampersands and an abbreviation's closing period (`pages`,
+# `sq.ft`, `ft.`, `lbs.`, `a.m.`, `time-outs`, `M&Ms`, `cm³`); a period before a capitalised word ends a sentence.
+_UNIT = r"[A-Za-z][A-Za-z²³]*(?:[-.&][A-Za-z²³]+)*(?:\.(?![ \t]+[A-Z]))?"
 # One operand of visible arithmetic: brackets, a sign, currency, then a number (`$1.25`, `20%`, `20€`, `56cm`,
-# `2E`) or a one-letter variable (`x`, `E`), then unit words and closing brackets (`7 stickers/page`, `(5280 feet/1
-# mile)`, `6 pages`).
+# `2E`) or a one-letter variable (`x`, `E`), then unit words, per-unit words, named parts in brackets and closing
+# brackets (`7 stickers/page`, `12 cookies / box`, `(5280 feet/1 mile)`, `6 pages`, `1 (Carmela)`, `(50-40)mph`).
 _OPERAND = (
-    rf"(?:[(\[][ \t]*)*-?[{_CURRENCY}]?(?:(?:{_NUMBER})[%{_CURRENCY}]?[A-Za-z]*|\b[A-Za-z]\b)"
-    r"(?:[ \t]+[A-Za-z]+|/[A-Za-z]+|[)\]])*"
+    rf"(?:[(\[][ \t]*)*-?[{_CURRENCY}]?(?:(?:{_NUMBER})[%{_CURRENCY}]?(?:{_UNIT})?|\b[A-Za-z]\b)"
+    rf"(?:[ \t]+{_UNIT}|[ \t]*/[ \t]*{_UNIT}|[ \t]*\([A-Za-z][A-Za-z ]*\)|[ \t]*[)\]](?:{_UNIT})?)*"
 )
 # An operator between operands: + - * / ^, the dashes and signs people type, `x` for times, words (`3 times 60`),
 # and `=` for chains (`x = 3*4 = 12`).
 _OPERATOR = r"[ \t]*(?:[-+*/^=×÷–−]|[xX]|\b(?:plus|minus|times|divided by|multiplied by)\b)[ \t]*"
-# Operands joined by operators, ending where the result starts, after its `=` (or `equals`).
-_EQUALS = r"[ \t]*(?:=|\bequals\b)[ \t]*\Z"
+# Operands joined by operators, ending where the result starts, after its `=` (or `equals`) and any currency or
+# percent sign written apart from the result (`=$ 100`, `= %95`).
+_EQUALS = rf"[ \t]*(?:=|\bequals\b)[ \t]*[{_CURRENCY}%]*[ \t]*\Z"
 # The expression left of an annotation; a leading operator is allowed only where the expression continues the
 # previous equation on its line (`5+5=10+2=12`).
 _EXPRESSION = re.compile(rf"{_OPERAND}(?:{_OPERATOR}{_OPERAND})*{_EQUALS}")
@@ -182,6 +201,11 @@ _ROWS_ENVIRONMENT = re.compile(
 _RELATION = re.compile(
     r"[=<>]|\\(?:le|leq|leqslant|ge|geq|geqslant|ne|neq|equiv|approx|lt|gt|cong|sim|simeq|doteq|propto)(?![A-Za-z])"
 )
+# A row that opens with an implication derives from the row before: `\Rightarrow x &= 2`.
+_IMPLICATION = re.compile(r"\\(?:Rightarrow|Longrightarrow|implies|therefore|iff|Leftrightarrow|to)(?![A-Za-z])")
+# LaTeX commands and `\text{...}` words, which name no unknown; and a one-letter symbol, which may.
+_COMMAND = re.compile(r"\\(?:text|mbox|mathrm)\s*\{[^{}]*\}|\\[A-Za-z]+")
+_SYMBOL = re.compile(r"(?<![A-Za-z])[A-Za-z](?![A-Za-z])")
 # What a row may start with that is layout, not equation: spaces, alignment `&`, `\hline`.
 _ROW_HEAD = re.compile(r"(?:\s|&|\\hline)*")
 # What a row may end with that is punctuation or spacing, not equation: `.`, `,`, `\quad`, `\,`, `~`, `\nonumber`
@@ -195,10 +219,29 @@ def _math_equations(solution: str) -> list[_Span]:
     groups = 0
     for body_start, body_end in _math_bodies(solution):
         rows = _equation_rows(solution, body_start, body_end)
-        group = groups if len(rows) > 1 else None
+        group = groups if _is_system([solution[start:end] for start, end in rows]) else None
         groups += group is not None
         spans.extend(_Span(start, end, group) for start, end in rows)
     return spans
+
+
+def _is_system(rows: list[str]) -> bool:
+    """Whether the rows of one display are simultaneous equations (one unit of F) rather than a chain of steps.
+
+    A system: every row states an equation with its own left side, no row opens with an implication, and there are
+    no more rows than unknowns (one-letter symbols). Otherwise the rows are steps that follow from each other:
+    `&= ...` continuations, `\\Rightarrow` rows, or one equation rewritten row after row (`2x+3 &= 7 \\\\ 2x &= 4`).
+    """
+    if len(rows) < 2 or not all(map(_has_own_left_side, rows)):
+        return False
+    unknowns = set(_SYMBOL.findall(_COMMAND.sub(" ", " ".join(rows))))
+    return len(rows) <= len(unknowns)
+
+
+def _has_own_left_side(row: str) -> bool:
+    relation = _RELATION.search(row)
+    left = row[: relation.start()] if relation else ""
+    return not _IMPLICATION.match(row) and re.search(r"[0-9A-Za-z]", left) is not None
 
 
 def _math_bodies(text: str) -> list[tuple[int, int]]:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from itertools import chain
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -41,6 +41,9 @@ class SpecialTokens:
     """Our name -> token id; also `<EOS>` -> the tokenizer's end-of-sequence id."""
     added: bool
     """True when new tokens were added: the model's embeddings must be resized."""
+    ordinary_ids: tuple[int, ...]
+    """The tokenizer's ordinary tokens (no special, reserved or added token, no padding row of the embedding matrix):
+    what MFT's random-token noise draws from."""
 
     @property
     def trainable_ids(self) -> list[int]:
@@ -83,7 +86,26 @@ def install_special_tokens(
         tokens = dict(zip(names, reserved))
     ids = {name: tokenizer.convert_tokens_to_ids(token) for name, token in tokens.items()}
     ids[EOS] = tokenizer.eos_token_id
-    return SpecialTokens(tokens=tokens, ids=ids, added=added)
+    return SpecialTokens(tokens=tokens, ids=ids, added=added, ordinary_ids=ordinary_token_ids(tokenizer))
+
+
+def ordinary_token_ids(tokenizer: PreTrainedTokenizerBase) -> tuple[int, ...]:
+    """Ids of the tokenizer's ordinary tokens: all but its added and special ones (Llama 3's `<|...|>`, reserved
+    tokens included); the embedding matrix's padding rows past `len(tokenizer)` are no tokens at all."""
+    excluded = set(tokenizer.added_tokens_decoder) | set(tokenizer.all_special_ids)
+    return tuple(i for i in range(len(tokenizer)) if i not in excluded)
+
+
+def token_offsets(tokenizer: PreTrainedTokenizerBase) -> Callable[[str], list[tuple[int, int]]]:
+    """A text -> the character offsets of its tokens, no special token added (random spans are drawn over them)."""
+    if not tokenizer.is_fast:
+        raise ClozeMathError(f"tokenizer {type(tokenizer).__name__} gives no character offsets (a fast one does)")
+
+    def offsets(text: str) -> list[tuple[int, int]]:
+        encoded = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
+        return [tuple(pair) for pair in encoded["offset_mapping"]]
+
+    return offsets
 
 
 # --------------------------------------------------------------------------------------------------------------

@@ -1,8 +1,9 @@
 """Evaluation during training: accuracy against training steps (the paper's Figure 3).
 
-Every `eval.every_steps` optimizer steps (the last one excepted: the run's full evaluation covers it), the training
-workers decode `eval.during_training_limit` problems of the first evaluation set with its first decoding, on the
-weights they hold, and report `eval/<set>/<decoding>/accuracy` (and `correct`, `total`) with that step's metrics.
+Every `eval.every_steps` optimizer steps and after the last one, the training workers decode the same
+`eval.during_training_limit` problems of the first evaluation set with its first decoding, on the weights they hold,
+and report `curve/<set>/<decoding>/accuracy` (and `correct`, `total`) with that step's metrics: every point of a
+curve is measured on one subset, apart from the run's final full-set `eval/...` accuracy.
 Each rank decodes its share of the problems and the counts are summed over the ranks; under ZeRO-3, where every
 forward pass gathers parameters from all ranks, every rank decodes all of them in step instead.
 
@@ -23,6 +24,8 @@ if TYPE_CHECKING:
     from clozemath.model.load import Loaded
 
 SumOverRanks = Callable[[list[float]], list[float]]
+CURVE = "curve"
+"""The metrics' prefix: `curve/<set>/<decoding>/accuracy`, apart from the final evaluation's `eval/...`."""
 
 
 @dataclass(frozen=True)
@@ -35,7 +38,7 @@ class StepEvaluation:
     every_steps: int
 
     def due(self, step: int, total_steps: int) -> bool:
-        return step % self.every_steps == 0 and step < total_steps
+        return step % self.every_steps == 0 or step == total_steps
 
 
 def step_evaluation(cfg: ExperimentConfig) -> StepEvaluation | None:
@@ -67,5 +70,5 @@ def evaluate_step(
         model.train()
     counts = [float(sum(p.correct for p in predictions)), float(len(predictions))]
     correct, total = counts if lockstep else sum_over_ranks(counts)
-    key = f"eval/{evaluation.set_name}/{evaluation.decoding}"
+    key = f"{CURVE}/{evaluation.set_name}/{evaluation.decoding}"
     return {f"{key}/accuracy": correct / total if total else 0.0, f"{key}/correct": correct, f"{key}/total": total}

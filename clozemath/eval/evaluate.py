@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import random
 import sys
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, fields, replace
 from fractions import Fraction
@@ -23,10 +23,10 @@ from clozemath.data.sources import Problem, load_problems, read_jsonl
 from clozemath.data.objectives import format_prompt, lm_sample
 from clozemath.data.tokenize import encode_samples
 from clozemath.errors import ClozeMathError
-from clozemath.eval.answers import DATASETS, answer_span, grade, normalize_math_answer
+from clozemath.eval.answers import DATASETS, NUMERIC_DATASETS, answer_span, grade, normalize_math_answer
 from clozemath.eval.decode import Generation, PromptAttention, decode
+from clozemath.eval.harness import STRICT_MATCH, filtered_answer, harness_verdicts
 from clozemath.eval.prompts import (
-    GSM8K_SHOTS,
     GSM8K_STOP,
     MINERVA_MATH_STOP,
     gsm8k_few_shot,
@@ -51,14 +51,20 @@ class Prediction:
     gold: str
     correct: bool
     confidence: float | None
+    harness: dict[str, bool] | None = None
+    """Few-shot GSM8K-like predictions (base models): lm-evaluation-harness's verdict per answer filter (strict-match,
+    flexible-extract), `extracted` and `correct` being strict-match's; None where clozemath's rules grade."""
 
 
 _FIELD_TYPES: dict[str, tuple[type, ...]] = {
     "id": (str,), "dataset": (str,), "decoding": (str,), "prompt": (str,), "generation": (str,),
     "extracted": (str, type(None)), "gold": (str,), "correct": (bool,), "confidence": (int, float, type(None)),
+    "harness": (dict, type(None)),
 }
 _REQUIRED = ("id", "dataset", "generation", "gold")  # the rest default: `score` regrades from these
-_DEFAULTS: dict[str, Any] = {"decoding": "", "prompt": "", "extracted": None, "correct": False, "confidence": None}
+_DEFAULTS: dict[str, Any] = {
+    "decoding": "", "prompt": "", "extracted": None, "correct": False, "confidence": None, "harness": None,
+}
 
 
 def _has_type(value: Any, allowed: tuple[type, ...]) -> bool:
@@ -97,15 +103,35 @@ def write_predictions(path: str | Path, predictions: Iterable[Prediction], appen
             handle.write(json.dumps(asdict(prediction), ensure_ascii=False) + "\n")
 
 
+@dataclass(frozen=True)
+class _Verdict:
+    extracted: str | None
+    correct: bool
+    harness: dict[str, bool] | None
+
+
+def _verdict(dataset: str, generation: str, gold: str, harness: bool) -> _Verdict:
+    """clozemath's grading, or (`harness`, for few-shot GSM8K-like sets) the harness's filters, strict-match first."""
+    if harness and dataset in NUMERIC_DATASETS:
+        verdicts = harness_verdicts(generation, gold)
+        return _Verdict(filtered_answer(STRICT_MATCH, generation), verdicts[STRICT_MATCH], verdicts)
+    graded = grade(dataset, generation, gold)
+    return _Verdict(graded.extracted, graded.correct, None)
+
+
 def regrade(predictions: list[Prediction]) -> list[Prediction]:
-    """The predictions with `extracted` and `correct` recomputed from `generation` and `gold`."""
+    """The predictions with `extracted`, `correct` (and the harness's verdicts, where it graded) recomputed from
+    `generation` and `gold`."""
     regraded = []
     for prediction in predictions:
+        by_harness = prediction.harness is not None
         try:
-            graded = grade(prediction.dataset, prediction.generation, prediction.gold)
+            verdict = _verdict(prediction.dataset, prediction.generation, prediction.gold, by_harness)
         except ClozeMathError as exc:
             raise ClozeMathError(f"prediction '{prediction.id}': {exc}") from None
-        regraded.append(replace(prediction, extracted=graded.extracted, correct=graded.correct))
+        regraded.append(
+            replace(prediction, extracted=verdict.extracted, correct=verdict.correct, harness=verdict.harness)
+        )
     return regraded
 
 
@@ -201,15 +227,22 @@ class Prompt:
 
 
 @cache
-def _gsm8k_shots() -> tuple[Problem, ...]:
-    return tuple(gsm8k_shots(load_problems("gsm8k", "train", limit=GSM8K_SHOTS)))
+def _gsm8k_train() -> tuple[Problem, ...]:
+    return tuple(load_problems("gsm8k", "train"))
+
+
+def _harness_document(problem: Problem) -> int:
+    """The problem's position in the harness's `gsm8k` test documents (its file order); other GSM8K-like sets, which
+    are no harness task, take the shots of the first document."""
+    prefix = "gsm8k-test-"
+    return int(problem.id.removeprefix(prefix)) if problem.id.startswith(prefix) else 0
 
 
 def few_shot_prompt(problem: Problem) -> str:
     """GSM8K 5-shot (also for GSM-Symbolic), or Minerva MATH 4-shot, as lm-evaluation-harness builds them."""
     if problem.dataset == "math":
         return minerva_math_few_shot(problem.question)
-    return gsm8k_few_shot(problem.question, _gsm8k_shots())
+    return gsm8k_few_shot(problem.question, gsm8k_shots(_gsm8k_train(), _harness_document(problem)))
 
 
 def stop_strings(dataset: str, prompting: Prompting) -> tuple[str, ...]:
@@ -280,24 +313,29 @@ def evaluate_batch(
         prompts = build_prompts(group, loaded, prompting)
         generations = _decode(loaded, prompts, dataset, decoding, eval_cfg, prompting)
         for index, problem, prompt, generation in zip(indices, group, prompts, generations):
-            graded = grade(dataset, generation.text, problem.answer)
+            verdict = _verdict(dataset, generation.text, problem.answer, prompting.few_shot)
             predictions[index] = Prediction(
-                problem.id, dataset, decoding, prompt.text, generation.text, graded.extracted, problem.answer,
-                graded.correct, generation.confidence,
+                problem.id, dataset, decoding, prompt.text, generation.text, verdict.extracted, problem.answer,
+                verdict.correct, generation.confidence, verdict.harness,
             )
     return [prediction for prediction in predictions if prediction is not None]
 
 
 def metrics(predictions: Iterable[Prediction]) -> dict[str, float]:
-    """`eval/<set>/<decoding>/accuracy`, `.../correct`, `.../total` for every set (dataset) and decoding present."""
+    """`eval/<set>/<decoding>/accuracy`, `.../correct`, `.../total` for every set (dataset) and decoding present; where
+    the harness graded, also its filters' accuracies, `.../strict-match` and `.../flexible-extract`."""
     counts: dict[tuple[str, str], list[int]] = defaultdict(lambda: [0, 0])
+    by_filter: dict[tuple[str, str], Counter[str]] = defaultdict(Counter)
     for prediction in predictions:
         tally = counts[(prediction.dataset, prediction.decoding)]
         tally[0] += prediction.correct
         tally[1] += 1
+        by_filter[(prediction.dataset, prediction.decoding)].update(prediction.harness or {})
     out: dict[str, float] = {}
     for (dataset, decoding), (correct, total) in sorted(counts.items()):
         out.update(_tally_metrics(dataset, decoding, correct, total))
+        for name, hits in by_filter[(dataset, decoding)].items():
+            out[f"eval/{dataset}/{decoding}/{name}"] = hits / total
     return out
 
 

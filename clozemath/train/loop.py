@@ -318,7 +318,12 @@ def step_seed(seed: int, step: int, rank: int) -> int:
 
 
 def noised(
-    batch: dict[str, torch.Tensor], config: ExperimentConfig, step: int, total_steps: int, mask_id: int, vocab_size: int
+    batch: dict[str, torch.Tensor],
+    config: ExperimentConfig,
+    step: int,
+    total_steps: int,
+    mask_id: int,
+    noise_ids: torch.Tensor,
 ) -> dict[str, torch.Tensor]:
     """MFT: the batch with target tokens replaced at the step's rate (labels unchanged); others untouched.
     Drawn from the global RNG, which `train` seeds per step."""
@@ -326,7 +331,7 @@ def noised(
     if mft is None:
         return batch
     rate = mft_rate(step, total_steps, mft.r_max)
-    input_ids = apply_mft_noise(batch["input_ids"], batch["labels"], rate, mft.noise, mask_id, vocab_size)
+    input_ids = apply_mft_noise(batch["input_ids"], batch["labels"], rate, mft.noise, mask_id, noise_ids)
     return {**batch, "input_ids": input_ids}
 
 
@@ -396,7 +401,7 @@ def train(
     prefix_len); return the DeepSpeed engine. `resume_from`: a checkpoint folder `report` was given earlier.
     Checkpoints are written under `scratch_dir` (default: the system's temp folder) and removed after `report`."""
     train_cfg = config.train
-    vocab_size = model.config.vocab_size
+    noise_ids = torch.tensor(specials.ordinary_ids)
     mask_id = specials.ids[MASK]
     device = next(model.parameters()).device
     if device.type == "cpu" and model.config._attn_implementation == "flex_attention":
@@ -419,7 +424,7 @@ def train(
         torch.manual_seed(step_seed(train_cfg.seed, step, rank))  # dropout: a function of the step, as the data
         for _ in range(train_cfg.grad_accum):
             batch = micro_batch(rows, next(batches), budget, pad_id)
-            batch = noised(batch, config, step, plan.total_steps, mask_id, vocab_size)
+            batch = noised(batch, config, step, plan.total_steps, mask_id, noise_ids)
             inputs = model_inputs({k: v.to(device, non_blocking=True) for k, v in batch.items()}, config, model,
                                   packed=budget is not None)
             loss = engine(**inputs)

@@ -1,0 +1,53 @@
+"""Compute budgets: equal epochs, or the steps / training tokens of a reference method (arithmetic only, no Ray)."""
+
+from __future__ import annotations
+
+import pytest
+
+from clozemath.config import TrainConfig, load_config
+from clozemath.errors import ClozeMathError
+from clozemath.train.budget import Footprint, matched_epochs, planned_steps, planned_tokens
+
+CLOZEMATH = Footprint(samples=1000, tokens=100_000)  # 100 tokens a sample
+IT = Footprint(samples=200, tokens=40_000)  # 200 tokens a sample (the whole solution, every time)
+
+
+def train(budget: str = "epochs", **changes) -> TrainConfig:
+    return TrainConfig(**{"micro_batch_size": 4, "grad_accum": 2, "epochs": 2, "budget": budget, **changes})
+
+
+def test_equal_epochs_give_each_method_its_own_steps() -> None:
+    assert planned_steps(CLOZEMATH, train()) == 2 * 1000 // 8 == 250
+    assert planned_steps(IT, train()) == 2 * 200 // 8 == 50
+    assert planned_tokens(IT, train()) == 2 * 40_000
+
+
+def test_a_matched_budget_gives_the_reference_methods_steps_or_tokens() -> None:
+    # Steps, one sample a row: IT trains 5 of its epochs to make ClozeMath's 250 steps of 2 epochs.
+    steps = matched_epochs(train("steps"), CLOZEMATH, IT, packed=False)
+    assert steps == 10 and planned_steps(IT, train(epochs=steps)) == 250
+    # Tokens: ClozeMath sees 2 x 100,000 tokens; IT's epoch holds 40,000.
+    tokens = matched_epochs(train("tokens"), CLOZEMATH, IT, packed=False)
+    assert tokens == 5 and planned_tokens(IT, train(epochs=tokens)) == planned_tokens(CLOZEMATH, train())
+    assert matched_epochs(train("tokens"), CLOZEMATH, CLOZEMATH, packed=False) == 2
+    # Packed rows hold a fixed number of tokens a step: equal steps are equal tokens.
+    assert matched_epochs(train("steps"), CLOZEMATH, IT, packed=True) == tokens
+
+
+def test_the_gsm8k_epoch_gap_the_paper_leaves_open() -> None:
+    """ClozeMath's 47,395 samples per GSM8K epoch against IT's 7,473: ~6.3x the steps at equal epochs."""
+    paper = TrainConfig(micro_batch_size=4, grad_accum=4, epochs=3)
+    ratio = planned_steps(Footprint(47_395, 1), paper) / planned_steps(Footprint(7_473, 1), paper)
+    assert ratio == pytest.approx(6.34, abs=0.01)
+
+
+def test_max_steps_and_a_matched_budget_cannot_both_set_the_steps() -> None:
+    with pytest.raises(ClozeMathError, match="`max_steps` and `budget: steps` both set the steps"):
+        load_config("configs/experiments/smoke.yaml", ["train.budget=steps", "train.max_steps=3"])
+    with pytest.raises(ClozeMathError, match="no budget to match"):
+        matched_epochs(train(), CLOZEMATH, IT, packed=False)
+
+
+def test_the_paper_grid_states_its_budget() -> None:
+    grid = load_config("configs/grids/paper.yaml", ["axes.model=[deepseek-math-7b]", "axes.method=[it]"])
+    assert grid.base["train"]["budget"] == "epochs"
