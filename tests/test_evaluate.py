@@ -259,4 +259,4 @@ def test_throughput_benchmark_runs_on_cpu(tmp_path, monkeypatch):
     assert bench.main(argv) == 0
     rows = [line for line in out.read_text().splitlines() if line.startswith("| CPU")]
     assert [row.split(" | ")[1] for row in rows] == list(DECODINGS)
-    assert all(row.endswith("| 100.0% |") for row in rows)  # float32 on CPU: the same tokens as generate
+    assert all(row.endswith("| 100.0% | 100.0% |") for row in rows)  # float32 on CPU: the same tokens as generate
