@@ -27,7 +27,7 @@ from typing import Any, Literal
 import torch
 from tokenizers.decoders import DecodeStream
 from torch.nn.attention import SDPBackend, sdpa_kernel
-from transformers import PreTrainedTokenizerBase, StaticCache
+from transformers import AttentionInterface, PreTrainedTokenizerBase, StaticCache
 
 from clozemath.errors import ClozeMathError
 from clozemath.model.attention import additive_mask
@@ -191,12 +191,34 @@ class _KVBatch:
         self.positions = self.positions.repeat_interleave(times, dim=0)
 
 
+def _grouped_decode_attention(
+    module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+    attention_mask: torch.Tensor, scaling: float, **_: Any,
+) -> tuple[torch.Tensor, None]:
+    """One query a row over the whole static cache, the query heads grouped on their key-value head.
+
+    sdpa has no grouped-query kernel that takes a mask: transformers repeats the keys and values for every query head
+    (a copy of the cache per layer and step, which dominated the step) and sdpa falls back to its math kernel.
+    """
+    rows, heads, _, dim = query.shape
+    kv_heads = key.shape[1]
+    grouped = query.view(rows, kv_heads, heads // kv_heads, dim)
+    scores = torch.matmul(grouped, key.transpose(-1, -2)) * scaling + attention_mask  # [rows, kv_heads, group, slots]
+    out = torch.matmul(scores.float().softmax(dim=-1).to(value.dtype), value)
+    return out.view(rows, 1, heads, dim), None
+
+
+_DECODE_ATTENTION = "clozemath_grouped_decode"
+AttentionInterface.register(_DECODE_ATTENTION, _grouped_decode_attention)
+
+
 class _StaticBatch:
     """Rows decoding over a preallocated StaticCache, filled from the prompt pass's cache; all of a batch's rows run
     every step (finished ones too), in place, so that the step can be replayed as a CUDA graph.
 
     The step's inputs live in fixed tensors: the token, each row's position, the next cache slot and the additive
-    attention mask over every slot (a slot opens when the step writes it). `graphs=False` runs the same step eagerly.
+    attention mask over every slot (a slot opens when the step writes it); its attention is
+    `_grouped_decode_attention`. `graphs=False` runs the same step eagerly.
     """
 
     drops_rows = False
@@ -223,10 +245,16 @@ class _StaticBatch:
 
     def _forward(self) -> torch.Tensor:
         self._mask.index_fill_(3, self._slot, 0.0)
-        out = self.model(
-            input_ids=self._tokens[:, None], attention_mask=self._mask, position_ids=self._positions[:, None],
-            past_key_values=self.cache, use_cache=True,
-        )
+        config = self.model.config
+        implementation = config._attn_implementation
+        config._attn_implementation = _DECODE_ATTENTION
+        try:
+            out = self.model(
+                input_ids=self._tokens[:, None], attention_mask=self._mask, position_ids=self._positions[:, None],
+                past_key_values=self.cache, use_cache=True,
+            )
+        finally:
+            config._attn_implementation = implementation
         self._positions.add_(1)
         self._slot.add_(1)
         return out.logits[:, -1]
