@@ -12,9 +12,10 @@ overlap the answer's character span in the text, the offsets coming from decodin
 
 Two engines step the rows. The eager one (CPU, and ZeRO-3 during training) grows transformers' DynamicCache and drops
 finished rows. The graph one (CUDA) copies the prompt pass's cache into a preallocated StaticCache of the batch's rows
-and `prompt + max_new_tokens` positions, and replays the per-token step as one CUDA graph captured per batch: finished
-rows ride along (no re-capture), the host reads the new tokens only every `_GPU_SYNC_EVERY` steps (end-of-sequence, stop
-strings and the margins are checked then), and beam search keeps its bookkeeping on the GPU.
+and `prompt + max_new_tokens` positions, and replays the per-token step (its attention grouped by key-value head) as one
+CUDA graph captured per batch: finished rows ride along (no re-capture), the host reads the new tokens only every
+`_GPU_SYNC_EVERY` steps (end-of-sequence, stop strings and the margins are checked then), and beam search keeps its
+bookkeeping on the GPU.
 """
 
 from __future__ import annotations
@@ -47,7 +48,7 @@ _BIDIRECTIONAL_ATTENTION = ("sdpa", "eager")
 _GPU_SYNC_EVERY = 16
 """Graph engine: steps between the host's looks at the new tokens (each look waits for the GPU)."""
 _CACHE_ALIGN = 16
-"""Static cache positions are a multiple of this (aligned masks keep sdpa on its memory-efficient kernel)."""
+"""Static cache positions are a multiple of this (aligned rows for the attention's matmuls)."""
 SDPA_BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 """Not cuDNN's attention: it builds a plan for every new shape, and decoding makes one each step (the keys grow, rows
 leave the batch). On an H200 that made a first pass over GSM8K 3.5x slower, transformers' `generate` included."""
@@ -191,6 +192,11 @@ class _KVBatch:
         self.positions = self.positions.repeat_interleave(times, dim=0)
 
 
+def _slots(width: int, max_new_tokens: int) -> int:
+    """Static cache positions for prompts of `width` tokens."""
+    return -(-(width + max_new_tokens) // _CACHE_ALIGN) * _CACHE_ALIGN
+
+
 def _grouped_decode_attention(
     module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
     attention_mask: torch.Tensor, scaling: float, **_: Any,
@@ -227,7 +233,7 @@ class _StaticBatch:
     def __init__(self, eager: _KVBatch, max_new_tokens: int, graphs: bool):
         model = eager.model
         rows, self._width = eager.attention_mask.shape
-        slots = -(-(self._width + max_new_tokens) // _CACHE_ALIGN) * _CACHE_ALIGN
+        slots = _slots(self._width, max_new_tokens)
         self.model = model
         self.cache = StaticCache(config=model.config, max_cache_len=slots)
         for index, layer in enumerate(eager.cache.layers):
@@ -575,7 +581,7 @@ def bytes_per_prompt(shape: ModelShape, width: int, max_new_tokens: int, copies:
     from, and four vocabulary-sized float32 rows (logits, softmax or log-softmax, beam scores). Per prompt: the prompt
     pass's activations (hidden states, the MLP's two intermediate projections) and its [width, width] 4D mask.
     """
-    slots = -(-(width + max_new_tokens) // _CACHE_ALIGN) * _CACHE_ALIGN
+    slots = _slots(width, max_new_tokens)
     per_position = 2 * shape.layers * shape.kv_heads * shape.head_dim * shape.dtype_bytes
     row = per_position * (slots + width) + 4 * shape.vocab * 4
     prompt_pass = width * (4 * shape.hidden + 2 * shape.intermediate) * shape.dtype_bytes
