@@ -4,9 +4,9 @@ Problems per second on the GSM8K test problems for greedy, beam search and CoT-d
 batch size and settings on every side: ours (CUDA graphs over a static cache on a GPU), our eager engine (the
 DynamicCache loop CPU runs), and `generate`. The reference is what lm-evaluation-harness's HF backend runs: prompts
 sorted longest first, batches of `--batch-size` left-padded, one `model.generate` call per batch (greedy, or
-`num_beams`). CoT-decoding has no `generate` equivalent; its reference is one forward pass for the top-k first tokens, then k
-`generate` calls per batch, one per forced first token (each with the per-step scores, from which the branch margins
-are computed).
+`num_beams`). CoT-decoding has no `generate` equivalent; its reference is one forward pass for the top-k first
+tokens, then k `generate` calls per batch, one per forced first token (each with the per-step scores, from which the
+branch margins are computed).
 
 Agreement with generate: greedy, the share of problems whose generated tokens are identical (up to where ours
 stopped); beam, the share with the same text; CoT, the share whose k branches all have identical tokens. Agreement
