@@ -1,14 +1,16 @@
 """Evaluation throughput: `clozemath.eval.decode` against transformers' own batched `model.generate`.
 
 Problems per second on the GSM8K test problems for greedy, beam search and CoT-decoding, with the same model, prompts,
-batch size and settings on both sides. The reference is what lm-evaluation-harness's HF backend runs: prompts sorted
-longest first, batches of `--batch-size` left-padded, one `model.generate` call per batch (greedy, or `num_beams`).
-CoT-decoding has no `generate` equivalent; its reference is one forward pass for the top-k first tokens, then k
-`generate` calls per batch, one per forced first token (each with the per-step scores, from which the branch margins
-are computed).
+batch size and settings on every side: ours (CUDA graphs over a static cache on a GPU), our eager engine (the
+DynamicCache loop CPU runs), and `generate`. The reference is what lm-evaluation-harness's HF backend runs: prompts
+sorted longest first, batches of `--batch-size` left-padded, one `model.generate` call per batch (greedy, or
+`num_beams`). CoT-decoding has no `generate` equivalent; its reference is one forward pass for the top-k first
+tokens, then k `generate` calls per batch, one per forced first token (each with the per-step scores, from which the
+branch margins are computed).
 
-Agreement: greedy, the share of problems whose generated tokens are identical (up to where ours stopped); beam, the
-share with the same text; CoT, the share whose k branches all have identical tokens. Bidirectional prompts have no
+Agreement with generate: greedy, the share of problems whose generated tokens are identical (up to where ours
+stopped); beam, the share with the same text; CoT, the share whose k branches all have identical tokens. Agreement
+with our eager engine: the share with identical tokens (every branch's, for CoT). Bidirectional prompts have no
 `generate` counterpart: the reference stays causal and agreement is not measured.
 
     python bench/eval_throughput.py --out bench/results/eval_throughput_<gpu>.md
@@ -184,12 +186,22 @@ def agreement(scheme: str, ours: list[Generation], theirs: list, tokenizer, stop
 # The run
 
 
-def ours(model, tokenizer, prompts, scheme: str, settings: Settings, attention: str) -> list[Generation]:
+def same_as_eager(ours: list[Generation], eager: list[Generation]) -> float:
+    def tokens(generation: Generation) -> list[list[int]]:
+        return [branch.token_ids for branch in generation.branches or [generation]]
+
+    same = [tokens(o) == tokens(e) for o, e in zip(ours, eager)]
+    return sum(same) / len(same)
+
+
+def ours(
+    model, tokenizer, prompts, scheme: str, settings: Settings, attention: str, engine: str = "auto"
+) -> list[Generation]:
     return decode(
         model, tokenizer, prompts, scheme, max_new_tokens=settings.max_new_tokens, stop=settings.stop,
         eos_token_ids=list(settings.eos_ids), prompt_attention=attention, batch_size=settings.batch_size,
         num_beams=settings.num_beams, cot_k=settings.cot_k, answer_span=partial(answer_span, "gsm8k"),
-        normalize_answer=comparable_answer("gsm8k"),
+        normalize_answer=comparable_answer("gsm8k"), engine=engine,
     )
 
 
@@ -216,7 +228,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                         help="a name in configs/models, a model YAML or a local model folder (default: %(default)s)")
     parser.add_argument("--data", help=f"GSM8K test JSONL or folder (default: ${DATA_DIR_ENV}/gsm8k)")
     parser.add_argument("--limit", type=int, help="the first N test problems (default: all 1319)")
-    parser.add_argument("--batch-size", type=int, default=64, help="prompts per batch (default: %(default)s)")
+    parser.add_argument("--batch-size", type=int, default=64,
+                        help="prompts per batch, on every side (default: %(default)s)")
     parser.add_argument("--max-new-tokens", type=int, default=256, help="(default: %(default)s)")
     parser.add_argument("--schemes", default=",".join(SCHEMES), help="comma-separated (default: %(default)s)")
     parser.add_argument("--num-beams", type=int, default=5)
@@ -251,8 +264,9 @@ def header(args: argparse.Namespace, cfg: ModelConfig, device: torch.device, dty
         f"attention, batch {args.batch_size} prompts, max_new_tokens {args.max_new_tokens}, beams {args.num_beams}, "
         f"CoT k {args.cot_k}.{note}",
         "",
-        "| GPU | scheme | prompt attention | ours problems/s | generate problems/s | speedup | agreement |",
-        "| --- | --- | --- | ---: | ---: | ---: | ---: |",
+        "| GPU | scheme | prompt attention | ours problems/s | our eager problems/s | generate problems/s | speedup "
+        "| agreement with generate | agreement with our eager |",
+        "| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
 
 
@@ -280,23 +294,23 @@ def main(argv: Sequence[str] | None = None) -> int:
             device, lambda: ours(model, tokenizer, prompts, scheme, settings, args.prompt_attention)
         )
         speed = len(prompts) / our_seconds
-        if args.no_reference:
-            row = f"| {name} | {scheme} | {args.prompt_attention} | {speed:.2f} | - | - | - |"
-        else:
+        eager, eager_seconds = timed(
+            device, lambda: ours(model, tokenizer, prompts, scheme, settings, args.prompt_attention, "eager")
+        )
+        cells = [f"{speed:.2f}", f"{len(prompts) / eager_seconds:.2f}", "-", "-", "-"]
+        if not args.no_reference:
             backends = sdpa_kernel(SDPA_BACKENDS) if args.reference_no_cudnn else nullcontext()
             with backends:
                 reference(model, tokenizer, warmup, scheme, warm)
                 theirs, their_seconds = timed(device, lambda: reference(model, tokenizer, prompts, scheme, settings))
             their_speed = len(prompts) / their_seconds
-            agreed = (
+            cells[2:] = [
+                f"{their_speed:.2f}{' (no cuDNN)' if args.reference_no_cudnn else ''}", f"{speed / their_speed:.2f}x",
                 f"{100 * agreement(scheme, our_generations, theirs, tokenizer, settings.stop):.1f}%"
-                if args.prompt_attention == "causal" else "n/a (generate is causal)"
-            )
-            row = (
-                f"| {name} | {scheme} | {args.prompt_attention} | {speed:.2f} | {their_speed:.2f}"
-                f"{' (no cuDNN)' if args.reference_no_cudnn else ''} | "
-                f"{speed / their_speed:.2f}x | {agreed} |"
-            )
+                if args.prompt_attention == "causal" else "n/a (generate is causal)",
+            ]
+        row = f"| {name} | {scheme} | {args.prompt_attention} | {' | '.join(cells)} | "
+        row += f"{100 * same_as_eager(our_generations, eager):.1f}% |"
         lines.append(row)
         print(row, flush=True)
         if args.out:  # rewritten after every scheme: a run cut short keeps what it measured

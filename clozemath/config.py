@@ -198,7 +198,8 @@ class EvalConfig(_Strict):
     max_new_tokens: int = 512
     prompt_attention: Literal["auto", "bidirectional", "causal"] = "auto"
     """auto: bidirectional for prefix_lm-trained models, causal otherwise."""
-    batch_size: int = 16
+    batch_size: int | Literal["auto"] = "auto"
+    """Prompts per decoding batch; auto: as many as fit the GPU's free memory (16 on CPU)."""
     few_shot: bool | Literal["auto"] = "auto"
     """auto: few-shot prompts for `base`, the fine-tuned format for trained methods."""
     adapter: str | None = None

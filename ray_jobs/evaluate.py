@@ -45,10 +45,13 @@ from ray_jobs.cluster import init_ray, user_errors_surfaced
 CALLS_PER_BATCH = 4
 """A Ray Data batch holds this many of decode's batches (`eval.batch_size` prompts each): enough to sort by length
 and keep a GPU busy, small enough to spread a set over the pool and to show progress."""
+AUTO_RAY_BATCH = 1024
+"""Problems per Ray Data batch under `eval.batch_size: auto` (decode sizes its own batches inside it)."""
 _PREDICTION_TYPES = {
     "id": pa.string(), "dataset": pa.string(), "decoding": pa.string(), "prompt": pa.string(),
     "generation": pa.string(), "extracted": pa.string(), "gold": pa.string(), "correct": pa.bool_(),
     "confidence": pa.float64(), "harness": pa.struct([(name, pa.bool_()) for name in HARNESS_FILTERS]),
+    "finish_reason": pa.string(), "generated_tokens": pa.int64(),
 }
 SCHEMA = pa.schema([(field.name, _PREDICTION_TYPES[field.name]) for field in fields(Prediction)]
                    + [("seconds", pa.float64())])
@@ -167,7 +170,8 @@ def evaluate_on_ray(cfg: ExperimentConfig, adapter: Path | None, folder: Path) -
     if not problems:
         raise ClozeMathError("eval.sets: no problems to evaluate")
     dataset = ray.data.from_items(problems).map_batches(
-        Evaluator, batch_size=cfg.eval.batch_size * CALLS_PER_BATCH, batch_format="pyarrow",
+        Evaluator, batch_format="pyarrow",
+        batch_size=AUTO_RAY_BATCH if cfg.eval.batch_size == "auto" else cfg.eval.batch_size * CALLS_PER_BATCH,
         **_actor_pool(cfg, adapter),
     )
     values: dict[str, float] = {}

@@ -12,7 +12,7 @@ import pytest
 import torch
 from transformers import AutoTokenizer, DynamicCache, LlamaConfig, LlamaForCausalLM
 
-from clozemath.eval.decode import decode
+from clozemath.eval.decode import AUTO_MAX_ROWS, ModelShape, auto_batch_size, bytes_per_prompt, decode
 from clozemath.eval.prompts import finetuned_prompt
 from clozemath.errors import ClozeMathError
 from clozemath.model.attention import additive_mask, prefix_mask_from_lengths
@@ -74,15 +74,23 @@ def eos_inside(reference: list[list[int]], row: int, at: int) -> int:
     return token
 
 
-def test_greedy_equals_generate_with_left_padding(model, tokenizer, reference):
-    ours = decode(model, tokenizer, PROMPTS, "greedy", max_new_tokens=NEW, eos_token_ids=tokenizer.eos_token_id)
+ENGINES = pytest.mark.parametrize("engine", ["eager", "static"])
+"""The eager DynamicCache loop, and the graph engine's static cache, chunked syncs and beam bookkeeping (stepped
+eagerly: CUDA graphs need a GPU)."""
+
+
+@ENGINES
+def test_greedy_equals_generate_with_left_padding(model, tokenizer, reference, engine):
+    ours = decode(
+        model, tokenizer, PROMPTS, "greedy", max_new_tokens=NEW, eos_token_ids=tokenizer.eos_token_id, engine=engine
+    )
     assert [g.token_ids for g in ours] == reference
     assert all(g.finish_reason == "length" for g in ours)
     assert [g.text for g in ours] == tokenizer.batch_decode(reference, skip_special_tokens=True)
 
     eos = eos_inside(reference, row=1, at=5)  # rows end at different steps: finished rows leave the batch
     expected = hf_generate(model, tokenizer, PROMPTS, eos=eos)
-    ours = decode(model, tokenizer, PROMPTS, "greedy", max_new_tokens=NEW, eos_token_ids=eos)
+    ours = decode(model, tokenizer, PROMPTS, "greedy", max_new_tokens=NEW, eos_token_ids=eos, engine=engine)
     assert [g.token_ids for g in ours] == expected
     assert ours[1].finish_reason == "eos" and len(ours[1].token_ids) == 5
 
@@ -99,7 +107,8 @@ def test_token_id_prompts_decode_like_text_prompts(model, tokenizer, reference):
     assert [g.token_ids for g in ours] == reference
 
 
-def test_stop_strings_and_eos_end_rows_independently(model, tokenizer, reference):
+@ENGINES
+def test_stop_strings_and_eos_end_rows_independently(model, tokenizer, reference, engine):
     texts = tokenizer.batch_decode(reference, skip_special_tokens=True)
     stop = tokenizer.decode(reference[0][6:8])  # row 0 ends at a stop string
     eos = eos_inside(reference, row=1, at=9)  # row 1 at an end-of-sequence token, the others run to the limit
@@ -107,7 +116,8 @@ def test_stop_strings_and_eos_end_rows_independently(model, tokenizer, reference
     assert eos not in reference[0][:8]
     for scheme in ("greedy", "beam"):  # one beam follows the greedy path, through the beam-search code
         ours = decode(
-            model, tokenizer, PROMPTS, scheme, max_new_tokens=NEW, stop=[stop], eos_token_ids=eos, num_beams=1
+            model, tokenizer, PROMPTS, scheme, max_new_tokens=NEW, stop=[stop], eos_token_ids=eos, num_beams=1,
+            engine=engine,
         )
         assert [g.finish_reason for g in ours] == ["stop", "eos", "length", "length"]
         assert ours[0].text == texts[0][: texts[0].index(stop)]
@@ -126,8 +136,9 @@ def test_beam_with_one_beam_equals_greedy(model, tokenizer, reference):
     ]
 
 
+@ENGINES
 @pytest.mark.parametrize("early_stopping", [False, True])
-def test_beam_search_equals_generate(model, tokenizer, reference, early_stopping):
+def test_beam_search_equals_generate(model, tokenizer, reference, early_stopping, engine):
     eos = reference[1][2]  # the best hypothesis of row 1 ends there, the others run to the limit
     inputs = tokenizer(PROMPTS, padding=True, padding_side="left", return_tensors="pt")
     out = model.generate(
@@ -138,7 +149,7 @@ def test_beam_search_equals_generate(model, tokenizer, reference, early_stopping
     expected = [row[: row.index(eos)] if eos in row else row for row in rows]
     ours = decode(
         model, tokenizer, PROMPTS, "beam", num_beams=5, early_stopping=early_stopping, max_new_tokens=NEW,
-        eos_token_ids=eos,
+        eos_token_ids=eos, engine=engine,
     )
     assert [g.token_ids for g in ours] == expected
     assert [g.score for g in ours] == pytest.approx(out.sequences_scores.tolist(), abs=1e-4)
@@ -157,12 +168,13 @@ class LogitsRecorder:
         self._handle.remove()
 
 
-def test_bidirectional_prompt_equals_full_prefix_lm_passes(model, tokenizer):
+@ENGINES
+def test_bidirectional_prompt_equals_full_prefix_lm_passes(model, tokenizer, engine):
     steps = 6
     with LogitsRecorder(model) as recorder:
         ours = decode(
             model, tokenizer, PROMPTS, max_new_tokens=steps, eos_token_ids=tokenizer.eos_token_id,
-            prompt_attention="bidirectional",
+            prompt_attention="bidirectional", engine=engine,
         )
     assert all(len(g.token_ids) == steps for g in ours)
     prompt_ids = tokenizer(PROMPTS)["input_ids"]
@@ -193,14 +205,15 @@ def test_bidirectional_needs_an_additive_mask_implementation(model, tokenizer):
         decode(flash, tokenizer, ["x"], prompt_attention="bidirectional")
 
 
-def test_cot_first_branch_is_greedy(model, tokenizer, reference):
+@ENGINES
+def test_cot_first_branch_is_greedy(model, tokenizer, reference, engine):
     def last_word(text):
         match = re.search(r"\S+$", text)
         return match.span() if match else None
 
     ours = decode(
         model, tokenizer, PROMPTS, "cot", cot_k=3, max_new_tokens=NEW, eos_token_ids=tokenizer.eos_token_id,
-        answer_span=last_word,
+        answer_span=last_word, engine=engine,
     )
     assert [g.branches[0].token_ids for g in ours] == reference
     assert all(len(g.branches) == 3 and len({b.token_ids[0] for b in g.branches}) == 3 for g in ours)
@@ -299,3 +312,29 @@ def test_cot_needs_an_answer_span(model, tokenizer):
 def test_finetuned_prompt():
     assert finetuned_prompt("What is 1+1?", "<SEP>") == "Question: What is 1+1?\nAnswer:<SEP>"
     assert finetuned_prompt("q", "<S>", template="Q: {question}\nA:") == "Q: q\nA:<S>"
+
+
+SHAPE = ModelShape(layers=2, kv_heads=2, head_dim=4, hidden=8, intermediate=16, vocab=10, dtype_bytes=2)
+
+
+def test_bytes_per_prompt_by_hand():
+    # 2 (K, V) x 2 layers x 2 heads x 4 dims x 2 bytes = 64 bytes a position; 10 + 20 positions round up to 32
+    row = 64 * (32 + 10) + 4 * 10 * 4  # the static cache, the prompt pass's cache, 4 float32 vocabulary rows
+    prompt_pass = 10 * (4 * 8 + 2 * 16) * 2 + 10 * 10 * 2  # activations, the 4D mask
+    assert bytes_per_prompt(SHAPE, width=10, max_new_tokens=20, copies=5) == 5 * row + prompt_pass == 15720
+
+
+def test_auto_batch_size_fills_its_share_of_free_memory():
+    fits_ten = 10 * 15720 / 0.8
+    assert auto_batch_size(SHAPE, int(fits_ten), 10, 20, copies=5, prompts=100) == 10
+    assert auto_batch_size(SHAPE, int(fits_ten) - 1, 10, 20, copies=5, prompts=100) == 9
+    assert auto_batch_size(SHAPE, int(fits_ten), 10, 20, copies=5, prompts=3) == 3  # no more than there are
+    assert auto_batch_size(SHAPE, 10**15, 10, 20, copies=5, prompts=10**6) == AUTO_MAX_ROWS // 5
+    assert auto_batch_size(SHAPE, 0, 10, 20, copies=5, prompts=100) == 1  # too little memory still decodes
+
+
+def test_model_shape_reads_the_config(model):
+    assert ModelShape.of(model) == ModelShape(
+        layers=2, kv_heads=2, head_dim=16, hidden=64, intermediate=128, vocab=model.config.vocab_size, dtype_bytes=4
+    )
+

@@ -27,6 +27,7 @@ from clozemath.eval.evaluate import (
     prompting,
     read_predictions,
     resolve_adapter,
+    results_table,
     write_predictions,
 )
 from clozemath.eval.harness import STRICT_MATCH, harness_verdicts
@@ -139,6 +140,7 @@ def test_tiny_model_end_to_end(loaded, smoke, tmp_path):
     rows = [json.loads(line) for line in path.read_text().splitlines()]
     assert len(rows) == 12 and set(rows[0]) == {
         "id", "dataset", "decoding", "prompt", "generation", "extracted", "gold", "correct", "confidence", "harness",
+        "finish_reason", "generated_tokens",
     }
     assert read_predictions(path) == predictions
     for decoding in DECODINGS:
@@ -150,11 +152,38 @@ def test_tiny_model_end_to_end(loaded, smoke, tmp_path):
         assert (prediction.extracted, prediction.correct) == (graded.extracted, graded.correct)
         has_answer = prediction.extracted is not None
         assert (prediction.confidence is not None) == (prediction.decoding == "cot" and has_answer)
+        assert prediction.finish_reason in ("eos", "stop", "length") and prediction.generated_tokens >= 1
+        if prediction.finish_reason == "length":
+            assert prediction.generated_tokens == smoke.eval.max_new_tokens
 
     values = metrics(predictions)
-    assert set(values) == {f"eval/gsm8k/{d}/{name}" for d in DECODINGS for name in ("accuracy", "correct", "total")}
+    names = ("accuracy", "correct", "total", "cut_share")
+    assert set(values) == {f"eval/gsm8k/{d}/{name}" for d in DECODINGS for name in names}
     assert all(values[f"eval/gsm8k/{d}/total"] == 4 for d in DECODINGS)
+    for d in DECODINGS:
+        mine = [p for p in predictions if p.decoding == d]
+        assert values[f"eval/gsm8k/{d}/cut_share"] == sum(p.finish_reason == "length" for p in mine) / 4
     assert values["eval/gsm8k/greedy/accuracy"] == sum(p.correct for p in predictions[:4]) / 4
+
+
+def test_results_table_shows_the_cut_share_and_warns_above_a_fifth():
+    values = {
+        "eval/gsm8k/greedy/accuracy": 0.5, "eval/gsm8k/greedy/correct": 2, "eval/gsm8k/greedy/total": 4,
+        "eval/gsm8k/greedy/cut_share": 0.25, "eval/gsm8k/beam/accuracy": 1.0, "eval/gsm8k/beam/correct": 4,
+        "eval/gsm8k/beam/total": 4, "eval/gsm8k/beam/cut_share": 0.2, "eval/math/greedy/accuracy": 0.0,
+        "eval/math/greedy/correct": 0, "eval/math/greedy/total": 1,
+    }
+    lines = results_table(values).splitlines()
+    assert lines[0] == "| set | decoding | correct | total | accuracy | cut at max_new_tokens | problems/s |"
+    assert lines[2:5] == [
+        "| gsm8k | beam | 4 | 4 | 100.00% | 20.0% | - |",
+        "| gsm8k | greedy | 2 | 4 | 50.00% | 25.0% | - |",
+        "| math | greedy | 0 | 1 | 0.00% | - | - |",  # a predictions file from before finish_reason
+    ]
+    assert lines[5:] == [
+        "warning: gsm8k/greedy: 25.0% of the generations ran to max_new_tokens (a model that loops, or "
+        "eval.max_new_tokens too small)"
+    ]
 
 
 def test_few_shot_generations_stop_at_the_harness_stops(loaded, smoke):
@@ -264,4 +293,4 @@ def test_throughput_benchmark_runs_on_cpu(tmp_path, monkeypatch):
     assert bench.main(argv) == 0
     rows = [line for line in out.read_text().splitlines() if line.startswith("| CPU")]
     assert [row.split(" | ")[1] for row in rows] == list(DECODINGS)
-    assert all(row.endswith("| 100.0% |") for row in rows)  # float32 on CPU: the same tokens as generate
+    assert all(row.endswith("| 100.0% | 100.0% |") for row in rows)  # float32 on CPU: the same tokens as generate

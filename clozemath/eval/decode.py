@@ -9,6 +9,13 @@ CoT-decoding (Wang & Zhou 2024) branches on the top-k first tokens, continues ev
 (the prompt's cache is shared by repeating it), scores each branch by the mean margin p(top-1) - p(top-2) over its
 answer tokens, and picks the answer with the largest summed score. Answer tokens are the tokens whose characters
 overlap the answer's character span in the text, the offsets coming from decoding token by token.
+
+Two engines step the rows. The eager one (CPU, and ZeRO-3 during training) grows transformers' DynamicCache and drops
+finished rows. The graph one (CUDA) copies the prompt pass's cache into a preallocated StaticCache of the batch's rows
+and `prompt + max_new_tokens` positions, and replays the per-token step (its attention grouped by key-value head) as one
+CUDA graph captured per batch: finished rows ride along (no re-capture), the host reads the new tokens only every
+`_GPU_SYNC_EVERY` steps (end-of-sequence, stop strings and the margins are checked then), and beam search keeps its
+bookkeeping on the GPU.
 """
 
 from __future__ import annotations
@@ -21,13 +28,14 @@ from typing import Any, Literal
 import torch
 from tokenizers.decoders import DecodeStream
 from torch.nn.attention import SDPBackend, sdpa_kernel
-from transformers import PreTrainedTokenizerBase
+from transformers import AttentionInterface, PreTrainedTokenizerBase, StaticCache
 
 from clozemath.errors import ClozeMathError
 from clozemath.model.attention import additive_mask
 
 Scheme = Literal["greedy", "beam", "cot"]
 PromptAttention = Literal["causal", "bidirectional"]
+Engine = Literal["auto", "eager", "static", "graphs"]
 FinishReason = Literal["eos", "stop", "length"]
 AnswerSpan = Callable[[str], "tuple[int, int] | None"]
 
@@ -37,6 +45,10 @@ _NEG = -1.0e9
 """Beam search: the score that takes a beam out of the running (transformers' constant, for identical tie-breaks)."""
 _BIDIRECTIONAL_ATTENTION = ("sdpa", "eager")
 """Attention implementations that take the additive 4D PrefixLM mask."""
+_GPU_SYNC_EVERY = 16
+"""Graph engine: steps between the host's looks at the new tokens (each look waits for the GPU)."""
+_CACHE_ALIGN = 16
+"""Static cache positions are a multiple of this (aligned rows for the attention's matmuls)."""
 SDPA_BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 """Not cuDNN's attention: it builds a plan for every new shape, and decoding makes one each step (the keys grow, rows
 leave the batch). On an H200 that made a first pass over GSM8K 3.5x slower, transformers' `generate` included."""
@@ -142,6 +154,11 @@ class _Row:
 class _KVBatch:
     """Rows decoding over one KV cache: the cache, the padding mask and each row's next position."""
 
+    drops_rows = True
+    """`take` may drop rows (finished ones)."""
+    sync_every = 1
+    """Steps between the host's looks at the new tokens."""
+
     def __init__(self, model: Any, cache: Any, attention_mask: torch.Tensor, positions: torch.Tensor):
         self.model = model
         self.cache = cache
@@ -175,6 +192,114 @@ class _KVBatch:
         self.positions = self.positions.repeat_interleave(times, dim=0)
 
 
+def _slots(width: int, max_new_tokens: int) -> int:
+    """Static cache positions for prompts of `width` tokens."""
+    return -(-(width + max_new_tokens) // _CACHE_ALIGN) * _CACHE_ALIGN
+
+
+def _grouped_decode_attention(
+    module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+    attention_mask: torch.Tensor, scaling: float, **_: Any,
+) -> tuple[torch.Tensor, None]:
+    """One query a row over the whole static cache, the query heads grouped on their key-value head.
+
+    sdpa has no grouped-query kernel that takes a mask: transformers repeats the keys and values for every query head
+    (a copy of the cache per layer and step, which dominated the step) and sdpa falls back to its math kernel.
+    """
+    rows, heads, _, dim = query.shape
+    kv_heads = key.shape[1]
+    grouped = query.view(rows, kv_heads, heads // kv_heads, dim)
+    scores = torch.matmul(grouped, key.transpose(-1, -2)) * scaling + attention_mask  # [rows, kv_heads, group, slots]
+    out = torch.matmul(scores.float().softmax(dim=-1).to(value.dtype), value)
+    return out.view(rows, 1, heads, dim), None
+
+
+_DECODE_ATTENTION = "clozemath_grouped_decode"
+AttentionInterface.register(_DECODE_ATTENTION, _grouped_decode_attention)
+
+
+class _StaticBatch:
+    """Rows decoding over a preallocated StaticCache, filled from the prompt pass's cache; all of a batch's rows run
+    every step (finished ones too), in place, so that the step can be replayed as a CUDA graph.
+
+    The step's inputs live in fixed tensors: the token, each row's position, the next cache slot and the additive
+    attention mask over every slot (a slot opens when the step writes it); its attention is
+    `_grouped_decode_attention`. `graphs=False` runs the same step eagerly.
+    """
+
+    drops_rows = False
+    sync_every = _GPU_SYNC_EVERY
+
+    def __init__(self, eager: _KVBatch, max_new_tokens: int, graphs: bool):
+        model = eager.model
+        rows, self._width = eager.attention_mask.shape
+        slots = _slots(self._width, max_new_tokens)
+        self.model = model
+        self.cache = StaticCache(config=model.config, max_cache_len=slots)
+        for index, layer in enumerate(eager.cache.layers):
+            self.cache.update(layer.keys, layer.values, index)
+        device = eager.attention_mask.device
+        self._mask = torch.full((rows, 1, 1, slots), torch.finfo(model.dtype).min, dtype=model.dtype, device=device)
+        self._mask[:, 0, 0, : self._width].masked_fill_(eager.attention_mask.bool(), 0.0)
+        self._tokens = torch.zeros(rows, dtype=torch.long, device=device)
+        self._positions = eager.positions.clone()
+        self._slot = torch.tensor([self._width], device=device)
+        self._written = self._width
+        self._graphs = graphs
+        self._graph: torch.cuda.CUDAGraph | None = None
+        self._logits: torch.Tensor | None = None
+
+    def _forward(self) -> torch.Tensor:
+        self._mask.index_fill_(3, self._slot, 0.0)
+        config = self.model.config
+        implementation = config._attn_implementation
+        config._attn_implementation = _DECODE_ATTENTION
+        try:
+            out = self.model(
+                input_ids=self._tokens[:, None], attention_mask=self._mask, position_ids=self._positions[:, None],
+                past_key_values=self.cache, use_cache=True,
+            )
+        finally:
+            config._attn_implementation = implementation
+        self._positions.add_(1)
+        self._slot.add_(1)
+        return out.logits[:, -1]
+
+    def step(self, tokens: torch.Tensor) -> torch.Tensor:
+        """Feed one token per row; the next-token logits [rows, vocab] (with graphs: valid until the next step)."""
+        self._tokens.copy_(tokens)
+        self._written += 1
+        if not self._graphs:
+            return self._forward()
+        if self._graph is None:
+            return self._capture()
+        self._graph.replay()
+        assert self._logits is not None
+        return self._logits
+
+    def _capture(self) -> torch.Tensor:
+        """Run the first step eagerly on a side stream (the warm-up capture needs), then capture the step."""
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            logits = self._forward()
+        torch.cuda.current_stream().wait_stream(stream)
+        self._graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(self._graph, stream=stream):
+            self._logits = self._forward()
+        return logits
+
+    def take(self, index: torch.Tensor) -> None:
+        """Reorder rows within their prompt's group (beams): only the generated slots differ between them."""
+        for layer in self.cache.layers:
+            for states in (layer.keys, layer.values):
+                generated = states[:, :, self._width : self._written]
+                generated.copy_(generated.index_select(0, index))
+
+
+_Batch = _KVBatch | _StaticBatch
+
+
 def _prefill(
     model: Any, prompts: list[list[int]], pad_id: int, attention: PromptAttention
 ) -> tuple[_KVBatch, torch.Tensor]:
@@ -203,31 +328,43 @@ def _top2_margin(logits: torch.Tensor) -> torch.Tensor:
 
 
 def _continue_greedily(
-    batch: _KVBatch, tokens: torch.Tensor, rows: list[_Row], stops: _Stops, margins: torch.Tensor | None
+    batch: _Batch, tokens: torch.Tensor, rows: list[_Row], stops: _Stops, margins: torch.Tensor | None
 ) -> None:
-    """Extend every row greedily from its first token (`tokens`, one per row) until it ends; fills in `rows`."""
+    """Extend every row greedily from its first token (`tokens`, one per row) until it ends; fills in `rows`.
+
+    The new tokens (and margins) stay on the device for `batch.sync_every` steps, then the host reads them at once.
+    """
     slots = list(range(len(rows)))  # batch slot -> row
+    produced = 1  # tokens per row so far
+    chunk, margin_chunk = [tokens], [margins]
     while True:
-        token_list = tokens.tolist()
-        margin_list = margins.tolist() if margins is not None else [None] * len(slots)
-        for slot, row_index in enumerate(slots):
-            row = rows[row_index]
-            if row.finish_reason is None:
-                row.add(token_list[slot], margin_list[slot], stops)
-        live = [slot for slot, row_index in enumerate(slots) if rows[row_index].finish_reason is None]
-        if not live:
-            return
-        if len(slots) - len(live) >= _COMPACT_SHARE * len(slots):
-            index = torch.tensor(live, device=tokens.device)
-            batch.take(index)
-            tokens = tokens[index]
-            slots = [slots[slot] for slot in live]
+        if len(chunk) == batch.sync_every or produced == stops.max_new_tokens:
+            token_rows = torch.stack(chunk, dim=1).tolist()
+            margin_rows = torch.stack(margin_chunk, dim=1).tolist() if margins is not None else None
+            for slot, row_index in enumerate(slots):
+                row = rows[row_index]
+                for j, token in enumerate(token_rows[slot]):
+                    if row.finish_reason is not None:
+                        break
+                    row.add(token, margin_rows[slot][j] if margin_rows is not None else None, stops)
+            live = [slot for slot, row_index in enumerate(slots) if rows[row_index].finish_reason is None]
+            if not live:
+                return
+            if batch.drops_rows and len(slots) - len(live) >= _COMPACT_SHARE * len(slots):
+                index = torch.tensor(live, device=tokens.device)
+                batch.take(index)
+                tokens = tokens[index]
+                slots = [slots[slot] for slot in live]
+            chunk, margin_chunk = [], []
         logits = batch.step(tokens)
         tokens = logits.argmax(dim=-1)
         margins = _top2_margin(logits) if margins is not None else None
+        produced += 1
+        chunk.append(tokens)
+        margin_chunk.append(margins)
 
 
-def _greedy(batch: _KVBatch, logits: torch.Tensor, backend: Any, stops: _Stops) -> list[Generation]:
+def _greedy(batch: _Batch, logits: torch.Tensor, backend: Any, stops: _Stops) -> list[Generation]:
     rows = [_Row(_TextStream(backend, stops.strings)) for _ in range(logits.shape[0])]
     _continue_greedily(batch, logits.argmax(dim=-1), rows, stops, margins=None)
     return [row.generation() for row in rows]
@@ -276,14 +413,13 @@ def _aggregate(branches: list[Generation], normalize: Callable[[str], str]) -> G
 
 
 def _cot(
-    batch: _KVBatch, logits: torch.Tensor, backend: Any, stops: _Stops, k: int, answer_span: AnswerSpan,
+    batch: _Batch, logits: torch.Tensor, backend: Any, stops: _Stops, k: int, answer_span: AnswerSpan,
     normalize: Callable[[str], str],
 ) -> list[Generation]:
-    prompts, vocab = logits.shape
-    k = min(k, vocab)
+    """`batch` holds each prompt's rows `k` times, copies adjacent; `logits` are the prompts' [prompts, vocab]."""
+    prompts = logits.shape[0]
     first_tokens = logits.topk(k, dim=-1).indices.flatten()  # prompt-major: row p * k + j is prompt p's branch j
     first_margins = _top2_margin(logits).repeat_interleave(k)
-    batch.repeat(k)
     rows = [_Row(_TextStream(backend, stops.strings), margins=[]) for _ in range(prompts * k)]
     _continue_greedily(batch, first_tokens, rows, stops, first_margins)
     branches = [_branch(row, answer_span) for row in rows]
@@ -310,22 +446,25 @@ def _beam_generation(
 
 
 def _beam(
-    batch: _KVBatch, logits: torch.Tensor, tokenizer: PreTrainedTokenizerBase, stops: _Stops, num_beams: int,
+    batch: _Batch, logits: torch.Tensor, tokenizer: PreTrainedTokenizerBase, stops: _Stops, num_beams: int,
     length_penalty: float, early_stopping: bool | Literal["never"],
 ) -> list[Generation]:
-    """Beam search as transformers' `generate(num_beams=...)` does it, an item leaving the batch once it is done.
+    """Beam search as transformers' `generate(num_beams=...)` does it; `batch` holds each item's rows `num_beams`
+    times, copies adjacent; `logits` are the items' [items, vocab].
 
     Per step, the best `2 * num_beams` continuations of all beams: those ending (EOS, a stop string, the length
     limit) among the first `num_beams` become finished hypotheses, scored sum log p / length ** length_penalty; the
     best `num_beams` of the others run on. An item is done when `num_beams` hypotheses are finished and, unless
-    `early_stopping` is True, its best running beam can no longer beat the worst of them.
+    `early_stopping` is True, its best running beam can no longer beat the worst of them. A done item's hypotheses
+    stay as they are; the host looks for done items every `batch.sync_every` steps (every step with stop strings,
+    which it checks on the decoded text) and an eager batch drops them.
     """
     items, device, beams, max_new = logits.shape[0], logits.device, num_beams, stops.max_new_tokens
     eos = torch.tensor(sorted(stops.eos_ids), device=device)
     kept = max(2, 1 + len(stops.eos_ids)) * beams
     in_top = torch.arange(kept, device=device) < beams
     window = max(map(len, stops.strings), default=0) + 2  # tokens: each spells at least one character
-    batch.repeat(beams)
+    sync_every = 1 if stops.strings else batch.sync_every
     log_probs = logits.float().log_softmax(dim=-1).repeat_interleave(beams, dim=0)
     running = torch.zeros((items, beams, max_new), dtype=torch.long, device=device)
     running_scores = torch.full((items, beams), _NEG, device=device)
@@ -333,6 +472,7 @@ def _beam(
     finished = torch.zeros_like(running)
     finished_scores = torch.full((items, beams), -math.inf, device=device)
     finished_lengths = torch.zeros((items, beams), dtype=torch.long, device=device)
+    done = torch.zeros(items, dtype=torch.bool, device=device)
     live_items = list(range(items))  # batch item -> prompt
     results: list[Generation | None] = [None] * items
     for t in range(max_new):
@@ -353,10 +493,11 @@ def _beam(
         ending = hits & in_top
         ending_scores = torch.where(ending, candidate_scores / (t + 1) ** length_penalty, -math.inf)
         merged_scores, best = torch.cat([finished_scores, ending_scores], dim=1).topk(beams, dim=1)
-        finished = torch.cat([finished, candidates], dim=1).gather(1, best[:, :, None].expand(-1, -1, max_new))
-        finished_lengths = torch.cat([finished_lengths, torch.full_like(ending_scores, t + 1, dtype=torch.long)], 1)
-        finished_lengths = finished_lengths.gather(1, best)
-        finished_scores = merged_scores
+        merged = torch.cat([finished, candidates], dim=1).gather(1, best[:, :, None].expand(-1, -1, max_new))
+        lengths = torch.cat([finished_lengths, torch.full_like(ending_scores, t + 1, dtype=torch.long)], 1)
+        finished = torch.where(done[:, None, None], finished, merged)
+        finished_lengths = torch.where(done[:, None], finished_lengths, lengths.gather(1, best))
+        finished_scores = torch.where(done[:, None], finished_scores, merged_scores)
 
         running_scores, chosen = (candidate_scores + hits * _NEG).topk(beams, dim=1)
         running = candidates.gather(1, chosen[:, :, None].expand(-1, -1, max_new))
@@ -364,33 +505,114 @@ def _beam(
 
         full = torch.isfinite(finished_scores).all(dim=1)
         if early_stopping is True:
-            done = full
+            now_done = full
         else:
             best_length = max_new if early_stopping == "never" and length_penalty > 0 else t + 1
             best_possible = running_scores[:, 0] / best_length**length_penalty
-            done = full & (best_possible <= finished_scores.min(dim=1).values)
+            now_done = full & (best_possible <= finished_scores.min(dim=1).values)
+        done = done | now_done
         if t + 1 == max_new:
             done[:] = True
+        rows = (torch.arange(len(live_items), device=device)[:, None] * beams + parents).flatten()
+        if (t + 1) % sync_every and t + 1 < max_new:
+            batch.take(rows)
+            continue
         done_list = done.tolist()
-        for position, is_done in enumerate(done_list):
-            if is_done:
+        for position in (position for position, is_done in enumerate(done_list) if is_done):
+            if results[live_items[position]] is None:
                 length = int(finished_lengths[position, 0])
                 token_ids = finished[position, 0, :length].tolist()
                 results[live_items[position]] = _beam_generation(
                     tokenizer, token_ids, float(finished_scores[position, 0]), stops
                 )
-        keep = [position for position, is_done in enumerate(done_list) if not is_done]
-        if not keep:
+        if all(done_list):
             break
+        if not batch.drops_rows:
+            batch.take(rows)
+            continue
+        keep = [position for position, is_done in enumerate(done_list) if not is_done]
         keep_index = torch.tensor(keep, device=device)
-        rows = (keep_index[:, None] * beams + parents[keep_index]).flatten()
-        batch.take(rows)  # reorders the beams and drops finished items in one copy of the cache
+        batch.take(rows.view(-1, beams)[keep_index].flatten())  # reorders the beams and drops done items in one copy
         live_items = [live_items[position] for position in keep]
-        running, running_scores = running[keep_index], running_scores[keep_index]
+        running, running_scores, done = running[keep_index], running_scores[keep_index], done[keep_index]
         finished, finished_scores, finished_lengths = (
             finished[keep_index], finished_scores[keep_index], finished_lengths[keep_index]
         )
     return [result for result in results if result is not None]
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """What decoding memory depends on."""
+
+    layers: int
+    kv_heads: int
+    head_dim: int
+    hidden: int
+    intermediate: int
+    vocab: int
+    dtype_bytes: int
+
+    @classmethod
+    def of(cls, model: Any) -> ModelShape:
+        config = model.config.get_text_config(decoder=True)
+        heads = config.num_attention_heads
+        return cls(
+            layers=config.num_hidden_layers, kv_heads=getattr(config, "num_key_value_heads", None) or heads,
+            head_dim=getattr(config, "head_dim", None) or config.hidden_size // heads, hidden=config.hidden_size,
+            intermediate=config.intermediate_size, vocab=config.vocab_size, dtype_bytes=model.dtype.itemsize,
+        )
+
+
+AUTO_MAX_ROWS = 1024
+"""`batch_size="auto"` fills memory up to this many rows (prompts x beams or branches): beyond, finished rows that
+ride along in the graph engine cost more than a bigger batch saves."""
+AUTO_MEMORY_SHARE = 0.8
+"""Of the free device memory, what `batch_size="auto"` plans to use (the rest: the allocator's fragmentation, the
+graphs' own pools)."""
+CPU_BATCH_SIZE = 16
+"""`batch_size="auto"` off CUDA."""
+
+
+def bytes_per_prompt(shape: ModelShape, width: int, max_new_tokens: int, copies: int) -> int:
+    """Device memory one prompt of `width` tokens needs while decoding `copies` rows (beams, branches).
+
+    Per row: the static cache (`width + max_new_tokens` positions, rounded up), the prompt pass's cache it is copied
+    from, and four vocabulary-sized float32 rows (logits, softmax or log-softmax, beam scores). Per prompt: the prompt
+    pass's activations (hidden states, the MLP's two intermediate projections) and its [width, width] 4D mask.
+    """
+    slots = _slots(width, max_new_tokens)
+    per_position = 2 * shape.layers * shape.kv_heads * shape.head_dim * shape.dtype_bytes
+    row = per_position * (slots + width) + 4 * shape.vocab * 4
+    prompt_pass = width * (4 * shape.hidden + 2 * shape.intermediate) * shape.dtype_bytes
+    mask = width * width * shape.dtype_bytes
+    return copies * row + prompt_pass + mask
+
+
+def auto_batch_size(
+    shape: ModelShape, free_bytes: int, width: int, max_new_tokens: int, copies: int, prompts: int
+) -> int:
+    """The most prompts per batch whose decoding fits `AUTO_MEMORY_SHARE` of `free_bytes` (at least 1, at most
+    `prompts` and `AUTO_MAX_ROWS // copies`)."""
+    fits = int(AUTO_MEMORY_SHARE * free_bytes) // bytes_per_prompt(shape, width, max_new_tokens, copies)
+    return max(1, min(fits, prompts, AUTO_MAX_ROWS // copies))
+
+
+def _free_bytes(device: torch.device) -> int:
+    """Free device memory, counting what PyTorch's allocator holds but does not use."""
+    free, _ = torch.cuda.mem_get_info(device)
+    return free + torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
+
+
+def _batch_size(
+    batch_size: int | Literal["auto"], model: Any, encoded: list[list[int]], max_new_tokens: int, copies: int
+) -> int:
+    if batch_size != "auto":
+        return batch_size
+    if model.device.type != "cuda":
+        return CPU_BATCH_SIZE
+    width = max(map(len, encoded))
+    return auto_batch_size(ModelShape.of(model), _free_bytes(model.device), width, max_new_tokens, copies, len(encoded))
 
 
 def _length_batches(lengths: Sequence[int], batch_size: int) -> list[list[int]]:
@@ -436,7 +658,7 @@ def decode(
     stop: Sequence[str] = (),
     eos_token_ids: int | Sequence[int] | None = None,
     prompt_attention: PromptAttention = "causal",
-    batch_size: int = 16,
+    batch_size: int | Literal["auto"] = "auto",
     num_beams: int = 5,
     length_penalty: float = 1.0,
     early_stopping: bool | Literal["never"] = False,
@@ -444,11 +666,15 @@ def decode(
     answer_span: AnswerSpan | None = None,
     normalize_answer: Callable[[str], str] = str.strip,
     add_special_tokens: bool = True,
+    engine: Engine = "auto",
 ) -> list[Generation]:
     """Decode every prompt (text, or token ids as they are) with `scheme`; one `Generation` per prompt, in order.
 
     `model` is a causal LM (transformers or peft, in eval mode); `batch_size` counts prompts (a batch holds
-    `batch_size * num_beams` rows for beam search, `batch_size * cot_k` for CoT-decoding). End-of-sequence ids
+    `batch_size * num_beams` rows for beam search, `batch_size * cot_k` for CoT-decoding); "auto": as many as fit
+    the GPU's free memory (`auto_batch_size`), `CPU_BATCH_SIZE` elsewhere. `engine` "auto": CUDA graphs over a static
+    cache on CUDA, the eager DynamicCache loop elsewhere; "static": the graph engine's steps run eagerly (its kernels
+    without the graphs, for comparisons). End-of-sequence ids
     default to the tokenizer's and the model's generation config's. `prompt_attention="bidirectional"` encodes each
     whole prompt with bidirectional attention (PrefixLM). Beam search follows `model.generate(num_beams=...,
     length_penalty=..., early_stopping=...)`. CoT-decoding needs `answer_span(text) -> (start, end) | None`; answers
@@ -456,7 +682,9 @@ def decode(
     """
     if scheme not in ("greedy", "beam", "cot"):
         raise ClozeMathError(f"decode: unknown scheme '{scheme}' (greedy, beam or cot)")
-    if max_new_tokens < 1 or batch_size < 1 or num_beams < 1 or cot_k < 1:
+    if engine not in ("auto", "eager", "static", "graphs"):
+        raise ClozeMathError(f"decode: unknown engine '{engine}' (auto, eager, static or graphs)")
+    if max_new_tokens < 1 or (batch_size != "auto" and batch_size < 1) or num_beams < 1 or cot_k < 1:
         raise ClozeMathError("decode: max_new_tokens, batch_size, num_beams and cot_k must be at least 1")
     if scheme == "cot" and answer_span is None:
         raise ClozeMathError("decode: CoT-decoding needs answer_span")
@@ -477,10 +705,19 @@ def decode(
     if not prompts:
         return []
     encoded = _encode(tokenizer, prompts, add_special_tokens)
+    if engine == "auto":
+        engine = "graphs" if model.device.type == "cuda" else "eager"
+    cot_k = min(cot_k, len(tokenizer))
+    copies = {"greedy": 1, "beam": num_beams, "cot": cot_k}[scheme]
+    size = _batch_size(batch_size, model, encoded, max_new_tokens, copies)
     results: list[Generation | None] = [None] * len(encoded)
     with sdpa_kernel(SDPA_BACKENDS):
-        for indices in _length_batches([len(ids) for ids in encoded], batch_size):
-            batch, logits = _prefill(model, [encoded[i] for i in indices], pad_id, prompt_attention)
+        for indices in _length_batches([len(ids) for ids in encoded], size):
+            eager, logits = _prefill(model, [encoded[i] for i in indices], pad_id, prompt_attention)
+            if copies > 1:
+                eager.repeat(copies)
+            batch = eager if engine == "eager" else _StaticBatch(eager, max_new_tokens, graphs=engine == "graphs")
+            del eager
             if scheme == "greedy":
                 generations = _greedy(batch, logits, backend, stops)
             elif scheme == "beam":

@@ -65,7 +65,11 @@ def evaluate_step(
     model = loaded.model
     model.eval()
     try:
-        predictions = evaluate_batch(loaded, mine, evaluation.decoding, cfg.eval, prompting(cfg)) if mine else []
+        # Under ZeRO-3 every forward gathers the parameters from all ranks: no CUDA graph can hold that step.
+        engine = "eager" if lockstep else "auto"
+        predictions = (
+            evaluate_batch(loaded, mine, evaluation.decoding, cfg.eval, prompting(cfg), engine) if mine else []
+        )
     finally:
         model.train()
     counts = [float(sum(p.correct for p in predictions)), float(len(predictions))]

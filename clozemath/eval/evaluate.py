@@ -24,7 +24,7 @@ from clozemath.data.objectives import format_prompt, lm_sample
 from clozemath.data.tokenize import encode_samples
 from clozemath.errors import ClozeMathError
 from clozemath.eval.answers import DATASETS, NUMERIC_DATASETS, answer_span, grade, normalize_math_answer
-from clozemath.eval.decode import Generation, PromptAttention, decode
+from clozemath.eval.decode import Engine, Generation, PromptAttention, decode
 from clozemath.eval.harness import STRICT_MATCH, filtered_answer, harness_verdicts
 from clozemath.eval.prompts import (
     GSM8K_STOP,
@@ -54,17 +54,25 @@ class Prediction:
     harness: dict[str, bool] | None = None
     """Few-shot GSM8K-like predictions (base models): lm-evaluation-harness's verdict per answer filter (strict-match,
     flexible-extract), `extracted` and `correct` being strict-match's; None where clozemath's rules grade."""
+    finish_reason: str | None = None
+    """eos, stop (a stop string) or length (cut at `max_new_tokens`); None in files written before it was recorded."""
+    generated_tokens: int | None = None
+    """Tokens generated, end-of-sequence excluded."""
 
 
 _FIELD_TYPES: dict[str, tuple[type, ...]] = {
     "id": (str,), "dataset": (str,), "decoding": (str,), "prompt": (str,), "generation": (str,),
     "extracted": (str, type(None)), "gold": (str,), "correct": (bool,), "confidence": (int, float, type(None)),
     "harness": (dict, type(None)),
+    "finish_reason": (str, type(None)), "generated_tokens": (int, type(None)),
 }
 _REQUIRED = ("id", "dataset", "generation", "gold")  # the rest default: `score` regrades from these
 _DEFAULTS: dict[str, Any] = {
     "decoding": "", "prompt": "", "extracted": None, "correct": False, "confidence": None, "harness": None,
+    "finish_reason": None, "generated_tokens": None,
 }
+CUT_WARNING_SHARE = 0.2
+"""The results table warns when more than this share of a set's generations ran to `max_new_tokens`."""
 
 
 def _has_type(value: Any, allowed: tuple[type, ...]) -> bool:
@@ -291,51 +299,60 @@ def _canonical_number(text: str) -> str:
 
 
 def _decode(
-    loaded: Loaded, prompts: list[Prompt], dataset: str, decoding: str, eval_cfg: EvalConfig, prompting: Prompting
+    loaded: Loaded, prompts: list[Prompt], dataset: str, decoding: str, eval_cfg: EvalConfig, prompting: Prompting,
+    engine: Engine,
 ) -> list[Generation]:
     return decode(
         loaded.model, loaded.tokenizer, [prompt.ids for prompt in prompts], decoding,
         max_new_tokens=eval_cfg.max_new_tokens, stop=stop_strings(dataset, prompting),
         prompt_attention=prompting.attention, batch_size=eval_cfg.batch_size, num_beams=eval_cfg.num_beams,
         cot_k=eval_cfg.cot_k, answer_span=partial(answer_span, dataset), normalize_answer=comparable_answer(dataset),
+        engine=engine,
     )
 
 
 def evaluate_batch(
-    loaded: Loaded, problems: Sequence[Problem], decoding: str, eval_cfg: EvalConfig, prompting: Prompting
+    loaded: Loaded, problems: Sequence[Problem], decoding: str, eval_cfg: EvalConfig, prompting: Prompting,
+    engine: Engine = "auto",
 ) -> list[Prediction]:
     """Decode every problem with `decoding` and grade it; one Prediction per problem, in order (`confidence`: the
-    winning answer's summed CoT-decoding confidence)."""
+    winning answer's summed CoT-decoding confidence). `engine`: `decode`'s."""
     predictions: list[Prediction | None] = [None] * len(problems)
     for dataset in dict.fromkeys(problem.dataset for problem in problems):
         indices = [i for i, problem in enumerate(problems) if problem.dataset == dataset]
         group = [problems[i] for i in indices]
         prompts = build_prompts(group, loaded, prompting)
-        generations = _decode(loaded, prompts, dataset, decoding, eval_cfg, prompting)
+        generations = _decode(loaded, prompts, dataset, decoding, eval_cfg, prompting, engine)
         for index, problem, prompt, generation in zip(indices, group, prompts, generations):
             verdict = _verdict(dataset, generation.text, problem.answer, prompting.few_shot)
             predictions[index] = Prediction(
                 problem.id, dataset, decoding, prompt.text, generation.text, verdict.extracted, problem.answer,
-                verdict.correct, generation.confidence, verdict.harness,
+                verdict.correct, generation.confidence, verdict.harness, generation.finish_reason,
+                len(generation.token_ids),
             )
     return [prediction for prediction in predictions if prediction is not None]
 
 
 def metrics(predictions: Iterable[Prediction]) -> dict[str, float]:
-    """`eval/<set>/<decoding>/accuracy`, `.../correct`, `.../total` for every set (dataset) and decoding present; where
-    the harness graded, also its filters' accuracies, `.../strict-match` and `.../flexible-extract`."""
-    counts: dict[tuple[str, str], list[int]] = defaultdict(lambda: [0, 0])
+    """`eval/<set>/<decoding>/accuracy`, `.../correct`, `.../total` for every set (dataset) and decoding present;
+    `.../cut_share`, the share of generations cut at `max_new_tokens` (of those that record why they ended); where the
+    harness graded, also its filters' accuracies, `.../strict-match` and `.../flexible-extract`."""
+    counts: dict[tuple[str, str], list[int]] = defaultdict(lambda: [0, 0, 0, 0])  # correct, total, cut, recorded
     by_filter: dict[tuple[str, str], Counter[str]] = defaultdict(Counter)
     for prediction in predictions:
         tally = counts[(prediction.dataset, prediction.decoding)]
         tally[0] += prediction.correct
         tally[1] += 1
         by_filter[(prediction.dataset, prediction.decoding)].update(prediction.harness or {})
+        tally[2] += prediction.finish_reason == "length"
+        tally[3] += prediction.finish_reason is not None
     out: dict[str, float] = {}
-    for (dataset, decoding), (correct, total) in sorted(counts.items()):
+    for (dataset, decoding), (correct, total, cut, recorded) in sorted(counts.items()):
         out.update(_tally_metrics(dataset, decoding, correct, total))
         for name, hits in by_filter[(dataset, decoding)].items():
             out[f"eval/{dataset}/{decoding}/{name}"] = hits / total
+        if recorded:
+            out[f"eval/{dataset}/{decoding}/cut_share"] = cut / recorded
     return out
 
 
@@ -345,22 +362,30 @@ def _tally_metrics(dataset: str, decoding: str, correct: int, total: int) -> dic
 
 
 def results_table(values: dict[str, float]) -> str:
-    """A markdown table of `eval/<set>/<decoding>/...` metrics: set, decoding, correct, total, accuracy (and
-    problems/s where measured)."""
+    """A markdown table of `eval/<set>/<decoding>/...` metrics: set, decoding, correct, total, accuracy, the share cut
+    at max_new_tokens and problems/s (where measured); then a warning line for each set and decoding with more than
+    `CUT_WARNING_SHARE` of its generations cut."""
     groups: dict[tuple[str, str], dict[str, float]] = defaultdict(dict)
     for key, value in values.items():
         parts = key.split("/")
         if len(parts) == 4 and parts[0] == "eval":
             groups[(parts[1], parts[2])][parts[3]] = value
-    lines = ["| set | decoding | correct | total | accuracy | problems/s |",
-             "| --- | --- | ---: | ---: | ---: | ---: |"]
+    lines = ["| set | decoding | correct | total | accuracy | cut at max_new_tokens | problems/s |",
+             "| --- | --- | ---: | ---: | ---: | ---: | ---: |"]
+    warnings = []
     for (dataset, decoding), group in sorted(groups.items()):
         speed = f"{group['problems_per_s']:.2f}" if "problems_per_s" in group else "-"
+        cut = f"{100 * group['cut_share']:.1f}%" if "cut_share" in group else "-"
         lines.append(
             f"| {dataset} | {decoding} | {int(group['correct'])} | {int(group['total'])} | "
-            f"{100 * group['accuracy']:.2f}% | {speed} |"
+            f"{100 * group['accuracy']:.2f}% | {cut} | {speed} |"
         )
-    return "\n".join(lines)
+        if group.get("cut_share", 0.0) > CUT_WARNING_SHARE:
+            warnings.append(
+                f"warning: {dataset}/{decoding}: {cut} of the generations ran to max_new_tokens (a model that loops, "
+                "or eval.max_new_tokens too small)"
+            )
+    return "\n".join(lines + warnings)
 
 
 # --------------------------------------------------------------------------------------------------------------

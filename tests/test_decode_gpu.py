@@ -1,0 +1,60 @@
+"""On a GPU: the graph engine (CUDA graphs replayed over a static cache) gives the tokens of the same engine stepped
+eagerly (the same kernels), on a real model. `CLOZEMATH_GPU_MODEL`: a model YAML or a name in configs/models
+(default smollm2-135m). Give it two minutes on a GPU (most of it loading and dequantizing the GGUF weights)."""
+
+from __future__ import annotations
+
+import os
+from functools import partial
+from pathlib import Path
+
+import pytest
+import torch
+
+from clozemath.config import ModelConfig, read_yaml
+from clozemath.data.sources import load_problems
+from clozemath.eval.answers import answer_span
+from clozemath.eval.decode import decode
+from clozemath.eval.evaluate import Prompting, build_prompts, comparable_answer
+from clozemath.eval.prompts import DEFAULT_TEMPLATE
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def loaded():
+    from clozemath.model.load import load_model
+
+    spec = os.environ.get("CLOZEMATH_GPU_MODEL", "smollm2-135m")
+    path = Path(spec) if spec.endswith((".yaml", ".yml")) else ROOT / "configs" / "models" / f"{spec}.yaml"
+    cfg = ModelConfig.model_validate(read_yaml(path)).model_copy(update={"dtype": "bfloat16"})
+    return load_model(cfg, 0, torch.device("cuda"), training=False)
+
+
+@pytest.fixture(scope="module")
+def prompts(loaded) -> list[list[int]]:
+    problems = load_problems("gsm8k", "test", limit=32)
+    prompting = Prompting(few_shot=False, attention="causal", template=DEFAULT_TEMPLATE)
+    return [prompt.ids for prompt in build_prompts(problems, loaded, prompting)]
+
+
+def tokens(generations) -> list[list[list[int]]]:
+    return [[branch.token_ids for branch in g.branches or [g]] for g in generations]
+
+
+@pytest.mark.parametrize(
+    ("scheme", "attention"), [("greedy", "causal"), ("greedy", "bidirectional"), ("beam", "causal"), ("cot", "causal")]
+)
+def test_graphs_give_the_tokens_of_the_same_steps_run_eagerly(loaded, prompts, scheme, attention):
+    def run(engine: str):
+        return decode(
+            loaded.model, loaded.tokenizer, prompts, scheme, max_new_tokens=128, prompt_attention=attention,
+            batch_size=16, num_beams=5, cot_k=9, answer_span=partial(answer_span, "gsm8k"),
+            normalize_answer=comparable_answer("gsm8k"), engine=engine,
+        )
+
+    graphs, static = run("graphs"), run("static")
+    assert tokens(graphs) == tokens(static)
+    assert [g.finish_reason for g in graphs] == [g.finish_reason for g in static]
+    assert any(g.finish_reason == "eos" for g in graphs)  # a real model ends rows at different steps
