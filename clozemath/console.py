@@ -45,14 +45,27 @@ def _duration(seconds: float) -> str:
 class Console:
     """Draws events on a terminal (bars redrawn in place) or, elsewhere, as sparse plain lines."""
 
-    def __init__(self, out: TextIO, err: TextIO) -> None:
-        self.out = out
-        self.err = err
-        self.live = _is_terminal(err)
+    def __init__(self, out: TextIO | None = None, err: TextIO | None = None) -> None:
+        """`out`, `err`: default to this process's `sys.stdout` and `sys.stderr` of the moment."""
+        self._out = out
+        self._err = err
         self.bars: dict[str, _Bar] = {}
         self.drawn: str | None = None
         """On a terminal: the bar line under the cursor, not yet ended."""
         self.warned: set[str] = set()
+
+    @property
+    def out(self) -> TextIO:
+        return self._out or sys.stdout
+
+    @property
+    def err(self) -> TextIO:
+        return self._err or sys.stderr
+
+    @property
+    def live(self) -> bool:
+        """On a terminal: bars are redrawn in place."""
+        return _is_terminal(self.err)
 
     def line(self, text: str, stream: TextIO | None = None) -> None:
         self._end_drawn()
@@ -127,7 +140,7 @@ def console() -> Console:
     """The console this process draws on: the one `quiet_console` set up, else one on stdout and stderr."""
     global _console
     if _console is None:
-        _console = Console(sys.stdout, sys.stderr)
+        _console = Console()
     return _console
 
 
