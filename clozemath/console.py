@@ -81,11 +81,9 @@ class Console:
     ) -> None:
         now = time.monotonic()
         bar = self.bars.get(key)
-        if bar is None or done < bar.first_done:  # a new bar, or one started again (a restarted training run)
+        if bar is None:  # a new bar: its clock starts at its first step
             bar = self.bars[key] = _Bar(now, done)
         finished = done >= total
-        if done == 0 and not finished:  # a bar at 0 only marks when it started
-            return
         text = self._bar_text(bar, label, done, total, stats, rate_unit, now)
         if self.live:
             self.err.write(("\n" if self.drawn not in (None, key) else "\r\x1b[K") + text)
@@ -112,9 +110,9 @@ class Console:
         rate = (done - bar.first_done) / elapsed if elapsed > 0 and done > bar.first_done else None
         if rate is not None and rate_unit is not None:
             parts.append(f"{rate:.2f} {rate_unit}/s")
-        if done >= total:
+        if done >= total and done > bar.first_done:
             parts.append(f"in {_duration(elapsed)}")
-        elif rate is not None:
+        elif rate is not None and done < total:
             parts.append(f"ETA {_duration((total - done) / rate)}")
         return "  ".join(parts)
 

@@ -184,8 +184,6 @@ def evaluate_on_ray(cfg: ExperimentConfig, adapter: Path | None, folder: Path) -
     console.phase(f"[{cfg.name}] evaluating: " + ", ".join(
         f"{name} ({len(progress.problems)} problems, {'/'.join(progress.decodings)})" for name, progress in sets.items()
     ))
-    for progress in sets.values():
-        progress.show(cfg.name)  # the bars start now: their rate counts the model's loading
     with _without_ray_progress_bars():
         for batch in dataset.iter_batches(batch_size=None, batch_format="pyarrow"):
             rows = batch.to_pylist()

@@ -39,15 +39,19 @@ def plain_console(monkeypatch: pytest.MonkeyPatch) -> tuple[Captured, Captured]:
 
 def test_a_bar_off_a_terminal_prints_its_first_step_and_a_line_per_tenth(plain_console) -> None:
     _, err = plain_console
-    console.progress("t", "[x] training", 0, 250, rate_unit="steps")
-    assert err.getvalue() == ""  # at 0 a bar only starts its clock
     for step in range(1, 251):
-        console.progress("t", "[x] training", step, 250, [f"loss {1 / step:.3f}"])
+        console.progress("t", "[x] training", step, 250, [f"loss {1 / step:.3f}"], rate_unit="steps")
     lines = err.getvalue().splitlines()
     assert len(lines) == 11 and all(line.startswith("[x] training ") for line in lines)
     assert [line.split()[2] for line in lines] == ["1/250", *(f"{25 * tenth}/250" for tenth in range(1, 11))]
-    assert "ETA" in lines[1]
+    assert "steps/s" not in lines[0] and "steps/s  ETA" in lines[1]  # its clock starts at its first step
     assert lines[-1].startswith("[x] training 250/250 [####################] 100%  loss 0.004") and "ETA" not in lines[-1]
+
+
+def test_a_bar_done_at_its_first_step_claims_no_rate(plain_console) -> None:
+    _, err = plain_console
+    console.progress("e", "[x] eval gsm8k", 4, 4, ["accuracy 25.0%"], rate_unit="problems")
+    assert err.getvalue() == "[x] eval gsm8k 4/4 [####################] 100%  accuracy 25.0%\n"
 
 
 def test_a_workers_event_line_is_drawn_and_other_lines_are_not(plain_console, monkeypatch, capsys) -> None:
