@@ -20,7 +20,7 @@ import json
 import logging
 import re
 from contextlib import ExitStack
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -173,7 +173,7 @@ def run_grid(grid: GridConfig, root: Path | None = None, source: str | Path = "g
             stack.callback(tune_log.removeFilter, quiet)
         results = tuner.fit()
     folders = {e.name: run_folder(e) for e in experiments}
-    outcomes = [_trial_outcome(result, headlines, folders) for result in results]
+    outcomes = [_with_run_id(_trial_outcome(result, headlines, folders), tracking_cfg, parent) for result in results]
     tracking.end_run(tracking_cfg.uri, parent, succeeded=all(o.error is None for o in outcomes))
     return GridOutcome(grid.name, parent, tracking_cfg.uri, tracking_cfg.experiment, path, outcomes, restored)
 
@@ -259,6 +259,14 @@ def _trial_outcome(result: Any, headlines: dict[str, str], folders: dict[str, Pa
     return TrialOutcome(
         name, status, metrics.get(RUN_ID_KEY), metrics, error, headlines.get(name), folders.get(name), error_file
     )
+
+
+def _with_run_id(outcome: TrialOutcome, tracking_cfg: TrackingConfig, parent_run_id: str) -> TrialOutcome:
+    """A trial that failed reported no run id: its run, found by its tags."""
+    if outcome.run_id is not None:
+        return outcome
+    found = tracking.find_runs(tracking_cfg, {tracking.PARENT_TAG: parent_run_id, TRIAL_TAG: outcome.name})
+    return replace(outcome, run_id=found[0].info.run_id) if found else outcome
 
 
 def user_error_line(error: BaseException) -> str:

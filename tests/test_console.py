@@ -197,5 +197,9 @@ def test_a_trial_failing_on_a_user_mistake_ends_the_console_with_one_line_and_wh
     assert not any("Traceback" in line for line in lines)
     logs = Path(summary_value(lines, "logs").split(" (")[0])
     assert logs == tmp_path / "runs" / "smoke" / "logs" and (logs / "driver.log").is_file()
+    run_id = re.fullmatch(r"run (\w+) \(experiment 'smoke'\)", summary_value(lines, "MLflow")).group(1)
+    (run,) = tracking.find_runs(TrackingConfig(uri=f"sqlite:///{tmp_path / 'mlruns.db'}", experiment="smoke"),
+                                {"role": "trial"})
+    assert (run.info.run_id, run.info.status) == (run_id, "FAILED")
     traceback = Path(summary_value(lines, "traceback"))
     assert "ClozeMathError: /nowhere: no such data file" in traceback.read_text() and 'File "' in traceback.read_text()
