@@ -18,8 +18,10 @@ LOGS_DIR = "logs"
 """In a run's folder."""
 DRIVER_LOG = "driver.log"
 WORKERS_LOG = "workers.log"
-QUIET_WORKERS_ENV = {"RAY_DATA_DISABLE_PROGRESS_BARS": "1"}
-"""Ray Data's bars, one per operator redrawn every second, would fill the log: our bars say how far a run is."""
+QUIET_WORKERS_ENV = {"RAY_DATA_DISABLE_PROGRESS_BARS": "1", "HF_HUB_DISABLE_PROGRESS_BARS": "1", "TQDM_DISABLE": "1"}
+"""The libraries' own switches for their bars (Ray Data's, one per operator redrawn every second; the Hugging Face
+hub's downloads; any tqdm, such as transformers' GGUF de-quantizing), which would fill the workers' log with
+redraws: our bars say how far a run is."""
 RAY_PRINTER = "ray_print_logs"
 """The handler `ray.init` registers to print the workers' output (`ray._private.worker.connect`)."""
 ROUTER = "clozemath_worker_output"
