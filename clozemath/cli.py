@@ -6,9 +6,18 @@ import argparse
 import sys
 from collections.abc import Callable, Sequence
 
+from clozemath import console
 from clozemath.errors import ClozeMathError
 
 Handler = Callable[[argparse.Namespace], int | None]
+
+
+def _add_verbose(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "-v", "--verbose", action="store_true",
+        help="pass through everything Ray, Tune, DeepSpeed and transformers print (by default it goes to the run's "
+        "logs/ folder and the console shows phases, progress bars and a summary)",
+    )
 
 
 def _add_data(commands: argparse._SubParsersAction) -> None:
@@ -50,6 +59,7 @@ def _add_run(commands: argparse._SubParsersAction) -> None:
         "overrides", nargs="*", metavar="key=value",
         help="dotted config overrides (of a grid's base; `axes.<axis>=[...]` narrows an axis)",
     )
+    _add_verbose(run)
     run.set_defaults(handler=_run)
 
 
@@ -78,6 +88,7 @@ def _add_eval(commands: argparse._SubParsersAction) -> None:
     )
     evaluate.add_argument("config", help="an experiment YAML (configs/experiments/<name>.yaml)")
     evaluate.add_argument("overrides", nargs="*", help="dotted key=value overrides, e.g. eval.adapter=PATH")
+    _add_verbose(evaluate)
     evaluate.set_defaults(handler=_eval)
 
 
@@ -90,9 +101,14 @@ def _eval(args: argparse.Namespace) -> None:
         raise ClozeMathError(f"{args.config}: a grid; `clozemath eval` takes one experiment")
     adapter = resolve_adapter(cfg)  # a missing adapter fails here, before Ray starts
 
+    from clozemath.eval.evaluate import run_folder
     from ray_jobs.evaluate import print_results, run_evaluation
+    from ray_jobs.logs import LOGS_DIR, logged
 
-    print_results(run_evaluation(cfg, adapter))
+    logs = run_folder(cfg).resolve() / LOGS_DIR
+    with logged(logs):
+        result = run_evaluation(cfg, adapter)
+    print_results(result, logs, cfg.tracking.uri)
 
 
 def _data_gsm_symbolic(args: argparse.Namespace) -> None:
@@ -152,8 +168,25 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _is_override(arg: str) -> bool:
+    return "=" in arg and not arg.startswith("-")
+
+
+def parse_args(parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> argparse.Namespace:
+    """Like `parse_args`, but `key=value` overrides may come before or after a subcommand's flags (argparse takes
+    a positional list only in one piece: `prepare CONFIG --limit 40 method=clozemath` leaves `method=clozemath`)."""
+    args, extra = parser.parse_known_args(argv)
+    late = [arg for arg in extra if _is_override(arg)]
+    if len(late) < len(extra) or (late and not hasattr(args, "overrides")):
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    if late:
+        args.overrides = [*args.overrides, *late]
+    return args
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    args = parse_args(build_parser(), argv)
+    console.set_verbose(getattr(args, "verbose", False))
     handler: Handler = args.handler
     try:
         return int(handler(args) or 0)

@@ -9,7 +9,9 @@ from contextlib import contextmanager
 
 import ray
 
+from clozemath import console
 from clozemath.errors import ClozeMathError
+from ray_jobs import logs
 
 CARRIED_ENV_VARS = ("CLOZEMATH_DATA_DIR", "HF_HUB_OFFLINE", "HF_HOME", "HF_DATASETS_OFFLINE", "TRANSFORMERS_OFFLINE")
 MIN_LOCAL_CPUS = 8
@@ -32,10 +34,17 @@ def init_ray() -> None:
     """Nothing when Ray is already up (a test session, a Tune trial); else join RAY_ADDRESS or start locally."""
     if ray.is_initialized():
         return
-    if os.environ.get("RAY_ADDRESS"):
-        ray.init(runtime_env=runtime_env())
+    env = runtime_env()
+    env["env_vars"].update(logs.workers_env())
+    address = os.environ.get("RAY_ADDRESS")
+    if address:
+        ray.init(runtime_env=env)
     else:
-        ray.init(num_cpus=max(MIN_LOCAL_CPUS, os.cpu_count() or 1), runtime_env=runtime_env())
+        ray.init(num_cpus=max(MIN_LOCAL_CPUS, os.cpu_count() or 1), runtime_env=env)
+    logs.route_worker_output()
+    resources = ray.cluster_resources()
+    where = f"joined the cluster at {address}" if address else "started on this machine"
+    console.phase(f"ray: {where} ({resources.get('CPU', 0):.0f} CPUs, {resources.get('GPU', 0):.0f} GPUs)")
 
 
 _REMOTE_USER_ERROR = re.compile(r"clozemath\.errors\.ClozeMathError: (.+)")

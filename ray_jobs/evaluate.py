@@ -12,7 +12,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import sys
 import time
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, fields
@@ -21,8 +20,8 @@ from pathlib import Path
 import pyarrow as pa
 import ray
 from ray.data import ActorPoolStrategy, DataContext
-from tqdm import tqdm
 
+from clozemath import console
 from clozemath.config import ExperimentConfig
 from clozemath.data.sources import Problem
 from clozemath.errors import ClozeMathError
@@ -70,6 +69,8 @@ class Evaluator:
         self.cfg = cfg
         self.decodings = {set_cfg.dataset: cfg.eval.decodings_of(set_cfg) for set_cfg in cfg.eval.sets}
         self.prompting = prompting(cfg)
+        with_adapter = f" with the adapter {adapter}" if adapter is not None else " (few-shot)"
+        console.phase(f"[{cfg.name}] loading the model ({cfg.model.name}) on {device} for evaluation{with_adapter}")
         self.loaded = load_evaluated_model(cfg, adapter, device)
 
     def __call__(self, batch: pa.Table) -> pa.Table:
@@ -132,6 +133,15 @@ class _SetProgress:
         for row in rows:
             self.seconds[row["decoding"]] += row["seconds"]
 
+    def show(self, label: str) -> None:
+        """Move the set's progress bar: predictions made, running accuracy."""
+        correct = sum(prediction.correct for prediction in self.predictions)
+        done = len(self.predictions)
+        unit = "problems" if len(self.decodings) == 1 else "predictions"
+        accuracy = f"accuracy {correct / done:.1%}" if done else "accuracy -"
+        console.progress(f"{label}/eval/{self.name}", f"[{label}] eval {self.name}", done, self.expected,
+                         [accuracy], rate_unit=unit)
+
     def finish(self, folder: Path) -> dict[str, float]:
         """Write the predictions in order (decoding, then problem), drop the partial file; the set's metrics."""
         order = {problem.id: i for i, problem in enumerate(self.problems)}
@@ -176,8 +186,10 @@ def evaluate_on_ray(cfg: ExperimentConfig, adapter: Path | None, folder: Path) -
     )
     values: dict[str, float] = {}
     started = time.perf_counter()
-    total = sum(progress.expected for progress in sets.values())
-    with _without_ray_progress_bars(), tqdm(total=total, desc="eval", unit="prediction", file=sys.stderr) as bar:
+    console.phase(f"[{cfg.name}] evaluating: " + ", ".join(
+        f"{name} ({len(progress.problems)} problems, {'/'.join(progress.decodings)})" for name, progress in sets.items()
+    ))
+    with _without_ray_progress_bars():
         for batch in dataset.iter_batches(batch_size=None, batch_format="pyarrow"):
             rows = batch.to_pylist()
             for name, progress in sets.items():
@@ -185,11 +197,10 @@ def evaluate_on_ray(cfg: ExperimentConfig, adapter: Path | None, folder: Path) -
                 if not mine:
                     continue
                 progress.add(mine)
+                progress.show(cfg.name)
                 if len(progress.predictions) == progress.expected:
                     values.update(progress.finish(folder))
                     _write_metrics(folder, values)
-                    bar.write(f"eval: {name} done ({len(progress.problems)} problems)")
-            bar.update(len(rows))
     values["eval/seconds"] = time.perf_counter() - started
     _write_metrics(folder, values)
     return values
@@ -239,6 +250,12 @@ def run_evaluation(
     return EvalResult(values, folder, run_id)
 
 
-def print_results(result: EvalResult) -> None:
-    print(results_table(result.metrics))
-    print(f"predictions and metrics: {result.folder} (MLflow run {result.run_id})")
+def print_results(result: EvalResult, logs: Path | None = None, tracking_uri: str | None = None) -> None:
+    """The results table, where the predictions and logs are, the MLflow run and how to browse it."""
+    lines = [results_table(result.metrics), f"predictions:  {result.folder / 'predictions'} (metrics.json beside)"]
+    if logs is not None:
+        lines.append(f"logs:         {logs}")
+    lines.append(f"MLflow:       run {result.run_id}")
+    if tracking_uri is not None:
+        lines.append(f"browse:       mlflow ui --backend-store-uri {tracking_uri}")
+    console.result("\n".join(lines))

@@ -19,7 +19,8 @@ import hashlib
 import json
 import logging
 import re
-from dataclasses import dataclass, field
+from contextlib import ExitStack
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -27,13 +28,15 @@ import ray
 from ray import tune
 from ray.tune.integration.ray_train import TuneReportCallback
 
-from clozemath import tracking
+from clozemath import console, tracking
 from clozemath.config import ExperimentConfig, GridConfig, TrackingConfig, configs_root, dump_yaml, expand_grid
 from clozemath.errors import ClozeMathError
 from clozemath.eval.during_training import CURVE
+from clozemath.eval.evaluate import results_table, run_folder
 from clozemath.model.load import load_tokenizer
+from clozemath.train.loop import ADAPTER_DIR
 from ray_jobs.cluster import init_ray, user_error
-from ray_jobs.run import progress, run_experiment, with_budget
+from ray_jobs.run import run_experiment, with_budget
 from ray_jobs.train import STEPS_KEY
 
 
@@ -59,8 +62,34 @@ class QuietUserErrors(logging.Filter):
         return error is None or user_error(error) is None
 
 
+class TrialLines(tune.Callback):
+    """On the driver: a console line when a trial of the grid starts, and when it ends (with its headline)."""
+
+    def __init__(self, headlines: dict[str, str]) -> None:
+        self.headlines = headlines
+
+    def on_trial_start(self, iteration: int, trials: list[Any], trial: Any, **info: Any) -> None:
+        console.phase(f"trial {trial.config['trial']}: started")
+
+    def on_trial_complete(self, iteration: int, trials: list[Any], trial: Any, **info: Any) -> None:
+        name = trial.config["trial"]
+        console.phase(f"trial {name}: finished{headline_text(self.headlines.get(name), trial.last_result or {})}")
+
+    def on_trial_error(self, iteration: int, trials: list[Any], trial: Any, **info: Any) -> None:
+        console.phase(f"trial {trial.config['trial']}: failed (its error comes at the end)")
+
+
+def headline_text(headline: str | None, metrics: dict[str, Any]) -> str:
+    """`  gsm8k/beam 41.20%`: the headline accuracy, if measured."""
+    value = metrics.get(headline or "")
+    measured = (headline or "").removeprefix("eval/").removesuffix("/accuracy")
+    return "" if value is None else f"  {measured} {value:.2%}"
+
+
 TUNE_CONTROLLER_LOGGER = "ray.tune.execution.tune_controller"
 """Where Tune logs a failed trial's traceback."""
+TUNE_ERROR_FILE = "error.txt"
+PREDICTIONS_DIR = Path("eval") / "predictions"
 TRIAL_RESOURCES = {"CPU": 1}
 """The trial function's own: Ray Train's workers, Ray Data's tasks and the evaluation actors ask for theirs."""
 TUNE_DIR = "tune"
@@ -78,6 +107,10 @@ class TrialOutcome:
     error: str | None = None
     headline: str | None = None
     """The accuracy to show first: the first evaluation set's, with its first decoding."""
+    folder: Path | None = None
+    """The trial's run folder (adapter, evaluation)."""
+    error_file: Path | None = None
+    """Where Tune keeps a failed trial's traceback."""
 
 
 @dataclass(frozen=True)
@@ -116,28 +149,35 @@ def run_grid(grid: GridConfig, root: Path | None = None, source: str | Path = "g
     trainable = tune.with_resources(
         tune.with_parameters(run_trial, trials=trials, grid=grid.name, parent_run_id=parent), TRIAL_RESOURCES
     )
+    headlines = {e.name: f"eval/{e.eval.sets[0].dataset}/{e.eval.decodings_of(e.eval.sets[0])[0]}/accuracy"
+                 for e in experiments if e.eval.sets}
     if restored:
-        progress(f"[{grid.name}] resuming the grid in {path}")
+        console.phase(f"[{grid.name}] resuming the grid in {path}")
         tuner = tune.Tuner.restore(str(path), trainable, resume_unfinished=True, resume_errored=True)
     else:
-        progress(f"[{grid.name}] {len(experiments)} trials, up to {concurrent_trials(grid, experiments)} at a time")
+        if len(experiments) > 1:
+            console.phase(
+                f"[{grid.name}] {len(experiments)} trials, up to {concurrent_trials(grid, experiments)} at a time"
+            )
         tuner = tune.Tuner(
             trainable,
             param_space={"trial": tune.grid_search(list(trials))},
             tune_config=tune.TuneConfig(
                 max_concurrent_trials=concurrent_trials(grid, experiments), trial_dirname_creator=trial_dirname
             ),
-            run_config=tune.RunConfig(name=path.name, storage_path=str(path.parent), verbose=1),
+            run_config=tune.RunConfig(
+                name=path.name, storage_path=str(path.parent), verbose=1 if console.verbose() else 0,
+                callbacks=[TrialLines(headlines)] if len(experiments) > 1 else None,
+            ),
         )
-    quiet, tune_log = QuietUserErrors(), logging.getLogger(TUNE_CONTROLLER_LOGGER)
-    tune_log.addFilter(quiet)
-    try:
+    with ExitStack() as stack:
+        if console.verbose():  # else the driver's log keeps the traceback, and the console shows none anyway
+            quiet, tune_log = QuietUserErrors(), logging.getLogger(TUNE_CONTROLLER_LOGGER)
+            tune_log.addFilter(quiet)
+            stack.callback(tune_log.removeFilter, quiet)
         results = tuner.fit()
-    finally:
-        tune_log.removeFilter(quiet)
-    headlines = {e.name: f"eval/{e.eval.sets[0].dataset}/{e.eval.decodings_of(e.eval.sets[0])[0]}/accuracy"
-                 for e in experiments if e.eval.sets}
-    outcomes = [_trial_outcome(result, headlines) for result in results]
+    folders = {e.name: run_folder(e) for e in experiments}
+    outcomes = [_with_run_id(_trial_outcome(result, headlines, folders), tracking_cfg, parent) for result in results]
     tracking.end_run(tracking_cfg.uri, parent, succeeded=all(o.error is None for o in outcomes))
     return GridOutcome(grid.name, parent, tracking_cfg.uri, tracking_cfg.experiment, path, outcomes, restored)
 
@@ -214,12 +254,23 @@ def _safe(name: str) -> str:
     return re.sub(r"[^A-Za-z0-9._=,-]+", "_", name)
 
 
-def _trial_outcome(result: Any, headlines: dict[str, str]) -> TrialOutcome:
+def _trial_outcome(result: Any, headlines: dict[str, str], folders: dict[str, Path]) -> TrialOutcome:
     metrics = dict(result.metrics or {})
     name = result.config["trial"] if result.config else result.path
     error = None if result.error is None else user_error_line(result.error)
     status = "ERROR" if result.error is not None else "TERMINATED"
-    return TrialOutcome(name, status, metrics.get(RUN_ID_KEY), metrics, error, headlines.get(name))
+    error_file = Path(result.path) / TUNE_ERROR_FILE if result.error is not None else None
+    return TrialOutcome(
+        name, status, metrics.get(RUN_ID_KEY), metrics, error, headlines.get(name), folders.get(name), error_file
+    )
+
+
+def _with_run_id(outcome: TrialOutcome, tracking_cfg: TrackingConfig, parent_run_id: str) -> TrialOutcome:
+    """A trial that failed reported no run id: its run, found by its tags."""
+    if outcome.run_id is not None:
+        return outcome
+    found = tracking.find_runs(tracking_cfg, {tracking.PARENT_TAG: parent_run_id, TRIAL_TAG: outcome.name})
+    return replace(outcome, run_id=found[0].info.run_id) if found else outcome
 
 
 def user_error_line(error: BaseException) -> str:
@@ -232,23 +283,47 @@ def user_error_line(error: BaseException) -> str:
     return lines[-1] if lines else type(error).__name__
 
 
-def print_grid_outcome(outcome: GridOutcome) -> None:
-    """A line per trial (status, headline accuracy, MLflow run); a failed trial makes the command fail, in one line."""
+def print_grid_outcome(outcome: GridOutcome, logs: Path | None = None) -> None:
+    """The closing summary: a line per trial (status, headline accuracy, MLflow run); for a single experiment its
+    results table and files; where the logs and the MLflow runs are. A failed trial makes the command fail, in one
+    line. `logs`: the command's log folder."""
+    finished = len(outcome.trials) - len(outcome.failed)
+    lines = [f"== {outcome.name}{' (restored)' if outcome.restored else ''}: "
+             f"{finished} of {len(outcome.trials)} trials finished =="]
     width = max(len(trial.name) for trial in outcome.trials)
-    print(f"grid {outcome.name}{' (restored)' if outcome.restored else ''}: MLflow parent run {outcome.parent_run_id} "
-          f"(experiment '{outcome.experiment}'), Tune experiment {outcome.path}")
     for trial in outcome.trials:
-        value = trial.metrics.get(trial.headline or "")
-        measured = (trial.headline or "").removeprefix("eval/").removesuffix("/accuracy")
-        headline = "" if value is None else f"{measured} {value:.2%}"
         state = "failed: " + (trial.error or "") if trial.error else "finished"
-        print(f"  {trial.name:<{width}}  {state:<10}  {headline:<24}  run {trial.run_id or '-'}")
-    print(f"compare: mlflow ui --backend-store-uri {outcome.tracking_uri}   |   "
-          f"clozemath report --experiment {outcome.experiment}")
+        headline = headline_text(trial.headline, trial.metrics).strip()
+        lines.append(f"  {trial.name:<{width}}  {state:<10}  {headline:<24}  run {trial.run_id or '-'}")
+    if len(outcome.trials) == 1:
+        lines += _experiment_summary(outcome.trials[0], outcome.experiment)
+    else:
+        lines.append(f"MLflow:       grid run {outcome.parent_run_id} (experiment '{outcome.experiment}')")
+    if logs is not None:
+        lines.append(f"logs:         {logs} ({', '.join(sorted(p.name for p in logs.glob('*.log')))})")
+    lines += [f"traceback:    {trial.error_file}" for trial in outcome.failed if trial.error_file is not None]
+    lines.append(f"tune:         {outcome.path}")
+    lines.append(f"browse:       mlflow ui --backend-store-uri {outcome.tracking_uri}")
+    if len(outcome.trials) > 1:
+        lines.append(f"tables:       clozemath report --experiment {outcome.experiment}")
+    console.result("\n".join(lines))
     if outcome.failed:
         first = outcome.failed[0]
         failed = f"{len(outcome.failed)} of {len(outcome.trials)} trials failed"
         raise ClozeMathError(f"{failed}; {first.name}: {first.error}")
+
+
+def _experiment_summary(trial: TrialOutcome, experiment: str) -> list[str]:
+    """A single experiment's results table, adapter, predictions and MLflow run."""
+    lines = []
+    if any(name.startswith("eval/") for name in trial.metrics):
+        lines.append(results_table(trial.metrics))
+    if trial.folder is not None and (trial.folder / ADAPTER_DIR).is_dir():
+        lines.append(f"adapter:      {trial.folder / ADAPTER_DIR}")
+    if trial.folder is not None and (trial.folder / PREDICTIONS_DIR).is_dir():
+        lines.append(f"predictions:  {trial.folder / PREDICTIONS_DIR}")
+    lines.append(f"MLflow:       run {trial.run_id or '-'} (experiment '{experiment}')")
+    return lines
 
 
 # --------------------------------------------------------------------------------------------------------------

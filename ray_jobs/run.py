@@ -6,19 +6,19 @@ of a grid's MLflow run. `run_command` runs any config as a grid (`ray_jobs.grid`
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from ray.train import UserCallback
 
-from clozemath import tracking
-from clozemath.config import ExperimentConfig, as_grid, configs_root, load_config, load_method
+from clozemath import console, tracking
+from clozemath.config import ExperimentConfig, GridConfig, as_grid, configs_root, expand_grid, load_config, load_method
 from clozemath.eval.evaluate import run_folder
 from clozemath.train.budget import Footprint, matched_epochs, planned_tokens
 from ray_jobs.cluster import init_ray, user_errors_surfaced
-from ray_jobs.evaluate import print_results, run_evaluation
+from ray_jobs.evaluate import run_evaluation
+from ray_jobs.logs import LOGS_DIR, logged
 from ray_jobs.preprocess import Prepared, preprocess
 from ray_jobs.train import fit, packs
 
@@ -34,10 +34,6 @@ class RunOutcome:
     prepared: Prepared | None
     eval_metrics: dict[str, float]
     """`eval/<set>/<decoding>/accuracy` and counts; empty when `eval.sets` is."""
-
-
-def progress(message: str) -> None:
-    print(message, file=sys.stderr, flush=True)
 
 
 def run_experiment(
@@ -77,12 +73,9 @@ def run_experiment(
                 )
             tracking.log_params(uri, run_id, {"train.planned_steps": steps})
             tracking.log_artifacts(uri, run_id, adapter, "adapter")
-            progress(f"[{config.name}] adapter written to {adapter}")
         eval_metrics = {}
         if config.eval.sets:
-            result = run_evaluation(config, adapter, tracking_run_id=run_id, step=steps)
-            print_results(result)
-            eval_metrics = result.metrics
+            eval_metrics = run_evaluation(config, adapter, tracking_run_id=run_id, step=steps).metrics
         succeeded = True
     finally:
         tracking.end_run(uri, run_id, succeeded)
@@ -102,18 +95,20 @@ def with_budget(config: ExperimentConfig, root: Path) -> ExperimentConfig:
         return config
     reference = config.model_copy(update={"method": load_method(train.budget_reference, root)}, deep=True)
     epochs = matched_epochs(train, _footprint(reference), _footprint(config), packed=packs(config))
-    progress(f"[{config.name}] budget: the {train.budget} of {train.budget_reference} in {train.epochs} epochs: "
-             f"{epochs:.3f} epochs")
+    console.phase(f"[{config.name}] budget: the {train.budget} of {train.budget_reference} in {train.epochs} epochs: "
+                  f"{epochs:.3f} epochs")
     return config.model_copy(update={"train": train.model_copy(update={"budget": "epochs", "epochs": epochs})})
 
 
 def _prepare(config: ExperimentConfig) -> Prepared:
-    progress(f"[{config.name}] preparing {config.data.dataset}/{config.data.split} for method {config.method.name}")
+    console.phase(
+        f"[{config.name}] preparing data: {config.data.dataset}/{config.data.split} for method {config.method.name}"
+    )
     prepared = preprocess(config, Path(config.train.output_dir).resolve() / CACHE_DIR)
     kinds = ", ".join(f"{kind} {n}" for kind, n in sorted(prepared.kinds.items()))
-    progress(
-        f"[{config.name}] {prepared.num_rows} samples ({kinds}; {prepared.dropped_for_length} too long)"
-        f"{', from the cache' if prepared.from_cache else ''}"
+    console.phase(
+        f"[{config.name}] data: {prepared.num_rows} samples ({kinds}; {prepared.dropped_for_length} too long), "
+        f"{'from the cache' if prepared.from_cache else 'prepared afresh'}"
     )
     return prepared
 
@@ -122,5 +117,14 @@ def run_command(config_path: str, overrides: list[str]) -> None:
     """`clozemath run`: an experiment (a grid of one) or a grid, on Ray Tune; an interrupted grid resumes."""
     from ray_jobs.grid import print_grid_outcome, run_grid
 
-    config = load_config(config_path, overrides)
-    print_grid_outcome(run_grid(as_grid(config), configs_root(Path(config_path)), source=config_path))
+    grid = as_grid(load_config(config_path, overrides))
+    root = configs_root(Path(config_path))
+    logs = grid_folder(grid, root, config_path) / LOGS_DIR
+    with logged(logs):
+        outcome = run_grid(grid, root, source=config_path)
+    print_grid_outcome(outcome, logs)
+
+
+def grid_folder(grid: GridConfig, root: Path, source: str) -> Path:
+    """`<train.output_dir>/<grid>`: an experiment's run folder, or the folder of a grid's trials' run folders."""
+    return Path(expand_grid(grid, root, source)[0].train.output_dir).resolve() / grid.name

@@ -34,7 +34,7 @@ from ray.train import (
 )
 from ray.train.torch import TorchTrainer
 
-from clozemath import tracking
+from clozemath import console, tracking
 from clozemath.config import ExperimentConfig
 from clozemath.errors import ClozeMathError
 from clozemath.eval.during_training import CURVE, evaluate_step, step_evaluation
@@ -67,6 +67,8 @@ def train_worker(settings: dict[str, Any]) -> None:
     if device.type == "cpu":  # Ray gives a 1-CPU worker one thread; on CPU the node's cores are the accelerator
         torch.set_num_threads(max(1, usable_cores() // ray.train.get_context().get_local_world_size()))
     torch.manual_seed(config.train.seed)  # every rank builds the same LoRA initialisation
+    if ray.train.get_context().get_world_rank() == 0:
+        console.phase(f"[{config.name}] loading the model ({config.model.name}) on {device.type}")
     loaded = load_model(config.model, settings["num_sentinels"], device, training=True)
     rows = list(ray.train.get_dataset_shard("train").iter_rows())
     evaluation = step_evaluation(config)
@@ -106,8 +108,8 @@ def train_worker(settings: dict[str, Any]) -> None:
 
 
 class ForwardMetrics(UserCallback):
-    """On the Train controller: log rank 0's step metrics (and evaluations during training) to MLflow and print a
-    progress line."""
+    """On the Train controller: log rank 0's step metrics (and evaluations during training) to MLflow and move the
+    training's progress bar."""
 
     def __init__(self, tracking_uri: str, run_id: str, label: str) -> None:
         self.tracking_uri = tracking_uri
@@ -120,15 +122,13 @@ class ForwardMetrics(UserCallback):
             logged = {name: value for name, value in step.items() if name.startswith(("train/", f"{CURVE}/"))}
             tracking.log_metrics(self.tracking_uri, self.run_id, step["step"], logged)
         values = {name: value for name, value in reported.items() if name.startswith(("train/", f"{CURVE}/"))}
-        accuracies = "".join(
-            f"  {name.removeprefix(f'{CURVE}/').removesuffix('/accuracy')} {value:.1%}"
+        accuracies = [
+            f"{name.removeprefix(f'{CURVE}/').removesuffix('/accuracy')} {value:.1%}"
             for name, value in values.items() if name.startswith(f"{CURVE}/") and name.endswith("/accuracy")
-        )
-        print(
-            f"[{self.label}] step {reported['step']}/{reported['total_steps']}  loss {values['train/loss']:.4f}  "
-            f"lr {values['train/lr']:.2e}  {values['train/tokens_per_s']:.0f} tok/s{accuracies}"
-            + ("  (checkpoint)" if checkpoint is not None else ""),
-            flush=True,
+        ]
+        console.progress(
+            f"{self.label}/train", f"[{self.label}] training", reported["step"], reported["total_steps"],
+            [f"loss {values['train/loss']:.4f}", f"{values['train/tokens_per_s']:.0f} tok/s", *accuracies],
         )
 
 
@@ -169,10 +169,15 @@ def fit(
     latest checkpoint (a grid trial restarted after its driver died). Default: a new, time-stamped one.
     `callbacks`: more Train callbacks (a Tune trial's `TuneReportCallback`)."""
     check_plan(config, prepared)
+    gpu = use_gpu(config)
+    console.phase(
+        f"[{config.name}] training: starting {config.train.num_workers} {'GPU' if gpu else 'CPU'} worker(s), "
+        f"ZeRO-{config.train.zero_stage}"
+    )
     trainer = TorchTrainer(
         train_worker,
         train_loop_config={"experiment": config.model_dump(), "num_sentinels": prepared.num_sentinels},
-        scaling_config=ScalingConfig(num_workers=config.train.num_workers, use_gpu=use_gpu(config)),
+        scaling_config=ScalingConfig(num_workers=config.train.num_workers, use_gpu=gpu),
         run_config=RunConfig(
             name=run_name or time.strftime("train-%Y%m%d-%H%M%S"),
             storage_path=str(run_folder / "ray"),

@@ -225,7 +225,7 @@ def test_the_grid_runs_as_a_ray_job(ray_head: tuple[str, dict[str, str]], tmp_pa
         env=env, capture_output=True, text=True, timeout=600,
     )
     assert job.returncode == 0 and "succeeded" in job.stdout + job.stderr, (job.stdout + job.stderr)[-3000:]
-    assert "Connecting to existing Ray cluster" in job.stdout + job.stderr  # joined RAY_ADDRESS, started none
+    assert "ray: joined the cluster at " in job.stdout + job.stderr  # joined RAY_ADDRESS, started none
     trials = [f"smoke-grid/model=tiny-llama,method={m},dataset=gsm8k,seed=0" for m in ("base", "clozemath")]
     assert_grid_tracked(tracking_of(tmp_path), trials)
 

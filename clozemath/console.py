@@ -1,0 +1,276 @@
+"""The console a person watches: a line when a phase starts, a progress bar per training run and per evaluation set,
+our warnings (once), and a closing summary. What the libraries print goes to log files instead (`quiet_console`).
+
+Any process may call `phase`, `progress` and `warn`. The process that owns the console draws at once; a Ray worker
+of a job whose driver routes its output (the driver sets `EVENTS_ENV_VAR` for the job) prints the event as one
+marked line, which Ray forwards to the driver, whose router hands it to `replay`.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+import math
+import os
+import sys
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TextIO
+
+EVENTS_ENV_VAR = "CLOZEMATH_CONSOLE_EVENTS"
+MARKER = "::clozemath-console::"
+BAR_WIDTH = 20
+SPARSE_STEPS = 10
+"""Off a terminal (a log, a captured console) a bar prints a line each time it passes another tenth of its total."""
+
+
+@dataclass
+class _Bar:
+    started: float
+    first_done: int
+    printed_step: int = -1
+
+
+def _duration(seconds: float) -> str:
+    minutes, secs = divmod(int(round(seconds)), 60)
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours}:{minutes:02d}:{secs:02d}" if hours else f"{minutes}:{secs:02d}"
+
+
+class Console:
+    """Draws events on a terminal (bars redrawn in place) or, elsewhere, as sparse plain lines."""
+
+    def __init__(self, out: TextIO | None = None, err: TextIO | None = None) -> None:
+        """`out`, `err`: default to this process's `sys.stdout` and `sys.stderr` of the moment."""
+        self._out = out
+        self._err = err
+        self.bars: dict[str, _Bar] = {}
+        self.drawn: str | None = None
+        """On a terminal: the bar line under the cursor, not yet ended."""
+        self.warned: set[str] = set()
+
+    @property
+    def out(self) -> TextIO:
+        return self._out or sys.stdout
+
+    @property
+    def err(self) -> TextIO:
+        return self._err or sys.stderr
+
+    @property
+    def live(self) -> bool:
+        """On a terminal: bars are redrawn in place."""
+        return _is_terminal(self.err)
+
+    def line(self, text: str, stream: TextIO | None = None) -> None:
+        self._end_drawn()
+        print(text, file=stream or self.err, flush=True)
+
+    def warn(self, text: str) -> None:
+        if text not in self.warned:
+            self.warned.add(text)
+            self.line(f"warning: {text}")
+
+    def progress(
+        self, key: str, label: str, done: int, total: int, stats: Sequence[str] = (), rate_unit: str | None = None
+    ) -> None:
+        now = time.monotonic()
+        bar = self.bars.get(key)
+        if bar is None:  # a new bar: its clock starts at its first step
+            bar = self.bars[key] = _Bar(now, done)
+        finished = done >= total
+        text = self._bar_text(bar, label, done, total, stats, rate_unit, now)
+        if self.live:
+            self.err.write(("\n" if self.drawn not in (None, key) else "\r\x1b[K") + text)
+            self.drawn = key
+            if finished:
+                self.err.write("\n")
+                self.drawn = None
+            self.err.flush()
+        else:
+            step = SPARSE_STEPS if finished else math.floor(SPARSE_STEPS * done / max(total, 1))
+            if step > bar.printed_step:
+                bar.printed_step = step
+                print(text, file=self.err, flush=True)
+        if finished:
+            del self.bars[key]
+
+    def _bar_text(
+        self, bar: _Bar, label: str, done: int, total: int, stats: Sequence[str], rate_unit: str | None, now: float
+    ) -> str:
+        share = min(1.0, done / max(total, 1))
+        filled = round(BAR_WIDTH * share)
+        parts = [f"{label} {done}/{total} [{'#' * filled}{'.' * (BAR_WIDTH - filled)}] {share:4.0%}", *stats]
+        elapsed = now - bar.started
+        rate = (done - bar.first_done) / elapsed if elapsed > 0 and done > bar.first_done else None
+        if rate is not None and rate_unit is not None:
+            parts.append(f"{rate:.2f} {rate_unit}/s")
+        if done >= total and done > bar.first_done:
+            parts.append(f"in {_duration(elapsed)}")
+        elif rate is not None and done < total:
+            parts.append(f"ETA {_duration((total - done) / rate)}")
+        return "  ".join(parts)
+
+    def _end_drawn(self) -> None:
+        if self.drawn is not None:
+            self.err.write("\n")
+            self.drawn = None
+
+
+def _is_terminal(stream: TextIO) -> bool:
+    try:
+        return stream.isatty()
+    except (AttributeError, ValueError):
+        return False
+
+
+_console: Console | None = None
+_lock = threading.RLock()
+"""Ray's log thread draws the workers' events while the main thread draws its own."""
+
+
+def console() -> Console:
+    """The console this process draws on: the one `quiet_console` set up, else one on stdout and stderr."""
+    global _console
+    if _console is None:
+        _console = Console()
+    return _console
+
+
+def _emit(event: dict[str, Any]) -> None:
+    if os.environ.get(EVENTS_ENV_VAR) and _console is None:  # a Ray worker: the driver draws it
+        sys.stdout.write(MARKER + json.dumps(event) + "\n")  # not `print`, which Ray Train sends to stderr too
+        sys.stdout.flush()
+    else:
+        _handle(event)
+
+
+def _handle(event: dict[str, Any]) -> None:
+    kind = event.pop("kind")
+    with _lock:
+        if kind == "phase":
+            console().line(event["text"])
+        elif kind == "warn":
+            console().warn(event["text"])
+        elif kind == "progress":
+            console().progress(**event)
+
+
+def phase(text: str) -> None:
+    """One line saying what the run does now."""
+    _emit({"kind": "phase", "text": text})
+
+
+def warn(text: str) -> None:
+    """A warning of ours: on the console once, however many workers send it."""
+    _emit({"kind": "warn", "text": text})
+
+
+def progress(
+    key: str, label: str, done: int, total: int, stats: Sequence[str] = (), rate_unit: str | None = None
+) -> None:
+    """Move the bar `key` to `done` of `total` (`stats`: shown after it, e.g. "loss 2.31"; `rate_unit`: show the rate
+    of `done` per second in this unit). A bar ends when `done` reaches `total`."""
+    _emit({"kind": "progress", "key": key, "label": label, "done": done, "total": total, "stats": list(stats),
+           "rate_unit": rate_unit})
+
+
+class _WarningsToConsole(logging.Handler):
+    """The warnings our own modules log (`clozemath.*`): on the console, once each."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        warn(record.getMessage())
+
+
+_OURS = logging.getLogger("clozemath")
+if not any(isinstance(handler, _WarningsToConsole) for handler in _OURS.handlers):
+    _OURS.addHandler(_WarningsToConsole(logging.WARNING))
+
+
+def replay(line: str) -> bool:
+    """Draw the event a worker's output line carries; False for any other line."""
+    marker = line.find(MARKER)
+    if marker < 0:
+        return False
+    try:
+        event = json.loads(line[marker + len(MARKER):])
+    except json.JSONDecodeError:
+        return False
+    _handle(event)
+    return True
+
+
+def result(text: str) -> None:
+    """Part of the command's result (a table, the summary): on stdout."""
+    with _lock:
+        console().line(text, console().out)
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Quiet mode: this process's own output into a log file
+
+_verbose = False
+
+
+def set_verbose(verbose: bool) -> None:
+    global _verbose
+    _verbose = verbose
+
+
+def verbose() -> bool:
+    """`--verbose`: everything the libraries print reaches the console, as it comes."""
+    return _verbose
+
+
+def _terminal_copy(stream: TextIO, fd: int) -> TextIO:
+    """A stream to the console that survives `fd` being pointed elsewhere (a captured stream has no fd: itself)."""
+    try:
+        if stream.fileno() != fd:
+            return stream
+    except (AttributeError, ValueError, io.UnsupportedOperation):
+        return stream
+    stream.flush()
+    return open(os.dup(fd), "w", buffering=1, encoding=getattr(stream, "encoding", None) or "utf-8",
+                errors="replace")
+
+
+@contextmanager
+def quiet_console(log_file: Path) -> Iterator[None]:
+    """Everything this process prints, Python's and native code's alike (file descriptors 1 and 2), goes to
+    `log_file` (appended to); the console shows only what goes through this module. Nothing changes when verbose."""
+    if _verbose:
+        yield
+        return
+    global _console
+    log_file.parent.mkdir(parents=True, exist_ok=True)
+    previous = _console
+    _console = Console(_terminal_copy(sys.stdout, 1), _terminal_copy(sys.stderr, 2))
+    streams = sys.stdout, sys.stderr
+    for stream in streams:
+        stream.flush()
+    saved = os.dup(1), os.dup(2)
+    with open(log_file, "a", buffering=1, encoding="utf-8", errors="replace") as log:
+        log.write(f"==== {time.strftime('%Y-%m-%d %H:%M:%S')} {' '.join(sys.argv)}\n")
+        log.flush()
+        os.dup2(log.fileno(), 1)
+        os.dup2(log.fileno(), 2)
+        sys.stdout = sys.stderr = log
+        try:
+            yield
+        finally:
+            log.flush()
+            sys.stdout, sys.stderr = streams
+            os.dup2(saved[0], 1)
+            os.dup2(saved[1], 2)
+            for fd in saved:
+                os.close(fd)
+            _console._end_drawn()
+            for copy, original in zip((_console.out, _console.err), streams):
+                if copy is not original:
+                    copy.close()
+            _console = previous

@@ -1,0 +1,205 @@
+"""The console a person watches: sparse bars off a terminal, worker events drawn by the driver, the process's own
+output into a log file; overrides anywhere on the command line; then `clozemath run` on the smoke experiment end to
+end (slow), its whole console read as a person would, with its log files, and a trial failing on a user mistake."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from clozemath import console, tracking
+from clozemath.cli import build_parser, parse_args
+from clozemath.config import TrackingConfig
+
+ROOT = Path(__file__).resolve().parents[1]
+SMOKE = "configs/experiments/smoke.yaml"
+MAX_CONSOLE_LINES = 60
+
+
+class Captured(io.StringIO):
+    def isatty(self) -> bool:
+        return False
+
+
+@pytest.fixture
+def plain_console(monkeypatch: pytest.MonkeyPatch) -> tuple[Captured, Captured]:
+    """This process's console, on two captured (not terminal) streams."""
+    out, err = Captured(), Captured()
+    monkeypatch.setattr(console, "_console", console.Console(out, err))
+    monkeypatch.delenv(console.EVENTS_ENV_VAR, raising=False)
+    return out, err
+
+
+def test_a_bar_off_a_terminal_prints_its_first_step_and_a_line_per_tenth(plain_console) -> None:
+    _, err = plain_console
+    for step in range(1, 251):
+        console.progress("t", "[x] training", step, 250, [f"loss {1 / step:.3f}"], rate_unit="steps")
+    lines = err.getvalue().splitlines()
+    assert len(lines) == 11 and all(line.startswith("[x] training ") for line in lines)
+    assert [line.split()[2] for line in lines] == ["1/250", *(f"{25 * tenth}/250" for tenth in range(1, 11))]
+    assert "steps/s" not in lines[0] and "steps/s  ETA" in lines[1]  # its clock starts at its first step
+    assert lines[-1].startswith("[x] training 250/250 [####################] 100%  loss 0.004") and "ETA" not in lines[-1]
+
+
+def test_a_bar_done_at_its_first_step_claims_no_rate(plain_console) -> None:
+    _, err = plain_console
+    console.progress("e", "[x] eval gsm8k", 4, 4, ["accuracy 25.0%"], rate_unit="problems")
+    assert err.getvalue() == "[x] eval gsm8k 4/4 [####################] 100%  accuracy 25.0%\n"
+
+
+def test_a_workers_event_line_is_drawn_and_other_lines_are_not(plain_console, monkeypatch, capsys) -> None:
+    monkeypatch.setenv(console.EVENTS_ENV_VAR, "1")
+    monkeypatch.setattr(console, "_console", None)
+    console.phase("[x] loading the model")  # in a worker: a marked line on stdout, nothing drawn
+    console.warn("math-verify ran past 5 s")
+    sent = capsys.readouterr().out.splitlines()
+    assert len(sent) == 2 and all(line.startswith(console.MARKER) for line in sent)
+
+    out, err = Captured(), Captured()
+    monkeypatch.setattr(console, "_console", console.Console(out, err))  # the driver
+    assert all(console.replay(f"(RayTrainWorker pid=7) {line}") for line in sent + sent[1:])
+    assert not console.replay("(RayTrainWorker pid=7) Setting accelerator to CPU")
+    assert err.getvalue().splitlines() == ["[x] loading the model", "warning: math-verify ran past 5 s"]  # warned once
+
+
+def test_our_logged_warnings_reach_the_console(plain_console) -> None:
+    import logging
+
+    _, err = plain_console
+    logging.getLogger("clozemath.eval.answers").warning("grading ran past %d s", 5)
+    assert err.getvalue() == "warning: grading ran past 5 s\n"
+
+
+def test_quiet_console_sends_python_and_native_output_to_the_log(tmp_path: Path, capsys) -> None:
+    log = tmp_path / "logs" / "driver.log"
+    with console.quiet_console(log):
+        print("a library's print")
+        os.write(2, b"native stderr\n")
+        console.phase("[x] training")
+    assert capsys.readouterr().err == "[x] training\n"
+    text = log.read_text()
+    assert "a library's print\n" in text and "native stderr\n" in text and "[x] training" not in text
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["prepare", "C.yaml", "--limit", "40", "method=clozemath", "data.seed=1"],
+        ["prepare", "C.yaml", "method=clozemath", "--limit", "40", "data.seed=1"],
+        ["prepare", "--limit", "40", "C.yaml", "method=clozemath", "data.seed=1"],
+    ],
+)
+def test_overrides_come_before_or_after_flags(argv: list[str]) -> None:
+    args = parse_args(build_parser(), argv)
+    assert (args.config, args.limit, args.overrides) == ("C.yaml", 40, ["method=clozemath", "data.seed=1"])
+
+
+@pytest.mark.parametrize("argv", [["prepare", "C.yaml", "--bogus"], ["score", "p.jsonl", "method=base"]])
+def test_other_stray_arguments_are_still_refused(argv: list[str], capsys) -> None:
+    with pytest.raises(SystemExit):
+        parse_args(build_parser(), argv)
+    assert "unrecognized arguments" in capsys.readouterr().err
+
+
+# --------------------------------------------------------------------------------------------------------------
+# `clozemath run` end to end, its console as a person reads it (slow)
+
+OURS = re.compile(
+    r"(ray: |\[smoke\] |== smoke: |  smoke  |\| |(adapter|predictions|MLflow|logs|traceback|tune|browse): "
+    r"|clozemath: error: )"
+)
+"""How every line of ours starts: phases and bars, the summary block, the one-line error."""
+BAR = re.compile(r"^(\[smoke\] (?:training|eval \w+)) (\d+)/(\d+) \[[#.]{20}\]")
+
+
+def run_smoke(tmp_path: Path, *overrides: str) -> tuple[int, list[str]]:
+    """`clozemath run` on the smoke experiment in a fresh process (its own Ray); its console, stdout and stderr as
+    one stream."""
+    env = {key: value for key, value in os.environ.items() if key != "RAY_ADDRESS"}
+    command = [sys.executable, "-m", "clozemath.cli", "run", SMOKE, f"train.output_dir={tmp_path / 'runs'}",
+               f"tracking.uri=sqlite:///{tmp_path / 'mlruns.db'}", *overrides]
+    done = subprocess.run(command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                          timeout=900)
+    return done.returncode, done.stdout.splitlines()
+
+
+def bars_once(lines: list[str]) -> list[str]:
+    """The console with each progress bar's lines counted once (as its last line)."""
+    kept: list[str] = []
+    for line in lines:
+        bar = BAR.match(line)
+        if bar and kept and BAR.match(kept[-1]) and BAR.match(kept[-1]).group(1) == bar.group(1):
+            kept[-1] = line
+        else:
+            kept.append(line)
+    return kept
+
+
+def summary_value(lines: list[str], key: str) -> str:
+    (value,) = [line.removeprefix(f"{key}:").strip() for line in lines if line.startswith(f"{key}:")]
+    return value
+
+
+def assert_ours_only(lines: list[str]) -> None:
+    assert lines and len(lines) < MAX_CONSOLE_LINES, "\n".join(lines)
+    strangers = [line for line in lines if not OURS.match(line)]
+    assert not strangers, "\n".join(lines)
+
+
+@pytest.mark.slow
+def test_the_smoke_run_console_is_short_ordered_and_summarised_with_the_rest_in_log_files(tmp_path: Path) -> None:
+    code, lines = run_smoke(tmp_path, "train.max_steps=4")
+    console_text = "\n".join(lines)
+    assert code == 0, console_text
+    shown = bars_once(lines)
+    assert_ours_only(shown)
+    assert BAR.match(shown[shown.index(next(l for l in shown if "training 4/4" in l))]).group(2, 3) == ("4", "4")
+
+    milestones = ["ray: started on this machine", "[smoke] preparing data: gsm8k/train", "[smoke] data: ",
+                  "[smoke] loading the model (tiny-llama) on cpu", "[smoke] training 4/4 ", "[smoke] evaluating: gsm8k",
+                  "[smoke] eval gsm8k 4/4 ", "== smoke: 1 of 1 trials finished ==", "| gsm8k | greedy |",
+                  "adapter:", "MLflow:", "logs:", "browse: "]
+    found = [next((i for i, line in enumerate(shown) if line.startswith(m)), None) for m in milestones]
+    assert None not in found and found == sorted(found), list(zip(milestones, found))
+    assert len([line for line in shown if line.startswith("[smoke] loading the model (tiny-llama) on cpu")]) == 2
+    assert "prepared afresh" in next(line for line in shown if line.startswith("[smoke] data: "))
+
+    adapter = Path(summary_value(shown, "adapter"))
+    assert (adapter / "adapter_config.json").is_file() and adapter == tmp_path / "runs" / "smoke" / "adapter"
+    run_id = re.fullmatch(r"run (\w+) \(experiment 'smoke'\)", summary_value(shown, "MLflow")).group(1)
+    (run,) = tracking.find_runs(TrackingConfig(uri=f"sqlite:///{tmp_path / 'mlruns.db'}", experiment="smoke"),
+                                {"role": "trial"})
+    assert (run.info.run_id, run.info.status) == (run_id, "FINISHED")
+    assert summary_value(shown, "browse") == f"mlflow ui --backend-store-uri sqlite:///{tmp_path / 'mlruns.db'}"
+
+    logs = tmp_path / "runs" / "smoke" / "logs"
+    assert summary_value(shown, "logs").startswith(str(logs))
+    driver, workers = (logs / "driver.log").read_text(), (logs / "workers.log").read_text()
+    assert "Started a local Ray instance" in driver  # Ray's own lines on the driver
+    assert "(RayTrainWorker pid=" in workers and "(run_trial pid=" in workers  # the trial's and the workers'
+    assert "Setting accelerator to CPU" in workers  # DeepSpeed, in a training worker
+    assert json.loads(workers.split(console.MARKER, 1)[1].splitlines()[0])["kind"] == "phase"
+
+
+@pytest.mark.slow
+def test_a_trial_failing_on_a_user_mistake_ends_the_console_with_one_line_and_where_its_log_is(tmp_path: Path) -> None:
+    code, lines = run_smoke(tmp_path, "method=base", "eval.sets=[{dataset: gsm8k, path: /nowhere}]")
+    assert code == 2, "\n".join(lines)
+    assert_ours_only(bars_once(lines))
+    assert lines[-1] == "clozemath: error: 1 of 1 trials failed; smoke: /nowhere: no such data file"
+    assert not any("Traceback" in line for line in lines)
+    logs = Path(summary_value(lines, "logs").split(" (")[0])
+    assert logs == tmp_path / "runs" / "smoke" / "logs" and (logs / "driver.log").is_file()
+    run_id = re.fullmatch(r"run (\w+) \(experiment 'smoke'\)", summary_value(lines, "MLflow")).group(1)
+    (run,) = tracking.find_runs(TrackingConfig(uri=f"sqlite:///{tmp_path / 'mlruns.db'}", experiment="smoke"),
+                                {"role": "trial"})
+    assert (run.info.run_id, run.info.status) == (run_id, "FAILED")
+    traceback = Path(summary_value(lines, "traceback"))
+    assert "ClozeMathError: /nowhere: no such data file" in traceback.read_text() and 'File "' in traceback.read_text()
