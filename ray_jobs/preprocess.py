@@ -93,9 +93,9 @@ def cache_key(config: ExperimentConfig, problems: list[Problem]) -> str:
 
 
 def samples_of_problem(
-    row: dict[str, Any], method: MethodConfig, prompt_template: str, seed: int
+    row: dict[str, Any], method: MethodConfig, prompt_template: str, seed: int, max_length: int
 ) -> list[dict[str, Any]]:
-    samples = build_samples(Problem(**row), method, prompt_template, seed)
+    samples = build_samples(Problem(**row), method, prompt_template, seed, max_length)
     return [{**s.to_dict(), "sentinels": num_sentinels_needed([s])} for s in samples]
 
 
@@ -147,7 +147,8 @@ def _build(config: ExperimentConfig, problems: list[Problem], folder: Path) -> d
     )
     samples = problems_ds.flat_map(
         samples_of_problem,
-        fn_kwargs={"method": config.method, "prompt_template": config.data.prompt_template, "seed": config.data.seed},
+        fn_kwargs={"method": config.method, "prompt_template": config.data.prompt_template, "seed": config.data.seed,
+                   "max_length": config.data.max_length},
     ).materialize()
     stats = samples.select_columns(["kind", "sentinels"]).to_pandas()  # two small columns: one pass, no shuffle
     num_sentinels = int(stats["sentinels"].max()) if len(stats) else 0
