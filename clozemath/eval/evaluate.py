@@ -33,6 +33,7 @@ from clozemath.eval.prompts import (
     gsm8k_shots,
     minerva_math_few_shot,
 )
+from clozemath.files import atomic_writer
 
 if TYPE_CHECKING:  # peft takes seconds to import: `clozemath score` does without it
     import torch
@@ -90,9 +91,10 @@ def read_predictions(path: str | Path) -> list[Prediction]:
 
 
 def write_predictions(path: str | Path, predictions: Iterable[Prediction], append: bool = False) -> None:
+    """Write the predictions file whole (atomically), or `append` to a partial one as predictions stream in."""
     file = Path(path)
     file.parent.mkdir(parents=True, exist_ok=True)
-    with file.open("a" if append else "w", encoding="utf-8") as handle:
+    with file.open("a", encoding="utf-8") if append else atomic_writer(file) as handle:
         for prediction in predictions:
             handle.write(json.dumps(asdict(prediction), ensure_ascii=False) + "\n")
 
