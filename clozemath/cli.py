@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Callable, Sequence
+from pathlib import Path
 
 from clozemath.errors import ClozeMathError
 
@@ -54,9 +55,15 @@ def _add_run(commands: argparse._SubParsersAction) -> None:
 
 
 def _run(args: argparse.Namespace) -> None:
+    from clozemath.config import as_grid, configs_root, expand_grid, load_config
+    from clozemath.files import check_run_outputs
+
+    config = load_config(args.config, args.overrides)  # a mistake is reported in a second, before Ray is imported
+    check_run_outputs(expand_grid(as_grid(config), configs_root(Path(args.config)), args.config))
+
     from ray_jobs.run import run_command
 
-    run_command(args.config, args.overrides)
+    run_command(config, args.config)
 
 
 def _add_score(commands: argparse._SubParsersAction) -> None:

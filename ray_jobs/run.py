@@ -14,7 +14,7 @@ from pathlib import Path
 from ray.train import UserCallback
 
 from clozemath import tracking
-from clozemath.config import ExperimentConfig, as_grid, configs_root, load_config
+from clozemath.config import ExperimentConfig, GridConfig, as_grid, configs_root
 from clozemath.eval.evaluate import run_folder
 from ray_jobs.cluster import init_ray, user_errors_surfaced
 from ray_jobs.evaluate import print_results, run_evaluation
@@ -94,9 +94,8 @@ def _prepare(config: ExperimentConfig) -> Prepared:
     return prepared
 
 
-def run_command(config_path: str, overrides: list[str]) -> None:
+def run_command(config: ExperimentConfig | GridConfig, config_path: str) -> None:
     """`clozemath run`: an experiment (a grid of one) or a grid, on Ray Tune; an interrupted grid resumes."""
     from ray_jobs.grid import print_grid_outcome, run_grid
 
-    config = load_config(config_path, overrides)
     print_grid_outcome(run_grid(as_grid(config), configs_root(Path(config_path)), source=config_path))
