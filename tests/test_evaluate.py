@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from pydantic import ValidationError
 import torch
 
 from clozemath.cli import main
@@ -83,8 +84,8 @@ def test_subsets_are_seeded_and_keep_file_order():
     positions = [full.index(p) for p in subset]
     assert len(subset) == 50 and positions == sorted(positions) and positions != list(range(50))
     assert eval_problems(EvalSetConfig(dataset="gsm8k", limit=5000)) == full
-    with pytest.raises(ClozeMathError, match="limit must be at least 1"):
-        eval_problems(EvalSetConfig(dataset="gsm8k", limit=0))
+    with pytest.raises(ValidationError, match="greater than or equal to 1"):  # the config refuses it at load
+        EvalSetConfig(dataset="gsm8k", limit=0)
 
 
 # --------------------------------------------------------------------------------------------------------------

@@ -161,8 +161,6 @@ def _all_problems(set_cfg: EvalSetConfig) -> list[Problem]:
 def eval_problems(set_cfg: EvalSetConfig) -> list[Problem]:
     """The problems of one evaluation set: GSM8K / MATH / Apple's released GSM-P2 read from their files, GSM-Symbolic
     and P1 (and P2 with `generate`) instantiated from the templates; a seeded subset of `limit` of them, in order."""
-    if set_cfg.limit is not None and set_cfg.limit < 1:
-        raise ClozeMathError(f"eval set '{set_cfg.dataset}': limit must be at least 1, got {set_cfg.limit}")
     problems = _all_problems(set_cfg)
     if set_cfg.limit is None or set_cfg.limit >= len(problems):
         return problems
