@@ -257,7 +257,10 @@ def read_yaml(path: Path) -> dict[str, Any]:
     if not path.is_file():
         raise ClozeMathError(f"{path}: no such config file")
     try:
-        raw = yaml.safe_load(path.read_text())
+        raw = yaml.safe_load(path.read_bytes().decode("utf-8"))
+    except UnicodeDecodeError as exc:
+        line = exc.object[: exc.start].count(b"\n") + 1
+        raise ClozeMathError(f"{path}:{line}: not UTF-8 text (byte 0x{exc.object[exc.start]:02x})") from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f":{mark.line + 1}" if mark is not None else ""

@@ -87,7 +87,10 @@ def read_predictions(path: str | Path) -> list[Prediction]:
     file = Path(path)
     if not file.is_file():
         raise ClozeMathError(f"{file}: no such predictions file")
-    return [_prediction(row, where) for where, row in read_jsonl(file)]
+    predictions = [_prediction(row, where) for where, row in read_jsonl(file)]
+    if not predictions:
+        raise ClozeMathError(f"{file}: no predictions in it (an empty file)")
+    return predictions
 
 
 def write_predictions(path: str | Path, predictions: Iterable[Prediction], append: bool = False) -> None:
