@@ -29,7 +29,9 @@ from ray.tune.integration.ray_train import TuneReportCallback
 
 from clozemath import tracking
 from clozemath.config import ExperimentConfig, GridConfig, TrackingConfig, dump_yaml, expand_grid
+from clozemath.data.sources import data_identity
 from clozemath.errors import ClozeMathError
+from clozemath.eval.evaluate import eval_set_identity
 from clozemath.model.load import load_tokenizer
 from ray_jobs.cluster import init_ray, user_error
 from ray_jobs.run import progress, run_experiment
@@ -169,9 +171,18 @@ def config_key(*configs: ExperimentConfig) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:10]
 
 
+def data_identities(experiments: list[ExperimentConfig]) -> list[str]:
+    """Every file the grid reads problems from, with a hash of its content (a missing one is an error)."""
+    train = {(e.data.dataset, e.data.split, e.data.path) for e in experiments if e.method.trains}
+    sets = {s.model_dump_json(include={"dataset", "split", "path", "generate"}): s for e in experiments for s in e.eval.sets}
+    return sorted({data_identity(*source) for source in train} | {eval_set_identity(s) for s in sets.values()})
+
+
 def grid_key(experiments: list[ExperimentConfig]) -> str:
-    """Names the grid's Tune experiment: the same configs resume it, any change starts another."""
-    return config_key(*experiments)
+    """Names the grid's Tune experiment: the same configs reading the same data resume it; any change to either (a
+    data folder pointed elsewhere, a file edited) starts another."""
+    text = json.dumps([config_key(*experiments), data_identities(experiments)])
+    return hashlib.sha256(text.encode()).hexdigest()[:10]
 
 
 def concurrent_trials(grid: GridConfig, experiments: list[ExperimentConfig]) -> int:

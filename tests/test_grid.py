@@ -7,6 +7,7 @@ from __future__ import annotations
 import logging
 import os
 import secrets
+import shutil
 import signal
 import socket
 import subprocess
@@ -25,7 +26,7 @@ from clozemath import tracking
 from clozemath.cli import main
 from clozemath.config import GridConfig, TrackingConfig, expand_grid, flatten, load_config
 from clozemath.errors import ClozeMathError
-from ray_jobs.grid import GridOutcome, QuietUserErrors, run_grid, with_absolute_paths
+from ray_jobs.grid import GridOutcome, QuietUserErrors, grid_key, run_grid, with_absolute_paths
 
 ROOT = Path(__file__).resolve().parents[1]
 SMOKE = ROOT / "configs" / "grids" / "smoke.yaml"
@@ -274,12 +275,14 @@ def test_a_trial_that_fails_on_a_user_mistake_fails_the_command_in_one_line(
     ray_session: None, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     experiment = ROOT / "configs" / "experiments" / "smoke.yaml"
-    argv = ["run", str(experiment), "method=base", "eval.sets=[{dataset: gsm8k, path: /nowhere}]", *store(tmp_path)]
+    broken = tmp_path / "test.jsonl"
+    broken.write_text("{not json\n")  # found by the trial that reads it (the driver only hashes the file)
+    argv = ["run", str(experiment), "method=base", f"eval.sets=[{{dataset: gsm8k, path: {broken}}}]", *store(tmp_path)]
     assert main(argv) == 2
     captured = capsys.readouterr()
     last = captured.err.strip().splitlines()[-1]
-    assert last == "clozemath: error: 1 of 1 trials failed; smoke: /nowhere: no such data file"
-    assert "smoke  failed: /nowhere: no such data file" in captured.out
+    assert last.startswith(f"clozemath: error: 1 of 1 trials failed; smoke: {broken}:1: not valid JSON")
+    assert f"smoke  failed: {broken}:1: not valid JSON" in captured.out
     config = TrackingConfig(uri=f"sqlite:///{tmp_path / 'mlruns.db'}", experiment="smoke")
     (parent,) = tracking.find_runs(config, {"role": "grid"})
     (child,) = tracking.find_runs(config, {"role": "trial"})
@@ -295,3 +298,26 @@ def test_tune_keeps_quiet_about_a_user_mistake_only() -> None:
     assert not quiet.filter(record(ClozeMathError("/nowhere: no such data file")))
     assert quiet.filter(record(RuntimeError("CUDA out of memory")))
     assert quiet.filter(logging.LogRecord("tune", logging.INFO, __file__, 1, "Trial started", None, None))
+
+
+def test_the_grid_key_holds_the_data_it_reads(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Pointing a finished grid at other data (or at none) must not restore its old results."""
+    data, shared = tmp_path / "data", Path(os.environ["CLOZEMATH_DATA_DIR"])
+    shutil.copytree(shared / "gsm8k", data / "gsm8k")
+    (data / "gsm_symbolic").symlink_to(shared / "gsm_symbolic")  # the evaluation sets' templates
+    monkeypatch.setenv("CLOZEMATH_DATA_DIR", str(data))
+    grid = load_config(SMOKE, [*SLICE, "axes.model=[tiny-llama]"])
+    experiments = [with_absolute_paths(e) for e in expand_grid(grid, ROOT / "configs", SMOKE)]
+    key = grid_key(experiments)
+    assert grid_key(experiments) == key
+    train = data / "gsm8k" / "train.jsonl"
+    train.write_bytes(train.read_bytes().replace(b"Natalia", b"Natalie", 1))  # one letter of one problem
+    edited = grid_key(experiments)
+    assert edited != key
+    moved = tmp_path / "elsewhere"
+    shutil.copytree(data, moved)  # the same bytes in another folder: another data location
+    monkeypatch.setenv("CLOZEMATH_DATA_DIR", str(moved))
+    assert grid_key(experiments) not in (key, edited)
+    monkeypatch.setenv("CLOZEMATH_DATA_DIR", str(tmp_path / "nowhere"))
+    with pytest.raises(ClozeMathError, match="nowhere/gsm8k/train.jsonl: no such data file"):
+        grid_key(experiments)

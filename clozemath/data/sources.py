@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -121,6 +122,22 @@ def local_file(dataset: str, split: str, path: str | Path | None = None) -> Path
     if not candidate.is_file():
         raise ClozeMathError(f"{candidate}: no such data file (from {DATA_DIR_ENV}={root})")
     return candidate
+
+
+def fingerprint(files: Iterable[Path]) -> str:
+    """A hash of the files' locations and bytes."""
+    digest = hashlib.sha256()
+    for file in files:
+        digest.update(f"{file.resolve()}\0".encode())
+        digest.update(file.read_bytes())
+    return digest.hexdigest()[:16]
+
+
+def data_identity(dataset: str, split: str, path: str | Path | None = None) -> str:
+    """Where a split is read from and what it holds (`<file> <hash of its bytes>`), or the hub dataset it comes from;
+    a missing file is an error."""
+    file = local_file(dataset, split, path)
+    return f"hub:{_HUB[dataset][0]}/{split}" if file is None else f"{file.resolve()} {fingerprint([file])}"
 
 
 def _hub_rows(dataset: str, split: str) -> Iterator[tuple[str, dict[str, Any]]]:

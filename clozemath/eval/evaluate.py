@@ -18,8 +18,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from clozemath.config import EvalConfig, EvalSetConfig, ExperimentConfig
-from clozemath.data.gsm_symbolic import Variant, instances
-from clozemath.data.sources import Problem, load_problems, read_jsonl
+from clozemath.data.gsm_symbolic import Variant, instances, templates_folder
+from clozemath.data.sources import Problem, data_identity, fingerprint, load_problems, read_jsonl
 from clozemath.data.objectives import format_prompt, lm_sample
 from clozemath.data.tokenize import encode_samples
 from clozemath.errors import ClozeMathError
@@ -159,6 +159,14 @@ def _all_problems(set_cfg: EvalSetConfig) -> list[Problem]:
     if set_cfg.dataset in ("gsm8k", "math") or (set_cfg.dataset == "gsm_p2" and not set_cfg.generate):
         return load_problems(set_cfg.dataset, set_cfg.split, set_cfg.path)
     return instances(_VARIANTS[set_cfg.dataset], set_cfg.per_template, set_cfg.seed, set_cfg.path)
+
+
+def eval_set_identity(set_cfg: EvalSetConfig) -> str:
+    """Where an evaluation set's problems come from and what they hold: its data file, or its templates folder."""
+    if set_cfg.dataset in ("gsm8k", "math") or (set_cfg.dataset == "gsm_p2" and not set_cfg.generate):
+        return data_identity(set_cfg.dataset, set_cfg.split, set_cfg.path)
+    folder = templates_folder(_VARIANTS[set_cfg.dataset], set_cfg.path)
+    return f"{folder.resolve()} {fingerprint(sorted(folder.glob('*.json')))}"
 
 
 def eval_problems(set_cfg: EvalSetConfig) -> list[Problem]:
