@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import shlex
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -54,7 +55,7 @@ def _add_run(commands: argparse._SubParsersAction) -> None:
     run.set_defaults(handler=_run)
 
 
-def _run(args: argparse.Namespace) -> None:
+def _run(args: argparse.Namespace) -> int | None:
     from clozemath.config import as_grid, configs_root, expand_grid, load_config
     from clozemath.files import check_run_outputs
 
@@ -63,7 +64,12 @@ def _run(args: argparse.Namespace) -> None:
 
     from ray_jobs.run import run_command
 
-    run_command(config, args.config)
+    try:
+        run_command(config, args.config)
+    except KeyboardInterrupt:
+        resume = shlex.join(["clozemath", "run", args.config, *args.overrides])
+        print(f"clozemath: interrupted; the grid resumes where it stopped with: {resume}", file=sys.stderr)
+        return 130
 
 
 def _add_score(commands: argparse._SubParsersAction) -> None:

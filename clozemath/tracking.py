@@ -78,9 +78,9 @@ def start_run(
     return run.info.run_id
 
 
-def end_run(uri: str, run_id: str, succeeded: bool = True) -> None:
-    status = RunStatus.to_string(RunStatus.FINISHED if succeeded else RunStatus.FAILED)
-    client(uri).set_terminated(run_id, status=status)
+def end_run(uri: str, run_id: str, succeeded: bool = True, status: str | None = None) -> None:
+    """End a run FINISHED or FAILED (`succeeded`), or with the given `status` (KILLED: interrupted)."""
+    client(uri).set_terminated(run_id, status=status or ("FINISHED" if succeeded else "FAILED"))
 
 
 def log_params(uri: str, run_id: str, params: Mapping[str, Any]) -> None:
@@ -103,6 +103,11 @@ def log_metrics(uri: str, run_id: str, step: int, metrics: Mapping[str, float]) 
     now = int(time.time() * 1000)
     items = [Metric(key, float(value), now, step) for key, value in metrics.items()]
     client(uri).log_batch(run_id, metrics=items)
+
+
+def last_step(uri: str, run_id: str, metric: str) -> int:
+    """The last step at which the run logged `metric` (0 if never)."""
+    return max((m.step for m in client(uri).get_metric_history(run_id, metric)), default=0)
 
 
 def log_artifacts(uri: str, run_id: str, folder: str | Path, artifact_path: str | None = None) -> None:

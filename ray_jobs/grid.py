@@ -131,13 +131,28 @@ def run_grid(grid: GridConfig, root: Path | None = None, source: str | Path = "g
     tune_log.addFilter(quiet)
     try:
         results = tuner.fit()
+    except KeyboardInterrupt:  # a second Ctrl-C, while Tune was saving its state
+        end_interrupted(tracking_cfg, parent)
+        raise
     finally:
         tune_log.removeFilter(quiet)
+    if results.num_terminated + results.num_errors < len(results):  # Tune stopped on Ctrl-C before all ended
+        end_interrupted(tracking_cfg, parent)
+        raise KeyboardInterrupt
     headlines = {e.name: f"eval/{e.eval.sets[0].dataset}/{e.eval.decodings_of(e.eval.sets[0])[0]}/accuracy"
                  for e in experiments if e.eval.sets}
     outcomes = [_trial_outcome(result, headlines) for result in results]
     tracking.end_run(tracking_cfg.uri, parent, succeeded=all(o.error is None for o in outcomes))
     return GridOutcome(grid.name, parent, tracking_cfg.uri, tracking_cfg.experiment, path, outcomes, restored)
+
+
+def end_interrupted(tracking_cfg: TrackingConfig, parent_run_id: str) -> None:
+    """Mark the grid's run and its unfinished trial runs KILLED (a trial stopped by Tune never ends its run)."""
+    unfinished = tracking.find_runs(tracking_cfg, {tracking.PARENT_TAG: parent_run_id})
+    for run in unfinished:
+        if run.info.status == "RUNNING":
+            tracking.end_run(tracking_cfg.uri, run.info.run_id, status="KILLED")
+    tracking.end_run(tracking_cfg.uri, parent_run_id, status="KILLED")
 
 
 def with_absolute_paths(config: ExperimentConfig) -> ExperimentConfig:

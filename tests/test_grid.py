@@ -7,6 +7,7 @@ from __future__ import annotations
 import logging
 import os
 import secrets
+import shlex
 import shutil
 import signal
 import socket
@@ -57,9 +58,9 @@ def steps(config: TrackingConfig, run_id: str, metric: str) -> list[int]:
     return [m.step for m in sorted(history, key=lambda m: (m.timestamp, m.step))]
 
 
-def assert_grid_tracked(config: TrackingConfig, trials: list[str], resumed: bool = False) -> dict[str, Run]:
-    """A finished parent run and one finished child run per trial, with its tags, metrics and artifacts (`resumed`:
-    steps after a trial's last checkpoint may be logged twice)."""
+def assert_grid_tracked(config: TrackingConfig, trials: list[str]) -> dict[str, Run]:
+    """A finished parent run and one finished child run per trial, with its tags, metrics and artifacts; each step
+    logged once, also where a trial resumed from a checkpoint and trained the steps after it again."""
     client = tracking.client(config.uri)
     (parent,) = tracking.find_runs(config, {"role": "grid"})
     assert parent.info.status == "FINISHED" and parent.data.tags["grid"] == "smoke-grid"
@@ -87,10 +88,7 @@ def assert_grid_tracked(config: TrackingConfig, trials: list[str], resumed: bool
             logged = steps(config, run.info.run_id, "train/loss")
             # accuracy during training (every 2 steps, 2 problems), then the full evaluation at the last step
             evaluated = steps(config, run.info.run_id, "eval/gsm8k/beam/accuracy")
-            if resumed:
-                assert sorted(set(logged)) == list(range(1, STEPS + 1)) and set(evaluated) == {2, STEPS}
-            else:
-                assert logged == list(range(1, STEPS + 1)) and evaluated == [2, STEPS]
+            assert sorted(logged) == list(range(1, STEPS + 1)) and sorted(evaluated) == [2, STEPS]
     return runs
 
 
@@ -260,7 +258,7 @@ def test_a_killed_driver_is_restored_without_redoing_finished_trials(tmp_path: P
     again = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert again.returncode == 0, (again.stdout + again.stderr)[-3000:]
     assert "resuming the grid" in again.stderr
-    after = assert_grid_tracked(config, [base, trained], resumed=True)
+    after = assert_grid_tracked(config, [base, trained])
     for name in (base, trained):  # the same runs: the finished one untouched, the interrupted one continued
         assert after[name].info.run_id == before[name].info.run_id
     assert after[base].info.start_time == before[base].info.start_time
@@ -268,6 +266,52 @@ def test_a_killed_driver_is_restored_without_redoing_finished_trials(tmp_path: P
     assert after[trained].info.status == "FINISHED"
     logged = steps(config, after[trained].info.run_id, "train/loss")
     assert logged.count(1) == 1 and logged[-1] == STEPS, logged  # resumed from a checkpoint, not from scratch
+
+
+@pytest.mark.slow
+def test_ctrl_c_is_an_interruption_that_resumes_logging_each_step_once(tmp_path: Path) -> None:
+    """Ctrl-C once the trial has passed its step-2 checkpoint: exit 130, the command to resume printed, the grid's
+    and the trial's MLflow runs KILLED; the same command again resumes the trial into its run, each step logged
+    once (steps 3.. are trained twice)."""
+    config = tracking_of(tmp_path)
+    command = ["clozemath", "run", str(SMOKE), "axes.model=[tiny-llama]", "axes.method=[clozemath]",
+               "axes.dataset=[gsm8k]", *store(tmp_path)]
+    python = [sys.executable, "-m", "clozemath.cli", *command[1:]]
+    env = {key: value for key, value in os.environ.items() if key != "RAY_ADDRESS"}
+    trained = "smoke-grid/model=tiny-llama,method=clozemath,dataset=gsm8k,seed=0"
+
+    def past_checkpoint() -> dict[str, Run] | None:
+        if "trials, up to" not in (tmp_path / "first.log").read_text():
+            return None
+        try:
+            runs = children(config)
+        except (MlflowException, OperationalError):
+            return None
+        if trained not in runs or max(steps(config, runs[trained].info.run_id, "train/loss"), default=0) < 3:
+            return None
+        return runs
+
+    with open(tmp_path / "first.log", "w") as log:
+        driver = subprocess.Popen(python, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        before = wait_for(past_checkpoint, 480, "step 3 of the trial", driver)
+        driver.send_signal(signal.SIGINT)
+        assert driver.wait(timeout=180) == 130
+    finally:
+        if driver.poll() is None:
+            os.killpg(driver.pid, signal.SIGKILL)
+            driver.wait()
+    output = (tmp_path / "first.log").read_text()
+    assert f"clozemath: interrupted; the grid resumes where it stopped with: {shlex.join(command)}\n" in output
+    assert "finished" not in output
+    (parent,) = tracking.find_runs(config, {"role": "grid"})
+    assert parent.info.status == "KILLED" and children(config)[trained].info.status == "KILLED"
+
+    again = subprocess.run(python, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert again.returncode == 0, (again.stdout + again.stderr)[-3000:]
+    after = assert_grid_tracked(config, [trained])
+    assert after[trained].info.run_id == before[trained].info.run_id
+    assert steps(config, after[trained].info.run_id, "train/loss") == list(range(1, STEPS + 1))
 
 
 @pytest.mark.slow
