@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any
 
@@ -148,6 +149,59 @@ def test_loop_loss_falls_and_resume_is_exact(tmp_path: Path, stage: int, method:
     assert [m.loss for m in resumed.metrics] == pytest.approx(losses[3:], rel=1e-5)
     for name, value in trainable_state(engine).items():
         torch.testing.assert_close(value, final[name], rtol=1e-5, atol=1e-6)
+
+
+def cosine_with_warmup(step: int, total: int, warmup: int, peak: float) -> float:
+    """The learning rate of optimizer step `step` (1-based): linear from 0 over `warmup` steps, then a half cosine
+    from `peak` to 0 over the rest (transformers' `get_cosine_schedule_with_warmup`, written out)."""
+    done = step - 1
+    if done < warmup:
+        return peak * done / warmup
+    return peak * 0.5 * (1 + math.cos(math.pi * (done - warmup) / (total - warmup)))
+
+
+@pytest.mark.parametrize(("warmup_ratio", "grad_accum"), [(0.25, 1), (0.1, 2)])
+def test_logged_lr_is_the_cosine_schedule_with_warmup_of_each_step(
+    tmp_path: Path, warmup_ratio: float, grad_accum: int
+) -> None:
+    config = experiment(max_steps=10, warmup_ratio=warmup_ratio, lr=1e-2, grad_accum=grad_accum, checkpoint_every=10)
+    recorder = Recorder(tmp_path)
+    train(tiny_peft_model(), copy_rows(24), config, specials=SPECIALS, pad_id=PAD, report=recorder)
+    warmup = math.ceil(warmup_ratio * 10)
+    assert [m.lr for m in recorder.metrics] == pytest.approx(
+        [cosine_with_warmup(step, 10, warmup, 1e-2) for step in range(1, 11)], abs=1e-9
+    )
+
+
+def test_mft_noise_reaches_the_model_at_the_scheduled_rate(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The token ids the model sees in training: the targets replaced at about min(r_max, r_max * step /
+    (0.66 * total + 1)) (labels unchanged), the prefix never; without MFT, untouched."""
+    seen: list[tuple[torch.Tensor, torch.Tensor]] = []
+    forward = TargetLoss.forward
+
+    def spy(self: TargetLoss, input_ids: torch.Tensor, labels: torch.Tensor, **masks: Any) -> torch.Tensor:
+        seen.append((input_ids.detach().clone(), labels.detach().clone()))
+        return forward(self, input_ids, labels, **masks)
+
+    monkeypatch.setattr(TargetLoss, "forward", spy)
+    rows = [{"input_ids": [5] * 8 + [2] + [7] * 200, "labels": [-100] * 9 + [7] * 200, "prefix_len": 9}] * 8
+    total, r_max = 6, 0.4
+    train(tiny_peft_model(), rows, experiment("mft", max_steps=total, checkpoint_every=total), specials=SPECIALS,
+          pad_id=PAD, report=Recorder(tmp_path))
+    assert len(seen) == total
+    for step, (input_ids, labels) in enumerate(seen):
+        target = labels != -100
+        assert torch.equal(input_ids[~target], torch.tensor([5] * 8 + [2]).repeat(4))  # the prefix is never noised
+        changed = float((input_ids[target] != 7).float().mean())
+        expected = min(r_max, r_max * step / (0.66 * total + 1))
+        assert abs(changed - expected) < 0.06, (step, changed, expected)  # 800 targets: sd 0.017 at most
+        assert torch.equal(labels[target], torch.full_like(labels[target], 7))
+    assert float((seen[-1][0][seen[-1][1] != -100] != 7).float().mean()) > 0.2  # noise at the end of training
+
+    seen.clear()
+    train(tiny_peft_model(), rows, experiment(max_steps=2, checkpoint_every=2), specials=SPECIALS, pad_id=PAD,
+          report=Recorder(tmp_path / "plain"))
+    assert all(torch.equal(ids, torch.tensor(rows[0]["input_ids"]).repeat(4, 1)) for ids, _ in seen)
 
 
 def test_checkpoint_leaves_frozen_weights_out_tied_ones_too(tmp_path: Path) -> None:
