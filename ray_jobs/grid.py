@@ -136,7 +136,8 @@ def run_grid(grid: GridConfig, root: Path | None = None, source: str | Path = "g
         raise
     finally:
         tune_log.removeFilter(quiet)
-    if results.num_terminated + results.num_errors < len(results):  # Tune stopped on Ctrl-C before all ended
+    if any(result.error is None and RUN_ID_KEY not in (result.metrics or {}) for result in results):
+        # a trial that neither failed nor made its final report: Tune stopped it on Ctrl-C (and calls it TERMINATED)
         end_interrupted(tracking_cfg, parent)
         raise KeyboardInterrupt
     headlines = {e.name: f"eval/{e.eval.sets[0].dataset}/{e.eval.decodings_of(e.eval.sets[0])[0]}/accuracy"
