@@ -9,7 +9,8 @@ from typing import Any
 import pytest
 import torch
 from peft import LoraConfig as PeftLoraConfig
-from peft import get_peft_model
+from peft import get_peft_model, get_peft_model_state_dict
+from safetensors.torch import load_file
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from clozemath import tracking
@@ -18,7 +19,14 @@ from clozemath.config import ExperimentConfig, MethodConfig, ModelConfig, TrainC
 from clozemath.data.tokenize import EOS, MASK, SEP, SpecialTokens, collate
 from clozemath.errors import ClozeMathError
 from clozemath.model.load import load_for_inference
-from clozemath.train.loop import StepMetrics, TargetLoss, epoch_micro_batches, model_inputs, train
+from clozemath.train.loop import (
+    StepMetrics,
+    TargetLoss,
+    epoch_micro_batches,
+    full_trainable_parameters,
+    model_inputs,
+    train,
+)
 from ray_jobs.cluster import TRAIN_POLL_ENV_VAR, TRAIN_POLL_S, runtime_env
 from ray_jobs.preprocess import Prepared, preprocess
 from ray_jobs.run import run_experiment
@@ -90,7 +98,24 @@ class Recorder:
 
 
 def trainable_state(engine: Any) -> dict[str, torch.Tensor]:
-    return {n: p.detach().clone() for n, p in engine.module.named_parameters() if p.requires_grad}
+    """The trainable parameters' values, gathered whole under ZeRO-3 (where each rank holds a shard, and the
+    parameter itself an empty placeholder)."""
+    with full_trainable_parameters(engine):
+        state = {n: p.detach().clone() for n, p in engine.module.named_parameters() if p.requires_grad}
+    assert all(value.numel() > 0 for value in state.values())
+    return state
+
+
+def assert_adapter_holds(folder: Path, engine: Any) -> None:
+    """The saved adapter's tensors are the trained values (LoRA matrices and special-token rows)."""
+    with full_trainable_parameters(engine):
+        trained = get_peft_model_state_dict(engine.module.model, save_embedding_layers=False)
+        trained = {name: value.detach().clone() for name, value in trained.items()}
+    saved = load_file(folder / "adapter_model.safetensors")
+    assert saved.keys() == trained.keys() and any("trainable_tokens" in name for name in saved)
+    for name, value in saved.items():
+        torch.testing.assert_close(value, trained[name], rtol=0, atol=0)
+    assert any(value.abs().sum() > 0 for name, value in saved.items() if "lora_B" in name)  # B starts at zero
 
 
 def padding(lengths: list[int], batches: list[list[int]]) -> int:
@@ -141,6 +166,7 @@ def test_loop_loss_falls_and_resume_is_exact(tmp_path: Path, stage: int, method:
     assert (straight.checkpoints[8] / "adapter" / "adapter_model.safetensors").is_file()
     assert not (straight.checkpoints[6] / "adapter").exists()
     final = trainable_state(engine)
+    assert_adapter_holds(straight.checkpoints[8] / "adapter", engine)
 
     resumed = Recorder(tmp_path / "resumed")
     engine = train(tiny_peft_model(), rows, config, specials=SPECIALS, pad_id=PAD, report=resumed,
