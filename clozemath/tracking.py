@@ -8,8 +8,10 @@ are stable: `train/loss`, `train/lr`, `train/tokens_per_s`, `train/pad_share` (s
 
 from __future__ import annotations
 
+import sqlite3
 import time
 from collections.abc import Mapping
+from contextlib import closing
 from pathlib import Path
 from tempfile import TemporaryDirectory
 from typing import Any
@@ -58,13 +60,28 @@ def client(uri: str) -> MlflowClient:
 def experiment_id(tracking: TrackingConfig) -> str:
     """The experiment's id, creating it (with an explicit artifact location) when it does not exist yet."""
     mlflow = client(tracking.uri)
-    found = mlflow.get_experiment_by_name(tracking.experiment)
+    found = mlflow.get_experiment_by_name(tracking.experiment)  # creates a SQLite store's tables
+    write_ahead_log(tracking.uri)
     if found is not None:
         return found.experiment_id
     try:
         return mlflow.create_experiment(tracking.experiment, artifact_location=artifact_location(tracking))
     except MlflowException:  # created concurrently (grid trials start together)
         return mlflow.get_experiment_by_name(tracking.experiment).experiment_id
+
+
+def write_ahead_log(uri: str) -> None:
+    """Put a SQLite store in WAL mode (it stays so): a reader (a trial looking for its run, `mlflow ui`, the report)
+    no longer blocks the trials that write, and writers queue (MLflow waits up to 20 s for the lock). Several
+    machines need a tracking server: SQLite locks do not hold on network file systems."""
+    path = resolved_uri(uri).removeprefix("sqlite:///")
+    if path == resolved_uri(uri):
+        return
+    try:
+        with closing(sqlite3.connect(path, timeout=20)) as database:
+            database.execute("PRAGMA journal_mode=WAL")
+    except sqlite3.OperationalError:  # busy beyond the timeout: the next run sets it
+        pass
 
 
 def start_run(

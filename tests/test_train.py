@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import math
+import os
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +30,9 @@ from clozemath.train.loop import (
     train,
 )
 from ray_jobs.cluster import TRAIN_POLL_ENV_VAR, TRAIN_POLL_S, runtime_env
-from ray_jobs.preprocess import Prepared, preprocess
+from clozemath.data.prepare import prepare_data
+from clozemath.data.sources import load_problems
+from ray_jobs.preprocess import Prepared, cache_key, preprocess
 from ray_jobs.run import run_experiment
 from ray_jobs.train import check_plan
 
@@ -300,6 +304,23 @@ def test_preprocess_is_cached(workdir: Path, ray_session: None) -> None:
         labels = list(row["labels"])
         assert labels[: row["prefix_len"]] == [-100] * row["prefix_len"]
         assert all(label != -100 for label in labels[row["prefix_len"] :])
+
+    local = prepare_data(config)  # the pipeline on one machine, without Ray: the same token ids, the same kinds
+    as_tuples = lambda ids, labels, cut: (tuple(ids), tuple(labels), int(cut))  # noqa: E731
+    assert Counter(as_tuples(r["input_ids"], r["labels"], r["prefix_len"]) for r in rows) == Counter(
+        as_tuples(e["input_ids"], e["labels"], e["prefix_len"]) for e in local.encoded if e is not None
+    )
+    assert local.summary(config.data.max_length)["sentinels_needed"] == first.num_sentinels
+
+    problems = load_problems("gsm8k", "train", limit=config.data.limit)
+    for change in ("data.max_length=256", "data.seed=1", "method.lm_share=0.4", "data.prompt_template='Q: {question}'"):
+        assert cache_key(smoke_config(workdir, change), problems) != cache_key(config, problems), change
+    edited = workdir / "edited"
+    edited.mkdir()
+    lines = (Path(os.environ["CLOZEMATH_DATA_DIR"]) / "gsm8k" / "train.jsonl").read_text().splitlines(keepends=True)
+    (edited / "train.jsonl").write_text(lines[0].replace("Natalia", "Natalie") + "".join(lines[1:4]))  # one letter
+    third = preprocess(smoke_config(workdir, f"data.path={edited}"), workdir / "runs" / "cache")
+    assert not third.from_cache and third.folder != first.folder
 
 
 def test_ray_train_collects_reports_briskly_unless_told_otherwise(monkeypatch: pytest.MonkeyPatch) -> None:
