@@ -97,10 +97,12 @@ def _add_eval(commands: argparse._SubParsersAction) -> None:
 def _eval(args: argparse.Namespace) -> None:
     from clozemath.config import GridConfig, load_config
     from clozemath.eval.evaluate import resolve_adapter
+    from clozemath.files import check_run_outputs
 
     cfg = load_config(args.config, args.overrides)
     if isinstance(cfg, GridConfig):
         raise ClozeMathError(f"{args.config}: a grid; `clozemath eval` takes one experiment")
+    check_run_outputs([cfg])
     adapter = resolve_adapter(cfg)  # a missing adapter fails here, before Ray starts
 
     from ray_jobs.evaluate import print_results, run_evaluation

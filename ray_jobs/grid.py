@@ -108,6 +108,7 @@ def run_grid(grid: GridConfig, root: Path | None = None, source: str | Path = "g
     tracking_cfg = experiments[0].tracking
     path = Path(experiments[0].train.output_dir) / TUNE_DIR / f"{_safe(grid.name)}-{key}"
     init_ray()
+    warn_local_store_on_a_cluster(tracking_cfg.uri)
     parent = parent_run(grid, tracking_cfg, key, len(experiments))
     restored = tune.Tuner.can_restore(str(path))
     trials = {e.name: e.model_dump(mode="json") for e in experiments}  # the same on restore: the key says so
@@ -145,6 +146,15 @@ def run_grid(grid: GridConfig, root: Path | None = None, source: str | Path = "g
     outcomes = [_trial_outcome(result, headlines) for result in results]
     tracking.end_run(tracking_cfg.uri, parent, succeeded=all(o.error is None for o in outcomes))
     return GridOutcome(grid.name, parent, tracking_cfg.uri, tracking_cfg.experiment, path, outcomes, restored)
+
+
+def warn_local_store_on_a_cluster(uri: str) -> None:
+    """Trials on several nodes need a tracking server or a database: a SQLite file's locks (or a folder store's
+    files) on a network file system do not keep concurrent writers apart."""
+    nodes = sum(1 for node in ray.nodes() if node["Alive"])
+    if nodes > 1 and uri.startswith(("sqlite:", "file:")):
+        progress(f"warning: {nodes} Ray nodes log to the local store {uri}: on a cluster, track through a server "
+                 "(`mlflow server`, then tracking.uri=http://<host>:<port>; see the README)")
 
 
 def end_interrupted(tracking_cfg: TrackingConfig, parent_run_id: str) -> None:

@@ -27,7 +27,15 @@ from clozemath import tracking
 from clozemath.cli import main
 from clozemath.config import GridConfig, TrackingConfig, expand_grid, flatten, load_config
 from clozemath.errors import ClozeMathError
-from ray_jobs.grid import GridOutcome, QuietUserErrors, grid_key, run_grid, with_absolute_paths
+import ray_jobs.grid
+from ray_jobs.grid import (
+    GridOutcome,
+    QuietUserErrors,
+    grid_key,
+    run_grid,
+    warn_local_store_on_a_cluster,
+    with_absolute_paths,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 SMOKE = ROOT / "configs" / "grids" / "smoke.yaml"
@@ -365,3 +373,14 @@ def test_the_grid_key_holds_the_data_it_reads(tmp_path: Path, monkeypatch: pytes
     monkeypatch.setenv("CLOZEMATH_DATA_DIR", str(tmp_path / "nowhere"))
     with pytest.raises(ClozeMathError, match="nowhere/gsm8k/train.jsonl: no such data file"):
         grid_key(experiments)
+
+
+def test_a_local_store_on_several_nodes_is_warned_about(monkeypatch: pytest.MonkeyPatch, capsys) -> None:
+    nodes = [{"Alive": True}, {"Alive": True}, {"Alive": False}]
+    monkeypatch.setattr(ray_jobs.grid.ray, "nodes", lambda: nodes)
+    warn_local_store_on_a_cluster("sqlite:////shared/mlruns.db")
+    assert "warning: 2 Ray nodes log to the local store sqlite:////shared/mlruns.db" in capsys.readouterr().err
+    warn_local_store_on_a_cluster("http://head:5000")
+    monkeypatch.setattr(ray_jobs.grid.ray, "nodes", lambda: nodes[:1])
+    warn_local_store_on_a_cluster("sqlite:////tmp/mlruns.db")
+    assert capsys.readouterr().err == ""
