@@ -39,13 +39,13 @@ def tracking_server(tmp_path: Path) -> Iterator[str]:
     command = [
         str(Path(sys.executable).parent / "mlflow"), "server", "--host", "127.0.0.1", "--port", str(port),
         "--backend-store-uri", f"sqlite:///{tmp_path / 'server.db'}", "--serve-artifacts",
-        "--artifacts-destination", str(tmp_path / "served"), "--workers", "2",
+        "--artifacts-destination", str(tmp_path / "served"), "--workers", "1",
     ]
     with open(tmp_path / "server.log", "w") as log:
         server = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
     uri = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 120
+        deadline = time.monotonic() + 300  # a busy 2-core machine takes minutes to start it
         while True:
             try:
                 with urllib.request.urlopen(f"{uri}/health", timeout=2) as response:
