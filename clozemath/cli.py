@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import shlex
 import sys
 from collections.abc import Callable, Sequence
+from pathlib import Path
 
 from clozemath import console
 from clozemath.errors import ClozeMathError
@@ -63,10 +65,21 @@ def _add_run(commands: argparse._SubParsersAction) -> None:
     run.set_defaults(handler=_run)
 
 
-def _run(args: argparse.Namespace) -> None:
+def _run(args: argparse.Namespace) -> int | None:
+    from clozemath.config import as_grid, configs_root, expand_grid, load_config
+    from clozemath.files import check_run_outputs
+
+    config = load_config(args.config, args.overrides)  # a mistake is reported in a second, before Ray is imported
+    check_run_outputs(expand_grid(as_grid(config), configs_root(Path(args.config)), args.config))
+
     from ray_jobs.run import run_command
 
-    run_command(args.config, args.overrides)
+    try:
+        run_command(config, args.config)
+    except KeyboardInterrupt:
+        resume = shlex.join(["clozemath", "run", args.config, *args.overrides])
+        print(f"clozemath: interrupted; the grid resumes where it stopped with: {resume}", file=sys.stderr)
+        return 130
 
 
 def _add_score(commands: argparse._SubParsersAction) -> None:
@@ -95,10 +108,12 @@ def _add_eval(commands: argparse._SubParsersAction) -> None:
 def _eval(args: argparse.Namespace) -> None:
     from clozemath.config import GridConfig, load_config
     from clozemath.eval.evaluate import resolve_adapter
+    from clozemath.files import check_run_outputs
 
     cfg = load_config(args.config, args.overrides)
     if isinstance(cfg, GridConfig):
         raise ClozeMathError(f"{args.config}: a grid; `clozemath eval` takes one experiment")
+    check_run_outputs([cfg])
     adapter = resolve_adapter(cfg)  # a missing adapter fails here, before Ray starts
 
     from clozemath.eval.evaluate import run_folder

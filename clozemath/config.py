@@ -12,16 +12,23 @@ import copy
 import itertools
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from clozemath.errors import ClozeMathError
 
 Dataset = Literal["gsm8k", "math"]
 EvalDataset = Literal["gsm8k", "math", "gsm_symbolic", "gsm_p1", "gsm_p2"]
 Decoding = Literal["greedy", "beam", "cot"]
+AtLeastOne = Annotated[int, Field(ge=1)]
+"""A size or a count of steps."""
+AtLeastZero = Annotated[int, Field(ge=0)]
+PositiveReal = Annotated[float, Field(gt=0, allow_inf_nan=False)]
+"""A rate or a length: finite, above 0."""
+NonNegativeReal = Annotated[float, Field(ge=0, allow_inf_nan=False)]
+Probability = Annotated[float, Field(ge=0, le=1, allow_inf_nan=False)]
 
 
 class _Strict(BaseModel):
@@ -29,9 +36,9 @@ class _Strict(BaseModel):
 
 
 class LoraConfig(_Strict):
-    rank: int = 32
-    alpha: int = 64
-    dropout: float = 0.05
+    rank: AtLeastOne = 32
+    alpha: AtLeastOne = 64
+    dropout: Annotated[float, Field(ge=0, lt=1, allow_inf_nan=False)] = 0.05
     target_modules: str | list[str] = "all-linear"
     train_special_tokens: bool = True
 
@@ -68,12 +75,12 @@ class DataConfig(_Strict):
     split: str = "train"
     path: str | None = None
     """A JSONL file or a folder holding `<split>.jsonl`; default `$CLOZEMATH_DATA_DIR/<dataset>/`, then the hub."""
-    limit: int | None = None
+    limit: AtLeastOne | None = None
     seed: int | None = None
     """Seeds which group members are masked, where random spans fall, which LM samples get an extra copy.
     Default: `train.seed`, so that a run's seeds vary its masks as they vary its initialisation and order."""
     prompt_template: str = "Question: {question}\nAnswer:"
-    max_length: int = 1024
+    max_length: AtLeastOne = 1024
 
 
 class SpanShape(_Strict):
@@ -106,7 +113,7 @@ class RandomSpanConfig(_Strict):
 
 
 class MftConfig(_Strict):
-    r_max: float = 0.4
+    r_max: Probability = 0.4
     noise: Literal["random", "mask"] = "random"
 
 
@@ -131,38 +138,39 @@ class MethodConfig(_Strict):
 
 
 class TrainConfig(_Strict):
-    num_workers: int = 1
+    num_workers: AtLeastOne = 1
     use_gpu: bool | Literal["auto"] = "auto"
     zero_stage: Literal[2, 3] = 2
-    micro_batch_size: int = 4
-    grad_accum: int = 1
+    micro_batch_size: AtLeastOne = 4
+    grad_accum: AtLeastOne = 1
     group_by_length: bool = True
     """Batch rows of similar length together (in shuffled windows): less padding, same randomness of order."""
-    epochs: float = 1.0
-    max_steps: int | None = None
+    epochs: PositiveReal = 1.0
+    max_steps: AtLeastOne | None = None
     budget: Literal["epochs", "steps", "tokens"] = "epochs"
     """What is equal across the methods of a comparison: `epochs` (each method trains `epochs` over its own samples:
     infilling methods, with several samples per problem, take several times the steps of IT or MFT), or the optimizer
-    `steps` or training `tokens` that `budget_reference` makes in `epochs` (the driver sets `max_steps` from them)."""
+    `steps` or training `tokens` that `budget_reference` makes in `epochs` (the driver scales `epochs` to match)."""
     budget_reference: str = "clozemath"
     """The method (a name under configs/methods/) whose `epochs` set a matched budget."""
-    lr: float = 5e-5
-    warmup_ratio: float = 0.03
-    weight_decay: float = 0.0
-    max_grad_norm: float = 1.0
-    checkpoint_every: int = 50
-    max_failures: int = 1
+    lr: PositiveReal = 5e-5
+    warmup_ratio: Probability = 0.03
+    weight_decay: NonNegativeReal = 0.0
+    max_grad_norm: NonNegativeReal = 1.0
+    """0: no clipping."""
+    checkpoint_every: AtLeastOne = 50
+    max_failures: AtLeastZero = 1
     seed: int = 0
     output_dir: str = "runs"
-    fail_at_step: int | None = None
+    fail_at_step: AtLeastOne | None = None
     """Test hook: rank 0 raises once when it reaches this step (exercises restart and resume)."""
-    pack_tokens: int | Literal["auto"] | None = "auto"
+    pack_tokens: AtLeastOne | Literal["auto"] | None = "auto"
     """Pack the samples into rows of this many tokens, one row a micro-batch (`micro_batch_size` then does not
     apply). auto: on a GPU, sized to its free memory (`clozemath.train.packing`); on CPU, no packing. None: one
     sample a row, `micro_batch_size` rows padded to the longest."""
     compile: bool | Literal["auto"] = "auto"
     """Compile each decoder layer (torch.compile, fixed shapes). auto: when packing on a GPU under ZeRO-2."""
-    report_every: int = 10
+    report_every: AtLeastOne = 10
     """Steps between the workers' reports to Ray Train (a checkpoint or an evaluation reports at once); every step's
     metrics still reach MLflow."""
 
@@ -179,10 +187,10 @@ class EvalSetConfig(_Strict):
     path: str | None = None
     """gsm8k, math, released gsm_p2: a JSONL file or a folder holding `<split>.jsonl`; generated GSM-Symbolic sets: the
     templates folder (holding `symbolic/`, `p1/`, `p2/`). Default: under `$CLOZEMATH_DATA_DIR`."""
-    limit: int | None = None
+    limit: AtLeastOne | None = None
     """Evaluate a seeded random subset of this many problems (file order kept)."""
     seed: int = 0
-    per_template: int = 50
+    per_template: AtLeastOne = 50
     """GSM-Symbolic instances drawn per template (100 templates x 50 = the paper's 5000)."""
     generate: bool = False
     """gsm_p2: instantiate the p2 templates (`per_template`, `seed`) instead of reading Apple's released instances."""
@@ -193,20 +201,20 @@ class EvalSetConfig(_Strict):
 class EvalConfig(_Strict):
     sets: list[EvalSetConfig] = [EvalSetConfig(dataset="gsm8k")]
     decodings: list[Decoding] = ["greedy"]
-    num_beams: int = 5
-    cot_k: int = 9
-    max_new_tokens: int = 512
+    num_beams: AtLeastOne = 5
+    cot_k: AtLeastOne = 9
+    max_new_tokens: AtLeastOne = 512
     prompt_attention: Literal["auto", "bidirectional", "causal"] = "auto"
     """auto: bidirectional for prefix_lm-trained models, causal otherwise."""
-    batch_size: int | Literal["auto"] = "auto"
+    batch_size: AtLeastOne | Literal["auto"] = "auto"
     """Prompts per decoding batch; auto: as many as fit the GPU's free memory (16 on CPU)."""
     few_shot: bool | Literal["auto"] = "auto"
     """auto: few-shot prompts for `base`, the fine-tuned format for trained methods."""
     adapter: str | None = None
     """Evaluate this saved adapter folder instead of the one the run trains."""
-    every_steps: int | None = None
+    every_steps: AtLeastOne | None = None
     """Also evaluate at these training-step intervals, on `during_training_limit` problems of the first set."""
-    during_training_limit: int = 100
+    during_training_limit: AtLeastOne = 100
 
     @model_validator(mode="after")
     def _set_decodings_are_known(self) -> EvalConfig:
@@ -221,11 +229,24 @@ class EvalConfig(_Strict):
         return [d for d in dict.fromkeys(self.decodings) if set_cfg.decodings is None or d in set_cfg.decodings]
 
 
+TRACKING_SCHEMES = ("sqlite", "file", "http", "https", "postgresql", "mysql", "mssql", "databricks")
+"""The tracking stores MLflow knows (a database's may name its driver: `postgresql+psycopg2://`)."""
+
+
 class TrackingConfig(_Strict):
     uri: str = "sqlite:///mlruns.db"
+    """A local folder, `sqlite:///<file>`, a tracking server `http(s)://host:port`, or a database URI."""
     experiment: str = "clozemath"
     artifact_location: str | None = None
     """Default: `./mlartifacts` beside a local store."""
+
+    @field_validator("uri")
+    @classmethod
+    def _known_scheme(cls, uri: str) -> str:
+        scheme, separator, _ = uri.partition("://")
+        if separator and scheme.split("+")[0] not in TRACKING_SCHEMES:
+            raise ValueError(f"unknown scheme '{scheme}' in '{uri}' (known: {', '.join(TRACKING_SCHEMES)})")
+        return uri
 
 
 class ExperimentConfig(_Strict):
@@ -262,7 +283,7 @@ class GridConfig(_Strict):
     """Points left out: each entry maps axes to a value (or a list of values); a point matching all of them goes."""
     overrides: list[GridRule] = []
     """Conditional overrides: `set` applies to the points matching `when` (e.g. MFT's noise per training set)."""
-    max_concurrent_trials: int | None = None
+    max_concurrent_trials: AtLeastOne | None = None
     """Default: as many trials as the cluster's GPUs hold (one at a time on CPU)."""
     tracking: TrackingConfig | None = None
     """Default: the base experiment's."""
@@ -290,7 +311,10 @@ def read_yaml(path: Path) -> dict[str, Any]:
     if not path.is_file():
         raise ClozeMathError(f"{path}: no such config file")
     try:
-        raw = yaml.safe_load(path.read_text())
+        raw = yaml.safe_load(path.read_bytes().decode("utf-8"))
+    except UnicodeDecodeError as exc:
+        line = exc.object[: exc.start].count(b"\n") + 1
+        raise ClozeMathError(f"{path}:{line}: not UTF-8 text (byte 0x{exc.object[exc.start]:02x})") from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f":{mark.line + 1}" if mark is not None else ""
@@ -368,7 +392,7 @@ def _format_validation_error(exc: ValidationError, source: Path | str) -> str:
     if first["type"] == "missing":
         return f"{source}: missing key '{key}'{more}"
     where = f"'{key}': " if key else ""
-    return f"{source}: {where}{first['msg']}{more}"
+    return f"{source}: {where}{first['msg'].removeprefix('Value error, ')}{more}"
 
 
 def _validate(cls: type[BaseModel], raw: dict[str, Any], source: Path | str) -> Any:
@@ -412,7 +436,10 @@ _GRID_KEYS = ("name", "max_concurrent_trials")
 
 def _override_grid(grid: GridConfig, key: str, value: Any, root: Path, source: Path | str) -> None:
     if key in _GRID_KEYS:
-        setattr(grid, key, value)
+        try:
+            setattr(grid, key, value)
+        except ValidationError as exc:
+            raise ClozeMathError(_format_validation_error(exc, source)) from None
     elif key.startswith("axes."):
         grid.axes = {**grid.axes, **{key[len("axes."):]: _narrowed_axis(grid, key[len("axes."):], value, source)}}
     else:

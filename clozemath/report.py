@@ -30,6 +30,7 @@ from clozemath import tracking
 from clozemath.config import TrackingConfig
 from clozemath.errors import ClozeMathError
 from clozemath.eval.during_training import CURVE
+from clozemath.files import atomic_path, write_text_atomic
 
 MODEL_NAMES = {
     "deepseek-math-7b": "DeepSeek-Math", "llama-3.1-8b": "Llama-3.1-8B", "llama-3.2-3b": "Llama-3.2-3B",
@@ -339,8 +340,8 @@ def plot_accuracy_vs_steps(curves: Curves, path: Path) -> Path:
         if curves.get(model):
             axis.legend()
     figure.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    figure.savefig(path, dpi=120)
+    with atomic_path(path) as temporary:
+        figure.savefig(temporary, dpi=120)
     plt.close(figure)
     return path
 
@@ -364,7 +365,7 @@ def report(
     text = "\n\n".join([*(render(table) for table in paper_tables(results, decoding)), compute_table(results)])
     folder = Path(out) if out is not None else Path("reports") / experiment
     folder.mkdir(parents=True, exist_ok=True)
-    (folder / ("tables.tex" if latex else "tables.md")).write_text(text + "\n")
+    write_text_atomic(folder / ("tables.tex" if latex else "tables.md"), text + "\n")
     figure = plot_accuracy_vs_steps(accuracy_curves(tracking_uri, results, decoding), folder / FIGURE_FILE)
     print(f"grid run {parent.info.run_id} ({parent.info.run_name}): {len(results)} trials\n")
     print(text)

@@ -8,8 +8,10 @@ are stable: `train/loss`, `train/lr`, `train/tokens_per_s`, `train/pad_share` (s
 
 from __future__ import annotations
 
+import sqlite3
 import time
 from collections.abc import Mapping
+from contextlib import closing
 from pathlib import Path
 from tempfile import TemporaryDirectory
 from typing import Any
@@ -58,13 +60,28 @@ def client(uri: str) -> MlflowClient:
 def experiment_id(tracking: TrackingConfig) -> str:
     """The experiment's id, creating it (with an explicit artifact location) when it does not exist yet."""
     mlflow = client(tracking.uri)
-    found = mlflow.get_experiment_by_name(tracking.experiment)
+    found = mlflow.get_experiment_by_name(tracking.experiment)  # creates a SQLite store's tables
+    write_ahead_log(tracking.uri)
     if found is not None:
         return found.experiment_id
     try:
         return mlflow.create_experiment(tracking.experiment, artifact_location=artifact_location(tracking))
     except MlflowException:  # created concurrently (grid trials start together)
         return mlflow.get_experiment_by_name(tracking.experiment).experiment_id
+
+
+def write_ahead_log(uri: str) -> None:
+    """Put a SQLite store in WAL mode (it stays so): a reader (a trial looking for its run, `mlflow ui`, the report)
+    no longer blocks the trials that write, and writers queue (MLflow waits up to 20 s for the lock). Several
+    machines need a tracking server: SQLite locks do not hold on network file systems."""
+    path = resolved_uri(uri).removeprefix("sqlite:///")
+    if path == resolved_uri(uri):
+        return
+    try:
+        with closing(sqlite3.connect(path, timeout=20)) as database:
+            database.execute("PRAGMA journal_mode=WAL")
+    except sqlite3.OperationalError:  # busy beyond the timeout: the next run sets it
+        pass
 
 
 def start_run(
@@ -78,9 +95,9 @@ def start_run(
     return run.info.run_id
 
 
-def end_run(uri: str, run_id: str, succeeded: bool = True) -> None:
-    status = RunStatus.to_string(RunStatus.FINISHED if succeeded else RunStatus.FAILED)
-    client(uri).set_terminated(run_id, status=status)
+def end_run(uri: str, run_id: str, succeeded: bool = True, status: str | None = None) -> None:
+    """End a run FINISHED or FAILED (`succeeded`), or with the given `status` (KILLED: interrupted)."""
+    client(uri).set_terminated(run_id, status=status or ("FINISHED" if succeeded else "FAILED"))
 
 
 def log_params(uri: str, run_id: str, params: Mapping[str, Any]) -> None:
@@ -103,6 +120,11 @@ def log_metrics(uri: str, run_id: str, step: int, metrics: Mapping[str, float]) 
     now = int(time.time() * 1000)
     items = [Metric(key, float(value), now, step) for key, value in metrics.items()]
     client(uri).log_batch(run_id, metrics=items)
+
+
+def last_step(uri: str, run_id: str, metric: str) -> int:
+    """The last step at which the run logged `metric` (0 if never)."""
+    return max((m.step for m in client(uri).get_metric_history(run_id, metric)), default=0)
 
 
 def log_artifacts(uri: str, run_id: str, folder: str | Path, artifact_path: str | None = None) -> None:

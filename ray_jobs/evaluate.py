@@ -25,6 +25,7 @@ from clozemath import console
 from clozemath.config import ExperimentConfig
 from clozemath.data.sources import Problem
 from clozemath.errors import ClozeMathError
+from clozemath.files import write_text_atomic
 from clozemath.eval.evaluate import (
     Prediction,
     eval_folder,
@@ -207,8 +208,7 @@ def evaluate_on_ray(cfg: ExperimentConfig, adapter: Path | None, folder: Path) -
 
 
 def _write_metrics(folder: Path, values: dict[str, float]) -> None:
-    folder.mkdir(parents=True, exist_ok=True)
-    (folder / "metrics.json").write_text(json.dumps(values, indent=1, sort_keys=True) + "\n")
+    write_text_atomic(folder / "metrics.json", json.dumps(values, indent=1, sort_keys=True) + "\n")
 
 
 @dataclass

@@ -30,9 +30,10 @@ from ray.tune.integration.ray_train import TuneReportCallback
 
 from clozemath import console, tracking
 from clozemath.config import ExperimentConfig, GridConfig, TrackingConfig, configs_root, dump_yaml, expand_grid
+from clozemath.data.sources import data_identity
 from clozemath.errors import ClozeMathError
 from clozemath.eval.during_training import CURVE
-from clozemath.eval.evaluate import results_table, run_folder
+from clozemath.eval.evaluate import eval_set_identity, results_table, run_folder
 from clozemath.model.load import load_tokenizer
 from clozemath.train.loop import ADAPTER_DIR
 from ray_jobs.cluster import init_ray, user_error
@@ -143,6 +144,7 @@ def run_grid(grid: GridConfig, root: Path | None = None, source: str | Path = "g
     tracking_cfg = experiments[0].tracking
     path = Path(experiments[0].train.output_dir) / TUNE_DIR / f"{_safe(grid.name)}-{key}"
     init_ray()
+    warn_local_store_on_a_cluster(tracking_cfg.uri)
     parent = parent_run(grid, tracking_cfg, key, len(experiments))
     restored = tune.Tuner.can_restore(str(path))
     trials = {e.name: e.model_dump(mode="json") for e in experiments}  # the same on restore: the key says so
@@ -175,11 +177,37 @@ def run_grid(grid: GridConfig, root: Path | None = None, source: str | Path = "g
             quiet, tune_log = QuietUserErrors(), logging.getLogger(TUNE_CONTROLLER_LOGGER)
             tune_log.addFilter(quiet)
             stack.callback(tune_log.removeFilter, quiet)
-        results = tuner.fit()
+        try:
+            results = tuner.fit()
+        except KeyboardInterrupt:  # a second Ctrl-C, while Tune was saving its state
+            end_interrupted(tracking_cfg, parent)
+            raise
+    if any(result.error is None and RUN_ID_KEY not in (result.metrics or {}) for result in results):
+        # a trial that neither failed nor made its final report: Tune stopped it on Ctrl-C (and calls it TERMINATED)
+        end_interrupted(tracking_cfg, parent)
+        raise KeyboardInterrupt
     folders = {e.name: run_folder(e) for e in experiments}
     outcomes = [_with_run_id(_trial_outcome(result, headlines, folders), tracking_cfg, parent) for result in results]
     tracking.end_run(tracking_cfg.uri, parent, succeeded=all(o.error is None for o in outcomes))
     return GridOutcome(grid.name, parent, tracking_cfg.uri, tracking_cfg.experiment, path, outcomes, restored)
+
+
+def warn_local_store_on_a_cluster(uri: str) -> None:
+    """Trials on several nodes need a tracking server or a database: a SQLite file's locks (or a folder store's
+    files) on a network file system do not keep concurrent writers apart."""
+    nodes = sum(1 for node in ray.nodes() if node["Alive"])
+    if nodes > 1 and uri.startswith(("sqlite:", "file:")):
+        console.warn(f"{nodes} Ray nodes log to the local store {uri}: on a cluster, track through a server "
+                     "(`mlflow server`, then tracking.uri=http://<host>:<port>; see the README)")
+
+
+def end_interrupted(tracking_cfg: TrackingConfig, parent_run_id: str) -> None:
+    """Mark the grid's run and its unfinished trial runs KILLED (a trial stopped by Tune never ends its run)."""
+    unfinished = tracking.find_runs(tracking_cfg, {tracking.PARENT_TAG: parent_run_id})
+    for run in unfinished:
+        if run.info.status == "RUNNING":
+            tracking.end_run(tracking_cfg.uri, run.info.run_id, status="KILLED")
+    tracking.end_run(tracking_cfg.uri, parent_run_id, status="KILLED")
 
 
 def with_absolute_paths(config: ExperimentConfig) -> ExperimentConfig:
@@ -213,9 +241,18 @@ def config_key(*configs: ExperimentConfig) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:10]
 
 
+def data_identities(experiments: list[ExperimentConfig]) -> list[str]:
+    """Every file the grid reads problems from, with a hash of its content (a missing one is an error)."""
+    train = {(e.data.dataset, e.data.split, e.data.path) for e in experiments if e.method.trains}
+    sets = {s.model_dump_json(include={"dataset", "split", "path", "generate"}): s for e in experiments for s in e.eval.sets}
+    return sorted({data_identity(*source) for source in train} | {eval_set_identity(s) for s in sets.values()})
+
+
 def grid_key(experiments: list[ExperimentConfig]) -> str:
-    """Names the grid's Tune experiment: the same configs resume it, any change starts another."""
-    return config_key(*experiments)
+    """Names the grid's Tune experiment: the same configs reading the same data resume it; any change to either (a
+    data folder pointed elsewhere, a file edited) starts another."""
+    text = json.dumps([config_key(*experiments), data_identities(experiments)])
+    return hashlib.sha256(text.encode()).hexdigest()[:10]
 
 
 def concurrent_trials(grid: GridConfig, experiments: list[ExperimentConfig]) -> int:

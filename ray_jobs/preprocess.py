@@ -104,10 +104,10 @@ def _offsets_of_tokenizer(tokenizer_dir: str) -> TokenOffsets:
 
 
 def samples_of_problem(
-    row: dict[str, Any], method: MethodConfig, prompt_template: str, seed: int, tokenizer_dir: str
+    row: dict[str, Any], method: MethodConfig, prompt_template: str, seed: int, tokenizer_dir: str, max_length: int
 ) -> list[dict[str, Any]]:
     offsets = _offsets_of_tokenizer(tokenizer_dir) if "random_span" in method.objectives else None
-    samples = build_samples(Problem(**row), method, prompt_template, seed, offsets)
+    samples = build_samples(Problem(**row), method, prompt_template, seed, offsets, max_length)
     return [{**s.to_dict(), "sentinels": num_sentinels_needed([s])} for s in samples]
 
 
@@ -162,7 +162,7 @@ def _build(config: ExperimentConfig, problems: list[Problem], folder: Path) -> d
         samples_of_problem,
         fn_kwargs={
             "method": config.method, "prompt_template": config.data.prompt_template, "seed": config.data.seed,
-            "tokenizer_dir": str(folder / TOKENIZER_DIR),
+            "tokenizer_dir": str(folder / TOKENIZER_DIR), "max_length": config.data.max_length,
         },
     ).materialize()
     stats = samples.select_columns(["kind", "sentinels"]).to_pandas()  # two small columns: one pass, no shuffle

@@ -13,7 +13,7 @@ from pathlib import Path
 from ray.train import UserCallback
 
 from clozemath import console, tracking
-from clozemath.config import ExperimentConfig, GridConfig, as_grid, configs_root, expand_grid, load_config, load_method
+from clozemath.config import ExperimentConfig, GridConfig, as_grid, configs_root, expand_grid, load_method
 from clozemath.eval.evaluate import run_folder
 from clozemath.train.budget import Footprint, matched_epochs, planned_tokens
 from ray_jobs.cluster import init_ray, user_errors_surfaced
@@ -113,11 +113,11 @@ def _prepare(config: ExperimentConfig) -> Prepared:
     return prepared
 
 
-def run_command(config_path: str, overrides: list[str]) -> None:
+def run_command(config: ExperimentConfig | GridConfig, config_path: str) -> None:
     """`clozemath run`: an experiment (a grid of one) or a grid, on Ray Tune; an interrupted grid resumes."""
     from ray_jobs.grid import print_grid_outcome, run_grid
 
-    grid = as_grid(load_config(config_path, overrides))
+    grid = as_grid(config)
     root = configs_root(Path(config_path))
     logs = grid_folder(grid, root, config_path) / LOGS_DIR
     with logged(logs):

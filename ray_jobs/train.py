@@ -109,18 +109,24 @@ def train_worker(settings: dict[str, Any]) -> None:
 
 class ForwardMetrics(UserCallback):
     """On the Train controller: log rank 0's step metrics (and evaluations during training) to MLflow and move the
-    training's progress bar."""
+    training's progress bar.
+
+    Each step is logged once: a run resumed from its checkpoint (after a worker failed, or in a trial started
+    again) trains the steps after that checkpoint again, and those already in the run are not logged twice."""
 
     def __init__(self, tracking_uri: str, run_id: str, label: str) -> None:
         self.tracking_uri = tracking_uri
         self.run_id = run_id
         self.label = label
+        self.logged_through = tracking.last_step(tracking_uri, run_id, tracking.TRAIN_METRICS[0])
 
     def after_report(self, run_context: Any, metrics: list[dict[str, Any]], checkpoint: Checkpoint | None) -> None:
         reported = metrics[0]
         for step in reported[STEPS_KEY]:
-            logged = {name: value for name, value in step.items() if name.startswith(("train/", f"{CURVE}/"))}
-            tracking.log_metrics(self.tracking_uri, self.run_id, step["step"], logged)
+            if step["step"] > self.logged_through:
+                logged = {name: value for name, value in step.items() if name.startswith(("train/", f"{CURVE}/"))}
+                tracking.log_metrics(self.tracking_uri, self.run_id, step["step"], logged)
+                self.logged_through = step["step"]
         values = {name: value for name, value in reported.items() if name.startswith(("train/", f"{CURVE}/"))}
         accuracies = [
             f"{name.removeprefix(f'{CURVE}/').removesuffix('/accuracy')} {value:.1%}"

@@ -51,6 +51,13 @@ def _sample(golds: list[str], n: int = SAMPLE, seed: int = 0) -> list[str]:
         ("The score was 10-7", "7", "7", "flexible"),  # a hyphen, not a sign
         ("So x =-4", "-4", "-4", "flexible"),
         ("It is 0.33334 of it", "0.3333", "0.33334", "flexible"),  # within 1e-4
+        ("#### .5", "0.5", ".5", "strict"),  # a bare decimal is a half, not 5
+        ("It costs $.75 each", "0.75", ".75", "flexible"),
+        ("#### \u22123", "-3", "-3", "strict"),  # the Unicode minus sign
+        ("It fell by \u22124.5 degrees", "-4.5", "-4.5", "flexible"),
+        # a model that does not stop goes on with a question of its own: its numbers are not the answer
+        ("The answer is 7.\n\nQuestion: Tom has 9 apples. How many?\nAnswer: 9", "7", "7", "flexible"),
+        ("She has 7.\nQuestion: and then #### 9", "7", "7", "flexible"),
     ],
 )
 def test_numeric_extraction_and_equality(generation: str, gold: str, extracted: str, rule: str) -> None:
@@ -73,6 +80,17 @@ def test_numeric_mismatch(generation: str, gold: str, rule: str) -> None:
     graded = grade("gsm_symbolic", generation, gold)
     assert (graded.correct, graded.rule) == (False, rule)
     assert (graded.extracted is None) == (rule == "none")
+
+
+@pytest.mark.parametrize(
+    "generation",
+    ["#### " + " " * 200_000, "####" + " " * 100_000 + "$" + " " * 100_000, "#### " * 40_000, "1," * 100_000],
+)
+def test_numeric_grading_is_linear_in_the_generation(generation: str) -> None:
+    """200 kB generations grade in about 0.2 s (quadratic backtracking took 31 s for 20 kB, so would take an hour)."""
+    started = time.perf_counter()
+    grade("gsm8k", generation, "5")
+    assert time.perf_counter() - started < 2.0
 
 
 def test_numeric_span_covers_the_extracted_number() -> None:

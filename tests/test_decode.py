@@ -338,3 +338,38 @@ def test_model_shape_reads_the_config(model):
         layers=2, kv_heads=2, head_dim=16, hidden=64, intermediate=128, vocab=model.config.vocab_size, dtype_bytes=4
     )
 
+
+@pytest.mark.parametrize("length_penalty", [0.0, 0.5])
+def test_beam_search_with_a_stop_string_and_several_eos_ids_equals_generate(model, tokenizer, reference, length_penalty):
+    """A stop string that one token spells ends a hypothesis as that token would as an end-of-sequence id: beam search
+    with the stop string and two EOS ids equals `generate` with all three as EOS ids, scores (length penalty)
+    included; our hypothesis keeps the stop's token and cuts the text before the stop string."""
+    inputs = tokenizer(PROMPTS, padding=True, padding_side="left", return_tensors="pt")
+    best = model.generate(
+        **inputs, do_sample=False, num_beams=4, length_penalty=length_penalty, max_new_tokens=NEW,
+        pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id,
+    )[:, inputs.input_ids.shape[1] :].tolist()
+    eos_ids = [best[1][2], best[2][4]]  # tokens on the best paths, so that hypotheses end at them
+    stop_token = best[0][3]
+    stop = tokenizer.decode([stop_token])
+    assert stop.strip() and stop_token not in eos_ids
+    out = model.generate(
+        **inputs, do_sample=False, num_beams=4, length_penalty=length_penalty, max_new_tokens=NEW,
+        pad_token_id=tokenizer.pad_token_id, eos_token_id=[*eos_ids, stop_token], output_scores=True,
+        return_dict_in_generate=True,
+    )
+    ours = decode(
+        model, tokenizer, PROMPTS, "beam", num_beams=4, length_penalty=length_penalty, max_new_tokens=NEW,
+        eos_token_ids=eos_ids, stop=[stop],
+    )
+    for generation, row in zip(ours, out.sequences[:, inputs.input_ids.shape[1] :].tolist()):
+        ends = [i for i, token in enumerate(row) if token in (*eos_ids, stop_token)]
+        expected = row[: ends[0] + 1] if ends else row
+        if generation.finish_reason == "stop":
+            assert generation.token_ids == expected and expected[-1] == stop_token
+            assert generation.text == tokenizer.decode(expected[:-1], skip_special_tokens=True)
+        else:
+            assert generation.token_ids == (expected[:-1] if ends else expected)
+            assert generation.finish_reason == ("eos" if ends else "length")
+    assert [g.score for g in ours] == pytest.approx(out.sequences_scores.tolist(), abs=1e-4)
+    assert {g.finish_reason for g in ours} >= {"stop", "eos"}

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from pydantic import ValidationError
 import torch
 
 from clozemath.cli import main
@@ -32,6 +33,7 @@ from clozemath.eval.evaluate import (
 )
 from clozemath.eval.harness import STRICT_MATCH, harness_verdicts
 from clozemath.eval.prompts import GSM8K_STOP
+from clozemath.eval.decode import decode
 from clozemath.model.load import load_model, save_adapter
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -85,8 +87,8 @@ def test_subsets_are_seeded_and_keep_file_order():
     positions = [full.index(p) for p in subset]
     assert len(subset) == 50 and positions == sorted(positions) and positions != list(range(50))
     assert eval_problems(EvalSetConfig(dataset="gsm8k", limit=5000)) == full
-    with pytest.raises(ClozeMathError, match="limit must be at least 1"):
-        eval_problems(EvalSetConfig(dataset="gsm8k", limit=0))
+    with pytest.raises(ValidationError, match="greater than or equal to 1"):  # the config refuses it at load
+        EvalSetConfig(dataset="gsm8k", limit=0)
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -294,3 +296,62 @@ def test_throughput_benchmark_runs_on_cpu(tmp_path, monkeypatch):
     rows = [line for line in out.read_text().splitlines() if line.startswith("| CPU")]
     assert [row.split(" | ")[1] for row in rows] == list(DECODINGS)
     assert all(row.endswith("| 100.0% | 100.0% |") for row in rows)  # float32 on CPU: the same tokens as generate
+
+
+# --------------------------------------------------------------------------------------------------------------
+# A scripted model: evaluation that must find right answers, and stops that must cut
+
+
+def scripted_model(smoke, prompt_end: str, continuation: str, eos: bool = True):
+    """The tiny model rewired into a bigram machine: after the last token of `prompt_end` it writes `continuation`
+    (then its end-of-sequence token when `eos`), each token followed by the next whatever came before (attention and
+    MLP outputs zeroed, one embedding direction per token)."""
+    loaded = load_model(smoke.model, 0, "cpu", training=False)
+    model, tokenizer = loaded.model, loaded.tokenizer
+    chain = _ids(tokenizer, prompt_end)[-1:] + _ids(tokenizer, continuation) + ([tokenizer.eos_token_id] if eos else [])
+    successor: dict[int, int] = {}
+    for token, following in zip(chain, chain[1:]):
+        assert successor.setdefault(token, following) == following, "a token with two successors"
+    with torch.no_grad():
+        for layer in model.model.layers:
+            layer.self_attn.o_proj.weight.zero_()
+            layer.mlp.down_proj.weight.zero_()
+        embeddings, head_rows = model.get_input_embeddings().weight, model.get_output_embeddings().weight
+        embeddings.zero_()
+        head_rows.zero_()
+        for direction, (token, following) in enumerate(successor.items()):
+            embeddings[token, direction] = 1.0
+            head_rows[following, direction] = 100.0
+    return loaded
+
+
+def _ids(tokenizer, text: str) -> list[int]:
+    return tokenizer(text, add_special_tokens=False)["input_ids"]
+
+
+def test_a_model_that_answers_seven_scores_exactly_the_problems_whose_answer_is_seven(smoke, tmp_path):
+    rows = [("How many cats?", "3 + 4 = 7\n#### 7"), ("How many dogs?", "#### 8"), ("How many birds?", "#### 7"),
+            ("How many fish?", "#### 12")]
+    (tmp_path / "test.jsonl").write_text("".join(json.dumps({"question": q, "answer": a}) + "\n" for q, a in rows))
+    problems = eval_problems(EvalSetConfig(dataset="gsm8k", path=str(tmp_path)))
+    sep = load_model(smoke.model, 0, "cpu", training=False).specials.tokens["<SEP>"]
+    loaded = scripted_model(smoke, sep, " So it is seven.\n#### 7")
+    for decoding in DECODINGS:
+        predictions = evaluate_batch(loaded, problems, decoding, smoke.eval, prompting(smoke))
+        assert [p.generation for p in predictions] == [" So it is seven.\n#### 7"] * 4, decoding
+        assert [p.correct for p in predictions] == [True, False, True, False]
+        values = metrics(predictions)
+        assert (values[f"eval/gsm8k/{decoding}/accuracy"], values[f"eval/gsm8k/{decoding}/correct"]) == (0.5, 2)
+
+
+def test_few_shot_generations_are_cut_at_the_harness_stops(smoke):
+    """After `Answer:` the scripted model writes ` 7\n\nQuestion: 7\n\nQuestion: ...` (the few-shot prompt's next
+    turn); the harness's stop sequences (v0.4.12: `Question:`, not a blank line) cut it right after its answer."""
+    problems = eval_problems(smoke.eval.sets[0])[:2]
+    base = load_config(SMOKE, ["method=base", "eval.max_new_tokens=24", "eval.num_beams=2", "eval.cot_k=3"])
+    loaded = scripted_model(smoke, "Answer:", " 7\n\nQuestion:", eos=False)
+    (unstopped,) = decode(loaded.model, loaded.tokenizer, ["Question: 1+6?\nAnswer:"], max_new_tokens=12)
+    assert unstopped.text.startswith(" 7\n\nQuestion: 7\n\nQuestion:")  # what the stops must cut
+    for decoding in DECODINGS:
+        for prediction in evaluate_batch(loaded, problems, decoding, base.eval, prompting(base)):
+            assert prediction.generation == " 7\n\n" and prediction.finish_reason == "stop", (decoding, prediction)

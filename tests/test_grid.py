@@ -7,6 +7,8 @@ from __future__ import annotations
 import logging
 import os
 import secrets
+import shlex
+import shutil
 import signal
 import socket
 import subprocess
@@ -25,7 +27,15 @@ from clozemath import tracking
 from clozemath.cli import main
 from clozemath.config import GridConfig, TrackingConfig, expand_grid, flatten, load_config
 from clozemath.errors import ClozeMathError
-from ray_jobs.grid import GridOutcome, QuietUserErrors, run_grid, with_absolute_paths
+import ray_jobs.grid
+from ray_jobs.grid import (
+    GridOutcome,
+    QuietUserErrors,
+    grid_key,
+    run_grid,
+    warn_local_store_on_a_cluster,
+    with_absolute_paths,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 SMOKE = ROOT / "configs" / "grids" / "smoke.yaml"
@@ -56,9 +66,9 @@ def steps(config: TrackingConfig, run_id: str, metric: str) -> list[int]:
     return [m.step for m in sorted(history, key=lambda m: (m.timestamp, m.step))]
 
 
-def assert_grid_tracked(config: TrackingConfig, trials: list[str], resumed: bool = False) -> dict[str, Run]:
-    """A finished parent run and one finished child run per trial, with its tags, metrics and artifacts (`resumed`:
-    steps after a trial's last checkpoint may be logged twice)."""
+def assert_grid_tracked(config: TrackingConfig, trials: list[str]) -> dict[str, Run]:
+    """A finished parent run and one finished child run per trial, with its tags, metrics and artifacts; each step
+    logged once, also where a trial resumed from a checkpoint and trained the steps after it again."""
     client = tracking.client(config.uri)
     (parent,) = tracking.find_runs(config, {"role": "grid"})
     assert parent.info.status == "FINISHED" and parent.data.tags["grid"] == "smoke-grid"
@@ -266,7 +276,7 @@ def test_a_killed_driver_is_restored_without_redoing_finished_trials(tmp_path: P
     again = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert again.returncode == 0, (again.stdout + again.stderr)[-3000:]
     assert "resuming the grid" in again.stderr
-    after = assert_grid_tracked(config, [base, trained], resumed=True)
+    after = assert_grid_tracked(config, [base, trained])
     for name in (base, trained):  # the same runs: the finished one untouched, the interrupted one continued
         assert after[name].info.run_id == before[name].info.run_id
     assert after[base].info.start_time == before[base].info.start_time
@@ -277,16 +287,64 @@ def test_a_killed_driver_is_restored_without_redoing_finished_trials(tmp_path: P
 
 
 @pytest.mark.slow
+def test_ctrl_c_is_an_interruption_that_resumes_logging_each_step_once(tmp_path: Path) -> None:
+    """Ctrl-C once the trial has passed its step-2 checkpoint: exit 130, the command to resume printed, the grid's
+    and the trial's MLflow runs KILLED; the same command again resumes the trial into its run, each step logged
+    once (steps 3.. are trained twice)."""
+    config = tracking_of(tmp_path)
+    command = ["clozemath", "run", str(SMOKE), "axes.model=[tiny-llama]", "axes.method=[clozemath]",
+               "axes.dataset=[gsm8k]", *store(tmp_path)]
+    python = [sys.executable, "-m", "clozemath.cli", *command[1:]]
+    env = {key: value for key, value in os.environ.items() if key != "RAY_ADDRESS"}
+    trained = "smoke-grid/model=tiny-llama,method=clozemath,dataset=gsm8k,seed=0"
+
+    def past_checkpoint() -> dict[str, Run] | None:
+        if "trials, up to" not in (tmp_path / "first.log").read_text():
+            return None
+        try:
+            runs = children(config)
+        except (MlflowException, OperationalError):
+            return None
+        if trained not in runs or max(steps(config, runs[trained].info.run_id, "train/loss"), default=0) < 3:
+            return None
+        return runs
+
+    with open(tmp_path / "first.log", "w") as log:
+        driver = subprocess.Popen(python, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        before = wait_for(past_checkpoint, 480, "step 3 of the trial", driver)
+        driver.send_signal(signal.SIGINT)
+        assert driver.wait(timeout=180) == 130
+    finally:
+        if driver.poll() is None:
+            os.killpg(driver.pid, signal.SIGKILL)
+            driver.wait()
+    output = (tmp_path / "first.log").read_text()
+    assert f"clozemath: interrupted; the grid resumes where it stopped with: {shlex.join(command)}\n" in output
+    assert "MLflow parent run" not in output  # no outcome table: nothing reads as finished
+    (parent,) = tracking.find_runs(config, {"role": "grid"})
+    assert parent.info.status == "KILLED" and children(config)[trained].info.status == "KILLED"
+
+    again = subprocess.run(python, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert again.returncode == 0, (again.stdout + again.stderr)[-3000:]
+    after = assert_grid_tracked(config, [trained])
+    assert after[trained].info.run_id == before[trained].info.run_id
+    assert steps(config, after[trained].info.run_id, "train/loss") == list(range(1, STEPS + 1))
+
+
+@pytest.mark.slow
 def test_a_trial_that_fails_on_a_user_mistake_fails_the_command_in_one_line(
     ray_session: None, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     experiment = ROOT / "configs" / "experiments" / "smoke.yaml"
-    argv = ["run", str(experiment), "method=base", "eval.sets=[{dataset: gsm8k, path: /nowhere}]", *store(tmp_path)]
+    broken = tmp_path / "test.jsonl"
+    broken.write_text("{not json\n")  # found by the trial that reads it (the driver only hashes the file)
+    argv = ["run", str(experiment), "method=base", f"eval.sets=[{{dataset: gsm8k, path: {broken}}}]", *store(tmp_path)]
     assert main(argv) == 2
     captured = capsys.readouterr()
     last = captured.err.strip().splitlines()[-1]
-    assert last == "clozemath: error: 1 of 1 trials failed; smoke: /nowhere: no such data file"
-    assert "smoke  failed: /nowhere: no such data file" in captured.out
+    assert last.startswith(f"clozemath: error: 1 of 1 trials failed; smoke: {broken}:1: not valid JSON")
+    assert f"smoke  failed: {broken}:1: not valid JSON" in captured.out
     config = TrackingConfig(uri=f"sqlite:///{tmp_path / 'mlruns.db'}", experiment="smoke")
     (parent,) = tracking.find_runs(config, {"role": "grid"})
     (child,) = tracking.find_runs(config, {"role": "trial"})
@@ -302,3 +360,37 @@ def test_tune_keeps_quiet_about_a_user_mistake_only() -> None:
     assert not quiet.filter(record(ClozeMathError("/nowhere: no such data file")))
     assert quiet.filter(record(RuntimeError("CUDA out of memory")))
     assert quiet.filter(logging.LogRecord("tune", logging.INFO, __file__, 1, "Trial started", None, None))
+
+
+def test_the_grid_key_holds_the_data_it_reads(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Pointing a finished grid at other data (or at none) must not restore its old results."""
+    data, shared = tmp_path / "data", Path(os.environ["CLOZEMATH_DATA_DIR"])
+    shutil.copytree(shared / "gsm8k", data / "gsm8k")
+    (data / "gsm_symbolic").symlink_to(shared / "gsm_symbolic")  # the evaluation sets' templates
+    monkeypatch.setenv("CLOZEMATH_DATA_DIR", str(data))
+    grid = load_config(SMOKE, [*SLICE, "axes.model=[tiny-llama]"])
+    experiments = [with_absolute_paths(e) for e in expand_grid(grid, ROOT / "configs", SMOKE)]
+    key = grid_key(experiments)
+    assert grid_key(experiments) == key
+    train = data / "gsm8k" / "train.jsonl"
+    train.write_bytes(train.read_bytes().replace(b"Natalia", b"Natalie", 1))  # one letter of one problem
+    edited = grid_key(experiments)
+    assert edited != key
+    moved = tmp_path / "elsewhere"
+    shutil.copytree(data, moved)  # the same bytes in another folder: another data location
+    monkeypatch.setenv("CLOZEMATH_DATA_DIR", str(moved))
+    assert grid_key(experiments) not in (key, edited)
+    monkeypatch.setenv("CLOZEMATH_DATA_DIR", str(tmp_path / "nowhere"))
+    with pytest.raises(ClozeMathError, match="nowhere/gsm8k/train.jsonl: no such data file"):
+        grid_key(experiments)
+
+
+def test_a_local_store_on_several_nodes_is_warned_about(monkeypatch: pytest.MonkeyPatch, capsys) -> None:
+    nodes = [{"Alive": True}, {"Alive": True}, {"Alive": False}]
+    monkeypatch.setattr(ray_jobs.grid.ray, "nodes", lambda: nodes)
+    warn_local_store_on_a_cluster("sqlite:////shared/mlruns.db")
+    assert "warning: 2 Ray nodes log to the local store sqlite:////shared/mlruns.db" in capsys.readouterr().err
+    warn_local_store_on_a_cluster("http://head:5000")
+    monkeypatch.setattr(ray_jobs.grid.ray, "nodes", lambda: nodes[:1])
+    warn_local_store_on_a_cluster("sqlite:////tmp/mlruns.db")
+    assert capsys.readouterr().err == ""

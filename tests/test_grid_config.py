@@ -3,6 +3,11 @@ the paper's and the smoke grid as they expand, and grids refused before anything
 
 from __future__ import annotations
 
+import os
+import re
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -144,3 +149,78 @@ def test_clozemath_run_refuses_a_bad_grid_before_anything_starts(
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith("clozemath: error: ") and culprit in err, err
     assert list(tmp_path.iterdir()) == []  # no run folder, no MLflow store
+
+
+# --- nonsense values and unusable outputs: one line, at once, before Ray or torch is even imported ------------------
+
+BAD_VALUES = [
+    ("train.micro_batch_size=0", "'train.micro_batch_size': Input should be greater than or equal to 1"),
+    ("train.micro_batch_size=-1", "'train.micro_batch_size': Input should be greater than or equal to 1"),
+    ("train.checkpoint_every=0", "'train.checkpoint_every': Input should be greater than or equal to 1"),
+    ("train.grad_accum=0", "'train.grad_accum'"),
+    ("train.num_workers=0", "'train.num_workers'"),
+    ("train.lr=nan", "'train.lr': Input should be a finite number"),
+    ("train.lr=-1e-4", "'train.lr': Input should be greater than 0"),
+    ("train.lr=inf", "'train.lr': Input should be a finite number"),
+    ("train.warmup_ratio=1.5", "'train.warmup_ratio': Input should be less than or equal to 1"),
+    ("train.epochs=0", "'train.epochs'"),
+    ("eval.num_beams=0", "'eval.num_beams'"),
+    ("eval.max_new_tokens=0", "'eval.max_new_tokens'"),
+    ("data.max_length=0", "'data.max_length'"),
+    ("max_concurrent_trials=0", "'max_concurrent_trials'"),
+    ("tracking.uri=foo://bar", "'tracking.uri': unknown scheme 'foo'"),
+]
+
+
+@pytest.mark.parametrize(("override", "message"), BAD_VALUES)
+def test_nonsense_values_are_refused_at_load_naming_key_and_file(override: str, message: str) -> None:
+    with pytest.raises(ClozeMathError) as raised:
+        load_config(SMOKE, [override])
+    assert str(raised.value).startswith(str(SMOKE)) and message in str(raised.value)
+    assert "\n" not in str(raised.value)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (["method=mft", "method.mft.r_max=1.5"], "'method.mft.r_max': Input should be less than or equal to 1"),
+        (["model.lora.dropout=2"], "'model.lora.dropout': Input should be less than 1"),
+        (["model.lora.rank=0"], "'model.lora.rank'"),
+    ],
+)
+def test_nonsense_values_of_an_experiment_are_refused(overrides: list[str], message: str) -> None:
+    experiment = ROOT / "configs" / "experiments" / "smoke.yaml"
+    with pytest.raises(ClozeMathError, match=re.escape(message)):
+        load_config(experiment, overrides)
+
+
+def _run_without_heavy_imports(argv: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
+    """`clozemath` in a fresh interpreter that reports, after the command, whether Ray, torch or transformers came."""
+    script = (
+        "import sys; from clozemath.cli import main; code = main(sys.argv[1:]); "
+        "print(sorted(m for m in ('ray', 'torch', 'transformers', 'mlflow') if m in sys.modules)); sys.exit(code)"
+    )
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    return subprocess.run([sys.executable, "-c", script, *argv], cwd=cwd, env=env, capture_output=True, text=True)
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ("train.lrr=1", "unknown key 'train.lrr'"),
+        ("train.micro_batch_size=0", "'train.micro_batch_size'"),
+        ("train.output_dir=a_file/runs", "train.output_dir: cannot make the folder 'a_file/runs': "),
+        ("tracking.uri=sqlite:///a_file/m.db", "tracking.uri 'sqlite:///a_file/m.db': cannot make the folder"),
+        ("tracking.artifact_location=a_file/art", "tracking.artifact_location 'a_file/art': cannot make"),
+    ],
+)
+def test_clozemath_run_reports_a_mistake_in_a_second_without_importing_ray(
+    tmp_path: Path, override: str, message: str
+) -> None:
+    (tmp_path / "a_file").write_text("not a folder")
+    started = time.perf_counter()
+    done = _run_without_heavy_imports(["run", str(SMOKE), override], tmp_path)
+    assert time.perf_counter() - started < 10  # was 11-16 s; about 1 s on a quiet machine
+    assert done.returncode == 2 and done.stdout == "[]\n", (done.stdout, done.stderr)
+    assert done.stderr.startswith("clozemath: error: ") and message in done.stderr and done.stderr.count("\n") == 1
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a_file"]

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import time
 from fractions import Fraction
 from functools import cache
 from pathlib import Path
@@ -259,3 +260,50 @@ def test_the_released_p2_instances_load() -> None:
     assert problems[0].id == "gsm_p2-0-0" and problems[0].answer == "32.5"
     assert all(p.dataset == "gsm_p2" and p.solution.endswith(f"#### {p.answer}") for p in problems)
     assert all(Fraction(p.answer) is not None for p in problems)
+
+
+# --- bounds: memory, time, files ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("question", "answer"),
+    [  # each power is allowed; their product, over MAX_NUMBER_BITS, is not
+        (with_line(BASE["question_annotated"], "- is_int(y/d)", "- t * 7 ** 3000 * 7 ** 3000 * 7 ** 3000 > 0"), None),
+        # an answer of 5,000 digits: over Python's limit of 4,300 on printing an integer (it ended in a traceback)
+        (None, with_line(BASE["answer_annotated"], "#### {y//d*t}", "#### {t * 7 ** 3000 * 7 ** 3000}")),
+    ],
+)
+def test_numbers_are_bounded_whatever_the_chain_of_operations(
+    tmp_path: Path, question: str | None, answer: str | None
+) -> None:
+    path = write_template(tmp_path, question=question, answer=answer)
+    with pytest.raises(ClozeMathError, match=f"a number of more than {gsm_symbolic.MAX_NUMBER_BITS} bits") as raised:
+        generate(load_template(path), 1, seed=0)
+    assert str(raised.value).startswith(str(path)) and "\n" not in str(raised.value)
+
+
+def test_costly_conditions_that_never_hold_end_at_the_time_limit(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setattr(gsm_symbolic, "MAX_SECONDS", 1.0)
+    never = "- len(list(range(t * 10000 + sample([0, 1])))) < t"  # drawn at random: never tabulated, never holds
+    path = write_template(tmp_path, question=with_line(BASE["question_annotated"], "- is_int(y/d)", never))
+    started = time.monotonic()
+    with pytest.raises(ClozeMathError, match=r"drawing took more than 1 s \(0 instances") as raised:
+        generate(load_template(path), 1, seed=0)
+    assert str(raised.value).startswith(str(path)) and time.monotonic() - started < 10
+
+
+def test_a_failing_template_leaves_an_earlier_out_file_whole(tmp_path: Path, capsys) -> None:
+    (tmp_path / "templates").mkdir()
+    good = write_template(tmp_path / "templates")
+    out = tmp_path / "symbolic.jsonl"
+    argv = ["data", "gsm-symbolic", "--variant", "symbolic", "--per-template", "2", "--out", str(out),
+            "--templates", str(tmp_path / "templates")]
+    assert main(argv) == 0
+    written = out.read_bytes()
+    assert written.count(b"\n") == 2
+    broken = with_line(BASE["answer_annotated"], "#### {y//d*t}", "#### {y//d*t + 1}")
+    good.write_text(json.dumps({"question_annotated": BASE["question_annotated"], "answer_annotated": broken}))
+    capsys.readouterr()
+    assert main(argv) == 2
+    assert "differs from #answer" in capsys.readouterr().err
+    assert out.read_bytes() == written and sorted(p.name for p in tmp_path.iterdir()) == ["symbolic.jsonl", "templates"]

@@ -7,6 +7,7 @@ import os
 import random
 import re
 import statistics
+import time
 from collections import Counter
 from functools import cache
 from pathlib import Path
@@ -380,3 +381,29 @@ def test_data_stats_counts_the_samples_each_objective_makes(tmp_path, capsys) ->
     trained = count_kinds(dataset_samples(problems, CLOZEMATH, DATA))
     assert samples["lm_balanced"] == trained["lm"] and samples["cloze"] == trained["cloze"]
     assert samples["balanced_total"] == trained.total() and samples["lm"] == len(problems)
+
+
+def _long_row(num_equations: int) -> dict[str, str]:
+    """A valid GSM8K row whose solution holds `num_equations` annotated equations."""
+    step = "She has 12 + 35 = <<12+35=47>>47 apples. "
+    return {"question": "How many apples?", "answer": step * num_equations + "#### 47"}
+
+
+def test_a_solution_of_99_000_equations_is_counted_and_prepared_in_linear_time(tmp_path, capsys) -> None:
+    """Counting builds no sample, and a solution with more units of F than `max_length` tokens gets only its LM
+    sample (no infilling sample could fit): seconds and megabytes, where building them took minutes and gigabytes."""
+    (tmp_path / "train.jsonl").write_text(json.dumps(_long_row(99_000)) + "\n")
+    started = time.perf_counter()
+    assert main(["data", "stats", "--dataset", "gsm8k", "--path", str(tmp_path), "--json"]) == 0
+    samples = json.loads(capsys.readouterr().out)["samples"]
+    assert (samples["lm"], samples["cloze"]) == (1, 99_000)
+    (problem,) = load_problems("gsm8k", "train", tmp_path)
+    assert [s.kind for s in dataset_samples([problem], CLOZEMATH, DATA)] == ["lm"]
+    assert time.perf_counter() - started < 30
+    small = load_problems("gsm8k", "train", limit=1)[0]
+    units = len(equation_units(segment_solution("gsm8k", small.solution)))
+    tight = DATA.model_copy(update={"max_length": units})
+    assert count_kinds(dataset_samples([small], CLOZEMATH, tight))["cloze"] == units  # the bound is not hit
+    assert count_kinds(dataset_samples([small], CLOZEMATH, tight.model_copy(update={"max_length": units - 1}))) == {
+        "lm": 1
+    }

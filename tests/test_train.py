@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import math
+import os
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
 from peft import LoraConfig as PeftLoraConfig
-from peft import get_peft_model
+from peft import get_peft_model, get_peft_model_state_dict
+from safetensors.torch import load_file
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from clozemath import tracking
@@ -17,9 +21,18 @@ from clozemath.config import ExperimentConfig, MethodConfig, ModelConfig, TrainC
 from clozemath.data.tokenize import EOS, MASK, SEP, SpecialTokens, collate
 from clozemath.errors import ClozeMathError
 from clozemath.model.load import load_for_inference
-from clozemath.train.loop import StepMetrics, TargetLoss, epoch_micro_batches, model_inputs, train
+from clozemath.train.loop import (
+    StepMetrics,
+    TargetLoss,
+    epoch_micro_batches,
+    full_trainable_parameters,
+    model_inputs,
+    train,
+)
 from ray_jobs.cluster import TRAIN_POLL_ENV_VAR, TRAIN_POLL_S, runtime_env
-from ray_jobs.preprocess import Prepared, preprocess
+from clozemath.data.prepare import prepare_data
+from clozemath.data.sources import load_problems
+from ray_jobs.preprocess import Prepared, cache_key, preprocess
 from ray_jobs.run import run_experiment
 from ray_jobs.train import check_plan
 
@@ -91,7 +104,24 @@ class Recorder:
 
 
 def trainable_state(engine: Any) -> dict[str, torch.Tensor]:
-    return {n: p.detach().clone() for n, p in engine.module.named_parameters() if p.requires_grad}
+    """The trainable parameters' values, gathered whole under ZeRO-3 (where each rank holds a shard, and the
+    parameter itself an empty placeholder)."""
+    with full_trainable_parameters(engine):
+        state = {n: p.detach().clone() for n, p in engine.module.named_parameters() if p.requires_grad}
+    assert all(value.numel() > 0 for value in state.values())
+    return state
+
+
+def assert_adapter_holds(folder: Path, engine: Any) -> None:
+    """The saved adapter's tensors are the trained values (LoRA matrices and special-token rows)."""
+    with full_trainable_parameters(engine):
+        trained = get_peft_model_state_dict(engine.module.model, save_embedding_layers=False)
+        trained = {name: value.detach().clone() for name, value in trained.items()}
+    saved = load_file(folder / "adapter_model.safetensors")
+    assert saved.keys() == trained.keys() and any("trainable_tokens" in name for name in saved)
+    for name, value in saved.items():
+        torch.testing.assert_close(value, trained[name], rtol=0, atol=0)
+    assert any(value.abs().sum() > 0 for name, value in saved.items() if "lora_B" in name)  # B starts at zero
 
 
 def padding(lengths: list[int], batches: list[list[int]]) -> int:
@@ -142,6 +172,7 @@ def test_loop_loss_falls_and_resume_is_exact(tmp_path: Path, stage: int, method:
     assert (straight.checkpoints[8] / "adapter" / "adapter_model.safetensors").is_file()
     assert not (straight.checkpoints[6] / "adapter").exists()
     final = trainable_state(engine)
+    assert_adapter_holds(straight.checkpoints[8] / "adapter", engine)
 
     resumed = Recorder(tmp_path / "resumed")
     engine = train(tiny_peft_model(), rows, config, specials=SPECIALS, pad_id=PAD, report=resumed,
@@ -150,6 +181,59 @@ def test_loop_loss_falls_and_resume_is_exact(tmp_path: Path, stage: int, method:
     assert [m.loss for m in resumed.metrics] == pytest.approx(losses[3:], rel=1e-5)
     for name, value in trainable_state(engine).items():
         torch.testing.assert_close(value, final[name], rtol=1e-5, atol=1e-6)
+
+
+def cosine_with_warmup(step: int, total: int, warmup: int, peak: float) -> float:
+    """The learning rate of optimizer step `step` (1-based): linear from 0 over `warmup` steps, then a half cosine
+    from `peak` to 0 over the rest (transformers' `get_cosine_schedule_with_warmup`, written out)."""
+    done = step - 1
+    if done < warmup:
+        return peak * done / warmup
+    return peak * 0.5 * (1 + math.cos(math.pi * (done - warmup) / (total - warmup)))
+
+
+@pytest.mark.parametrize(("warmup_ratio", "grad_accum"), [(0.25, 1), (0.1, 2)])
+def test_logged_lr_is_the_cosine_schedule_with_warmup_of_each_step(
+    tmp_path: Path, warmup_ratio: float, grad_accum: int
+) -> None:
+    config = experiment(max_steps=10, warmup_ratio=warmup_ratio, lr=1e-2, grad_accum=grad_accum, checkpoint_every=10)
+    recorder = Recorder(tmp_path)
+    train(tiny_peft_model(), copy_rows(24), config, specials=SPECIALS, pad_id=PAD, report=recorder)
+    warmup = math.ceil(warmup_ratio * 10)
+    assert [m.lr for m in recorder.metrics] == pytest.approx(
+        [cosine_with_warmup(step, 10, warmup, 1e-2) for step in range(1, 11)], abs=1e-9
+    )
+
+
+def test_mft_noise_reaches_the_model_at_the_scheduled_rate(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The token ids the model sees in training: the targets replaced at about min(r_max, r_max * step /
+    (0.66 * total + 1)) (labels unchanged), the prefix never; without MFT, untouched."""
+    seen: list[tuple[torch.Tensor, torch.Tensor]] = []
+    forward = TargetLoss.forward
+
+    def spy(self: TargetLoss, input_ids: torch.Tensor, labels: torch.Tensor, **masks: Any) -> torch.Tensor:
+        seen.append((input_ids.detach().clone(), labels.detach().clone()))
+        return forward(self, input_ids, labels, **masks)
+
+    monkeypatch.setattr(TargetLoss, "forward", spy)
+    rows = [{"input_ids": [5] * 8 + [2] + [7] * 200, "labels": [-100] * 9 + [7] * 200, "prefix_len": 9}] * 8
+    total, r_max = 6, 0.4
+    train(tiny_peft_model(), rows, experiment("mft", max_steps=total, checkpoint_every=total), specials=SPECIALS,
+          pad_id=PAD, report=Recorder(tmp_path))
+    assert len(seen) == total
+    for step, (input_ids, labels) in enumerate(seen):
+        target = labels != -100
+        assert torch.equal(input_ids[~target], torch.tensor([5] * 8 + [2]).repeat(4))  # the prefix is never noised
+        changed = float((input_ids[target] != 7).float().mean())
+        expected = min(r_max, r_max * step / (0.66 * total + 1))
+        assert abs(changed - expected) < 0.06, (step, changed, expected)  # 800 targets: sd 0.017 at most
+        assert torch.equal(labels[target], torch.full_like(labels[target], 7))
+    assert float((seen[-1][0][seen[-1][1] != -100] != 7).float().mean()) > 0.2  # noise at the end of training
+
+    seen.clear()
+    train(tiny_peft_model(), rows, experiment(max_steps=2, checkpoint_every=2), specials=SPECIALS, pad_id=PAD,
+          report=Recorder(tmp_path / "plain"))
+    assert all(torch.equal(ids, torch.tensor(rows[0]["input_ids"]).repeat(4, 1)) for ids, _ in seen)
 
 
 def test_checkpoint_leaves_frozen_weights_out_tied_ones_too(tmp_path: Path) -> None:
@@ -223,6 +307,23 @@ def test_preprocess_is_cached(workdir: Path, ray_session: None) -> None:
         assert labels[: row["prefix_len"]] == [-100] * row["prefix_len"]
         assert all(label != -100 for label in labels[row["prefix_len"] :])
 
+    local = prepare_data(config)  # the pipeline on one machine, without Ray: the same token ids, the same kinds
+    as_tuples = lambda ids, labels, cut: (tuple(ids), tuple(labels), int(cut))  # noqa: E731
+    assert Counter(as_tuples(r["input_ids"], r["labels"], r["prefix_len"]) for r in rows) == Counter(
+        as_tuples(e["input_ids"], e["labels"], e["prefix_len"]) for e in local.encoded if e is not None
+    )
+    assert local.summary(config.data.max_length)["sentinels_needed"] == first.num_sentinels
+
+    problems = load_problems("gsm8k", "train", limit=config.data.limit)
+    for change in ("data.max_length=256", "data.seed=1", "method.lm_share=0.4", "data.prompt_template='Q: {question}'"):
+        assert cache_key(smoke_config(workdir, change), problems) != cache_key(config, problems), change
+    edited = workdir / "edited"
+    edited.mkdir()
+    lines = (Path(os.environ["CLOZEMATH_DATA_DIR"]) / "gsm8k" / "train.jsonl").read_text().splitlines(keepends=True)
+    (edited / "train.jsonl").write_text(lines[0].replace("Natalia", "Natalie") + "".join(lines[1:4]))  # one letter
+    third = preprocess(smoke_config(workdir, f"data.path={edited}"), workdir / "runs" / "cache")
+    assert not third.from_cache and third.folder != first.folder
+
 
 def test_ray_train_collects_reports_briskly_unless_told_otherwise(monkeypatch: pytest.MonkeyPatch) -> None:
     """Ray Train's 2 s default poll would make every step last 2 s (measured: 2.08 s a step of the smoke config)."""
@@ -261,18 +362,16 @@ def test_zero2_run_learns_and_is_tracked(workdir: Path, ray_session: None) -> No
 
 @pytest.mark.slow
 def test_zero3_worker_failure_resumes_from_checkpoint(workdir: Path, ray_session: None) -> None:
-    """Rank 0 fails before step 6; the workers restart from the step-4 checkpoint and stop at step 8. (Reporting every
-    step, the failed attempt's step 5 reaches MLflow too, to be compared with the resumed one.)"""
+    """Rank 0 fails before step 6; the workers restart from the step-4 checkpoint (step 5 is trained again; reported
+    every step, its first try reaches MLflow before the failure) and stop at step 8; MLflow holds each step once."""
     config = smoke_config(workdir, "name=smoke_zero3", "train.zero_stage=3", "train.fail_at_step=6", "eval.sets=[]",
                           "train.report_every=1")
     assert config.train.checkpoint_every == 4 and config.train.max_steps == 8
     outcome = run_experiment(config)
 
     steps = logged_steps(config, outcome.run_id)
-    assert [step for step, _ in steps] == [1, 2, 3, 4, 5, 5, 6, 7, 8]
-    first_try, resumed = dict(steps[:5]), dict(steps[5:])
-    assert resumed[5] == pytest.approx(first_try[5], rel=1e-4)  # the same step 5 again: exact resume
-    assert_loss_falls([loss for _, loss in steps[:5]] + [loss for _, loss in steps[6:]])
+    assert [step for step, _ in steps] == list(range(1, 9))
+    assert_loss_falls([loss for _, loss in steps])
     assert_adapter_reloads_and_generates(config, outcome.adapter)
 
 
@@ -299,8 +398,8 @@ def test_run_errors_are_one_line(
 
 
 def test_plan_refusals_are_user_errors() -> None:
-    prepared = Prepared(folder=Path("."), num_rows=10, num_sentinels=0, kinds={"lm": 10}, dropped_for_length=0,
-                        from_cache=True)
+    prepared = Prepared(folder=Path("."), num_rows=10, num_tokens=1000, num_sentinels=0, kinds={"lm": 10},
+                        dropped_for_length=0, from_cache=True)
     with pytest.raises(ClozeMathError, match="too few training samples"):
         check_plan(experiment(num_workers=2, micro_batch_size=8), prepared)
     with pytest.raises(ClozeMathError, match="fail_at_step"):

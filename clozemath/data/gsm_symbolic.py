@@ -43,6 +43,7 @@ from tqdm import tqdm
 from clozemath.data.sources import DATA_DIR_ENV, Problem
 from clozemath.errors import ClozeMathError
 from clozemath.eval.answers import gsm8k_gold
+from clozemath.files import atomic_writer
 
 Variant = Literal["symbolic", "p1", "p2"]
 DATASETS: dict[str, str] = {"symbolic": "gsm_symbolic", "p1": "gsm_p1", "p2": "gsm_p2"}
@@ -50,8 +51,13 @@ MAX_DRAWS = 200_000
 """Draws per instance before a template counts as unsatisfiable."""
 MAX_ITEMS = 1_000_000
 """Longest list (or string) an expression may build."""
-MAX_POWER_BITS = 20_000
-"""Largest power an expression may compute, in bits."""
+MAX_NUMBER_BITS = 10_000
+"""Largest number (numerator and denominator) a value may hold, in bits: about 3,000 digits, under Python's limit of
+4,300 digits on converting an integer to text, and small enough that no chain of operations can exhaust memory."""
+MAX_POWER_BITS = MAX_NUMBER_BITS
+"""Largest power an expression may compute, in bits (checked before computing it)."""
+MAX_SECONDS = 120.0
+"""Time a template may take to draw its instances: conditions that are costly to check and never hold end here."""
 TABULATE_AFTER = 2_000
 """Draws of one instance after which the conditions among independent variables are tabulated."""
 ENUMERATION_LIMIT = 50_000
@@ -91,10 +97,14 @@ Worded = WordedInt | WordedFraction
 
 
 def _plain(value: Any) -> Any:
-    """Numbers as plain int/Fraction (integral Fractions become ints); anything else unchanged."""
-    if type(value) is int:
-        return value
+    """Numbers as plain int/Fraction (integral Fractions become ints), at most MAX_NUMBER_BITS; anything else
+    unchanged. Every arithmetic result passes here."""
     if isinstance(value, bool) or not isinstance(value, (int, Fraction)):
+        return value
+    numerator, denominator = (value, 1) if isinstance(value, int) else (value.numerator, value.denominator)
+    if max(numerator.bit_length(), denominator.bit_length()) > MAX_NUMBER_BITS:
+        raise _Fault(f"a number of more than {MAX_NUMBER_BITS} bits")
+    if type(value) is int:
         return value
     if isinstance(value, Fraction):
         return value.numerator if value.denominator == 1 else Fraction(value.numerator, value.denominator)
@@ -1200,9 +1210,14 @@ class _Sampler:
             self.tabulated = True
 
 
-def _instance(sampler: _Sampler, index: int, rng: random.Random) -> Instance:
+def _instance(sampler: _Sampler, index: int, rng: random.Random, deadline: float) -> Instance:
     template = sampler.template
     for draw in range(1, MAX_DRAWS + 1):
+        if time.monotonic() > deadline:
+            raise ClozeMathError(
+                f"{template.path}: drawing took more than {MAX_SECONDS:.0f} s ({index} instances, the conditions "
+                f"failed {draw - 1} draws of the next)"
+            )
         if draw == TABULATE_AFTER:
             sampler.tabulate()
         scope = _Scope({}, rng)
@@ -1232,7 +1247,8 @@ def generate(template: Template, count: int, seed: int) -> list[Instance]:
     """`count` instances of one template; the same seed gives the same instances, whatever other templates exist."""
     rng = random.Random(f"gsm-symbolic/{seed}/{template.path.parent.name}/{template.name}")
     sampler = _Sampler(template)
-    return [_instance(sampler, index, rng) for index in range(count)]
+    deadline = time.monotonic() + MAX_SECONDS
+    return [_instance(sampler, index, rng, deadline) for index in range(count)]
 
 
 # --- variants, problems, files ------------------------------------------------------------------------------------
@@ -1315,10 +1331,9 @@ def write_jsonl(
     templates = load_templates(variant, templates_dir)
     dataset = DATASETS[variant]
     out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
     count = draws = 0
-    with out.open("w", encoding="utf-8") as handle:
+    with atomic_writer(out) as handle:  # a template failing midway leaves an earlier `out` as it was
         for template in tqdm(templates, desc=f"gsm-{variant}", unit="template", file=sys.stderr, disable=not progress):
             for instance in generate(template, per_template, seed):
                 row = {"id": problem_id(dataset, instance), "template": instance.template,

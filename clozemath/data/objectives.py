@@ -263,16 +263,37 @@ def samples_from_segments(
 
 
 def build_samples(
-    problem: Problem, method: MethodConfig, prompt_template: str, seed: int, token_offsets: TokenOffsets | None = None
+    problem: Problem, method: MethodConfig, prompt_template: str, seed: int, token_offsets: TokenOffsets | None = None,
+    max_length: int | None = None,
 ) -> list[Sample]:
-    """A problem's samples before balancing: Ray Data's flat_map calls this once per problem."""
+    """A problem's samples before balancing: Ray Data's flat_map calls this once per problem.
+
+    With `max_length` (tokens), a solution with more units of F than that gets no infilling sample: none would fit,
+    as each unit takes at least a token of its own (a sentinel, or its number), and k samples of k units each
+    would take time and memory quadratic in k (a valid 5 MB row holds ~99,000 equations).
+    """
     segments = segment_solution(problem.dataset, problem.solution)
     prompt = format_prompt(prompt_template, problem.question)
-    return samples_from_segments(problem.id, prompt, segments, equation_units(segments), method, seed, token_offsets)
+    units = equation_units(segments)
+    if max_length is not None and len(units) > max_length:
+        units = []
+    return samples_from_segments(problem.id, prompt, segments, units, method, seed, token_offsets)
 
 
 def count_kinds(samples: Iterable[Sample]) -> Counter[str]:
     return Counter(sample.kind for sample in samples)
+
+
+def sample_counts(num_units: int, method: MethodConfig) -> Counter[str]:
+    """How many samples of each kind `samples_from_segments` makes of a solution with `num_units` units of F,
+    without building them (building k samples of k units each is quadratic in k)."""
+    counts: Counter[str] = Counter()
+    if "lm" in method.objectives:
+        counts["lm"] = 1
+    for kind in ("cloze", "random_span"):
+        if kind in method.objectives and num_units:
+            counts[kind] = num_units
+    return counts
 
 
 def lm_repeats(counts: Counter[str] | dict[str, int], lm_share: float) -> float:
@@ -302,7 +323,7 @@ def balance(samples: Iterable[Sample], repeats: float, seed: int) -> list[Sample
 
 
 def objective_counts(problems: Iterable[Problem], lm_share: float, seed: int) -> dict[str, int]:
-    """How many samples each objective makes on these problems (counted by building them), and the balanced total.
+    """How many samples each objective makes on these problems (`sample_counts`), and the balanced total.
 
     `lm`: one per problem before balancing; `cloze`: one per unit of F (random-span infilling makes as many);
     `lm_balanced`: the LM copies once balanced against the cloze samples at `lm_share`; `balanced_total`: ClozeMath's
@@ -312,7 +333,7 @@ def objective_counts(problems: Iterable[Problem], lm_share: float, seed: int) ->
     counts: Counter[str] = Counter()
     problem_ids = []
     for problem in problems:
-        counts += count_kinds(build_samples(problem, clozemath, "", seed))
+        counts += sample_counts(len(equation_units(segment_solution(problem.dataset, problem.solution))), clozemath)
         problem_ids.append(problem.id)
     repeats = lm_repeats(counts, lm_share)
     lm_balanced = sum(lm_copies(problem_id, repeats, seed) for problem_id in problem_ids)
@@ -327,7 +348,9 @@ def dataset_samples(
     if data.seed is None:
         raise ClozeMathError("data.seed is unset (an experiment sets it from train.seed)")
     template, seed = data.prompt_template, data.seed
-    unbalanced = [s for problem in problems for s in build_samples(problem, method, template, seed, token_offsets)]
+    unbalanced = [
+        s for problem in problems for s in build_samples(problem, method, template, seed, token_offsets, data.max_length)
+    ]
     return balance(unbalanced, lm_repeats(count_kinds(unbalanced), method.lm_share), seed)
 
 

@@ -162,7 +162,9 @@ def _gsm8k_equations(clean: str, anchors: list[int]) -> list[_Span]:
         if result is None:  # nothing visible to mask (never so in GSM8K)
             continue
         start = anchor - 1 if anchor > floor and clean[anchor - 1] in _CURRENCY else anchor
-        line_start = clean.rfind("\n", 0, start) + 1
+        # searched back to the previous equation only (linear in the solution); not found there: the line began
+        # before that equation, and 0 says so as well as its true start
+        line_start = clean.rfind("\n", max(floor - 1, 0), start) + 1
         start = _expression_start(clean[max(floor, line_start) : start], start, continues=floor > line_start)
         spans.append(_Span(start, result.end()))
         floor = result.end()

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -75,12 +76,14 @@ _HUB = {
 
 
 def read_jsonl(path: Path) -> Iterator[tuple[str, dict[str, Any]]]:
-    """Yield (`file:line`, row) for each non-empty line; a line that is not a JSON object is an error naming it."""
-    with path.open(encoding="utf-8") as handle:
-        for number, line in enumerate(handle, start=1):
+    """Yield (`file:line`, row) for each non-empty line; a line that is not UTF-8 text or not a JSON object is an
+    error naming it."""
+    with path.open("rb") as handle:
+        for number, raw in enumerate(handle, start=1):
+            where = f"{path}:{number}"
+            line = decoded(raw, where)
             if not line.strip():
                 continue
-            where = f"{path}:{number}"
             try:
                 row = json.loads(line)
             except json.JSONDecodeError as exc:
@@ -88,6 +91,16 @@ def read_jsonl(path: Path) -> Iterator[tuple[str, dict[str, Any]]]:
             if not isinstance(row, dict):
                 raise ClozeMathError(f"{where}: expected a JSON object")
             yield where, row
+
+
+def decoded(raw: bytes, where: str) -> str:
+    """`raw` as UTF-8 text; else an error naming `where` and the first byte that is not."""
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ClozeMathError(
+            f"{where}: not UTF-8 text (byte 0x{raw[exc.start]:02x} at column {exc.start + 1})"
+        ) from None
 
 
 def local_file(dataset: str, split: str, path: str | Path | None = None) -> Path | None:
@@ -109,6 +122,22 @@ def local_file(dataset: str, split: str, path: str | Path | None = None) -> Path
     if not candidate.is_file():
         raise ClozeMathError(f"{candidate}: no such data file (from {DATA_DIR_ENV}={root})")
     return candidate
+
+
+def fingerprint(files: Iterable[Path]) -> str:
+    """A hash of the files' locations and bytes."""
+    digest = hashlib.sha256()
+    for file in files:
+        digest.update(f"{file.resolve()}\0".encode())
+        digest.update(file.read_bytes())
+    return digest.hexdigest()[:16]
+
+
+def data_identity(dataset: str, split: str, path: str | Path | None = None) -> str:
+    """Where a split is read from and what it holds (`<file> <hash of its bytes>`), or the hub dataset it comes from;
+    a missing file is an error."""
+    file = local_file(dataset, split, path)
+    return f"hub:{_HUB[dataset][0]}/{split}" if file is None else f"{file.resolve()} {fingerprint([file])}"
 
 
 def _hub_rows(dataset: str, split: str) -> Iterator[tuple[str, dict[str, Any]]]:
@@ -144,4 +173,6 @@ def load_problems(
         if limit is not None and index >= limit:
             break
         problems.append(parse(row, index, split, where))
+    if not problems:
+        raise ClozeMathError(f"{file or dataset}: no problems in it (an empty file)")
     return problems

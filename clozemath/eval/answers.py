@@ -53,19 +53,32 @@ def answer_span(dataset: str, text: str) -> tuple[int, int] | None:
 
 def _find_answer(dataset: str, text: str) -> tuple[tuple[int, int], str] | None:
     if dataset == "math":
-        return _math_answer(text)
+        return _math_answer(first_turn(dataset, text))
     if dataset in NUMERIC_DATASETS:
-        return _numeric_answer(text)
+        return _numeric_answer(first_turn(dataset, text))
     raise ClozeMathError(f"unknown dataset '{dataset}' for grading (known: {', '.join(DATASETS)})")
+
+
+def first_turn(dataset: str, text: str) -> str:
+    """`text` up to where it starts a new turn of the prompt format (a line opening `Question:`, or `Problem:` for
+    MATH): a model that does not stop after its answer goes on with a problem of its own, whose numbers are not its
+    answer (the harness's stop sequences cut there too)."""
+    marker = "\nProblem:" if dataset == "math" else "\nQuestion:"
+    end = text.find(marker)
+    return text if end < 0 else text[:end]
 
 
 # --- GSM8K-like: numbers -----------------------------------------------------------------------------------------
 
-# A sign (also `-$5`; not the hyphen of `10-7`), then digits with optional thousands commas and decimals; a leading
-# `$` and a trailing `.`, `%` or unit stay outside. `1,2,3` is three numbers; `1,000` is one.
-_NUMBER = r"(?:(?<![\w.])-\$?)?(?:\d{1,3}(?:,\d{3})+(?!\d)|\d+)(?:\.\d+)?"
+# A sign (`-`, or the Unicode minus `−`; also `-$5`; not the hyphen of `10-7`), then digits with optional thousands
+# commas and decimals, or a bare decimal (`.5`); a leading `$` and a trailing `.`, `%` or unit stay outside.
+# `1,2,3` is three numbers; `1,000` is one.
+_MINUS = "-\u2212"
+_NUMBER = (
+    rf"(?:(?<![\w.])[{_MINUS}]\$?)?(?:(?:\d{{1,3}}(?:,\d{{3}})+(?!\d)|\d+)(?:\.\d+)?|(?<![\w.])\.\d+)"
+)
 _NUMBER_RE = re.compile(_NUMBER)
-_STRICT_RE = re.compile(rf"####\s*\$?\s*({_NUMBER})")
+_STRICT_RE = re.compile(rf"####\s*(?:\$\s*)?({_NUMBER})")  # no two `\s*` side by side: linear in spaces
 
 
 def _numeric_answer(text: str) -> tuple[tuple[int, int], str] | None:
@@ -79,7 +92,7 @@ def _numeric_answer(text: str) -> tuple[tuple[int, int], str] | None:
 
 
 def _clean_number(text: str) -> str:
-    return text.replace(",", "").replace("$", "").rstrip(".")
+    return text.replace(",", "").replace("$", "").replace("\u2212", "-").rstrip(".")
 
 
 def _gold_number(gold: str) -> float:

@@ -18,8 +18,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from clozemath.config import EvalConfig, EvalSetConfig, ExperimentConfig
-from clozemath.data.gsm_symbolic import Variant, instances
-from clozemath.data.sources import Problem, load_problems, read_jsonl
+from clozemath.data.gsm_symbolic import Variant, instances, templates_folder
+from clozemath.data.sources import Problem, data_identity, fingerprint, load_problems, read_jsonl
 from clozemath.data.objectives import format_prompt, lm_sample
 from clozemath.data.tokenize import encode_samples
 from clozemath.errors import ClozeMathError
@@ -33,6 +33,7 @@ from clozemath.eval.prompts import (
     gsm8k_shots,
     minerva_math_few_shot,
 )
+from clozemath.files import atomic_writer
 
 if TYPE_CHECKING:  # peft takes seconds to import: `clozemath score` does without it
     import torch
@@ -100,13 +101,17 @@ def read_predictions(path: str | Path) -> list[Prediction]:
     file = Path(path)
     if not file.is_file():
         raise ClozeMathError(f"{file}: no such predictions file")
-    return [_prediction(row, where) for where, row in read_jsonl(file)]
+    predictions = [_prediction(row, where) for where, row in read_jsonl(file)]
+    if not predictions:
+        raise ClozeMathError(f"{file}: no predictions in it (an empty file)")
+    return predictions
 
 
 def write_predictions(path: str | Path, predictions: Iterable[Prediction], append: bool = False) -> None:
+    """Write the predictions file whole (atomically), or `append` to a partial one as predictions stream in."""
     file = Path(path)
     file.parent.mkdir(parents=True, exist_ok=True)
-    with file.open("a" if append else "w", encoding="utf-8") as handle:
+    with file.open("a", encoding="utf-8") if append else atomic_writer(file) as handle:
         for prediction in predictions:
             handle.write(json.dumps(asdict(prediction), ensure_ascii=False) + "\n")
 
@@ -190,11 +195,17 @@ def _all_problems(set_cfg: EvalSetConfig) -> list[Problem]:
     return instances(_VARIANTS[set_cfg.dataset], set_cfg.per_template, set_cfg.seed, set_cfg.path)
 
 
+def eval_set_identity(set_cfg: EvalSetConfig) -> str:
+    """Where an evaluation set's problems come from and what they hold: its data file, or its templates folder."""
+    if set_cfg.dataset in ("gsm8k", "math") or (set_cfg.dataset == "gsm_p2" and not set_cfg.generate):
+        return data_identity(set_cfg.dataset, set_cfg.split, set_cfg.path)
+    folder = templates_folder(_VARIANTS[set_cfg.dataset], set_cfg.path)
+    return f"{folder.resolve()} {fingerprint(sorted(folder.glob('*.json')))}"
+
+
 def eval_problems(set_cfg: EvalSetConfig) -> list[Problem]:
     """The problems of one evaluation set: GSM8K / MATH / Apple's released GSM-P2 read from their files, GSM-Symbolic
     and P1 (and P2 with `generate`) instantiated from the templates; a seeded subset of `limit` of them, in order."""
-    if set_cfg.limit is not None and set_cfg.limit < 1:
-        raise ClozeMathError(f"eval set '{set_cfg.dataset}': limit must be at least 1, got {set_cfg.limit}")
     problems = _all_problems(set_cfg)
     if set_cfg.limit is None or set_cfg.limit >= len(problems):
         return problems

@@ -29,6 +29,7 @@ from transformers import (
 from clozemath.config import LoraConfig, ModelConfig
 from clozemath.data.tokenize import SpecialTokens, install_special_tokens, special_names
 from clozemath.errors import ClozeMathError
+from clozemath.files import write_text_atomic
 
 PACKAGE_PREFIX = "package:"
 SPECIALS_FILE = "special_tokens.json"
@@ -258,7 +259,7 @@ def save_adapter(
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(folder, state_dict=state_dict, save_embedding_layers=False)
-    (folder / SPECIALS_FILE).write_text(json.dumps({"tokens": specials.tokens, "ids": specials.ids}, indent=1))
+    write_text_atomic(folder / SPECIALS_FILE, json.dumps({"tokens": specials.tokens, "ids": specials.ids}, indent=1))
     return folder
 
 

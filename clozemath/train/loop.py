@@ -420,7 +420,7 @@ def train(
     while step < plan.total_steps:
         if train_cfg.fail_at_step == step + 1 and resume_from is None and rank == 0:
             raise InjectedFailure(f"train.fail_at_step={train_cfg.fail_at_step}: failing on purpose")
-        started, tally = time.perf_counter(), _StepTally()
+        started, tally, lr = time.perf_counter(), _StepTally(), engine.get_lr()[0]  # this step's (the schedule moves on)
         torch.manual_seed(step_seed(train_cfg.seed, step, rank))  # dropout: a function of the step, as the data
         for _ in range(train_cfg.grad_accum):
             batch = micro_batch(rows, next(batches), budget, pad_id)
@@ -440,7 +440,7 @@ def train(
             total_steps=plan.total_steps,
             epoch=step * train_cfg.grad_accum / plan.micro_batches_per_epoch,
             loss=loss_sum / micro_batches,
-            lr=engine.get_lr()[0],
+            lr=lr,
             tokens=int(tokens),
             tokens_per_s=tokens / (time.perf_counter() - started),
             pad_share=1.0 - tokens / positions,

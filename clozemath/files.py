@@ -1,0 +1,74 @@
+"""Output files written whole or not at all: into a temporary file beside the target, then renamed over it, so that
+a failure (or Ctrl-C) midway leaves the file that was there before, never a truncated one."""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import TextIO
+
+from clozemath.config import ExperimentConfig
+from clozemath.errors import ClozeMathError
+
+
+@contextmanager
+def atomic_path(path: str | Path) -> Iterator[Path]:
+    """A fresh path in `path`'s folder (same suffix) to write; renamed onto `path` when the block succeeds, removed
+    when it fails."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    temporary = path.with_name(f".{uuid.uuid4().hex[:8]}.{path.name}")
+    try:
+        yield temporary
+        os.replace(temporary, path)
+    finally:
+        temporary.unlink(missing_ok=True)
+
+
+@contextmanager
+def atomic_writer(path: str | Path) -> Iterator[TextIO]:
+    """A UTF-8 text handle whose content replaces `path` only once the block succeeds."""
+    with atomic_path(path) as temporary, temporary.open("w", encoding="utf-8") as handle:
+        yield handle
+
+
+def write_text_atomic(path: str | Path, text: str) -> None:
+    with atomic_writer(path) as handle:
+        handle.write(text)
+
+
+def check_writable_folder(path: str | Path, what: str) -> None:
+    """Refuse, before anything starts, a folder that cannot be made or written: one under a file, or in a folder
+    this user may not write."""
+    existing = Path(path).expanduser().resolve()
+    while not existing.exists():
+        existing = existing.parent
+    if not existing.is_dir():
+        raise ClozeMathError(f"{what}: cannot make the folder '{path}': '{existing}' is a file")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise ClozeMathError(f"{what}: cannot write in '{existing}'")
+
+
+def check_run_outputs(experiments: Iterable[ExperimentConfig]) -> None:
+    """Every folder a run writes (its output folder, a local tracking store and its artifacts) can be written."""
+    for experiment in experiments:
+        check_writable_folder(experiment.train.output_dir, "train.output_dir")
+        tracking = experiment.tracking
+        for key, location in (("tracking.uri", tracking.uri), ("tracking.artifact_location", tracking.artifact_location)):
+            folder = _local_folder(location)
+            if folder is not None:
+                check_writable_folder(folder, f"{key} '{location}'")
+
+
+def _local_folder(location: str | None) -> Path | None:
+    """The folder a local store or artifact location writes in (a SQLite file's folder); None for a remote one."""
+    if location is None:
+        return None
+    if location.startswith("sqlite:///"):
+        return Path(location.removeprefix("sqlite:///")).parent
+    if location.startswith("file://"):
+        return Path(location.removeprefix("file://"))
+    return None if "://" in location else Path(location)
