@@ -113,9 +113,9 @@ def test_other_stray_arguments_are_still_refused(argv: list[str], capsys) -> Non
 
 OURS = re.compile(
     r"(ray: |\[smoke\] |== smoke: |  smoke  |\| |(adapter|predictions|MLflow|logs|traceback|tune|browse): "
-    r"|clozemath: error: )"
+    r"|clozemath: error: |warning: )"
 )
-"""How every line of ours starts: phases and bars, the summary block, the one-line error."""
+"""How every line of ours starts: phases and bars, the summary block, our warnings, the one-line error."""
 BAR = re.compile(r"^(\[smoke\] (?:training|eval \w+)) (\d+)/(\d+) \[[#.]{20}\]")
 
 
@@ -190,10 +190,11 @@ def test_the_smoke_run_console_is_short_ordered_and_summarised_with_the_rest_in_
 
 @pytest.mark.slow
 def test_a_trial_failing_on_a_user_mistake_ends_the_console_with_one_line_and_where_its_log_is(tmp_path: Path) -> None:
-    code, lines = run_smoke(tmp_path, "method=base", "eval.sets=[{dataset: gsm8k, path: /nowhere}]")
+    """A mistake only the trial can find (its training set, 112 samples, cannot fill one micro-batch of 500)."""
+    code, lines = run_smoke(tmp_path, "train.micro_batch_size=500", "eval.sets=[]")
     assert code == 2, "\n".join(lines)
     assert_ours_only(bars_once(lines))
-    assert lines[-1] == "clozemath: error: 1 of 1 trials failed; smoke: /nowhere: no such data file"
+    assert lines[-1].startswith("clozemath: error: 1 of 1 trials failed; smoke: too few training samples: 0 micro-batches")
     assert not any("Traceback" in line for line in lines)
     logs = Path(summary_value(lines, "logs").split(" (")[0])
     assert logs == tmp_path / "runs" / "smoke" / "logs" and (logs / "driver.log").is_file()
@@ -202,4 +203,4 @@ def test_a_trial_failing_on_a_user_mistake_ends_the_console_with_one_line_and_wh
                                 {"role": "trial"})
     assert (run.info.run_id, run.info.status) == (run_id, "FAILED")
     traceback = Path(summary_value(lines, "traceback"))
-    assert "ClozeMathError: /nowhere: no such data file" in traceback.read_text() and 'File "' in traceback.read_text()
+    assert "ClozeMathError: too few training samples" in traceback.read_text() and 'File "' in traceback.read_text()
