@@ -296,8 +296,6 @@ def test_ctrl_c_is_an_interruption_that_resumes_logging_each_step_once(tmp_path:
     trained = "smoke-grid/model=tiny-llama,method=clozemath,dataset=gsm8k,seed=0"
 
     def past_checkpoint() -> dict[str, Run] | None:
-        if "trials, up to" not in (tmp_path / "first.log").read_text():
-            return None
         try:
             runs = children(config)
         except (MlflowException, OperationalError):
