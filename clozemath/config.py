@@ -166,8 +166,8 @@ class TrainConfig(_Strict):
     """Test hook: rank 0 raises once when it reaches this step (exercises restart and resume)."""
     pack_tokens: AtLeastOne | Literal["auto"] | None = "auto"
     """Pack the samples into rows of this many tokens, one row a micro-batch (`micro_batch_size` then does not
-    apply). auto: on a GPU, sized to its free memory (`clozemath.train.packing`); on CPU, no packing. None: one
-    sample a row, `micro_batch_size` rows padded to the longest."""
+    apply). auto: on a GPU, sized to its memory beside the model (`clozemath.train.packing`); on CPU, no packing.
+    None: one sample a row, `micro_batch_size` rows padded to the longest."""
     compile: bool | Literal["auto"] = "auto"
     """Compile each decoder layer (torch.compile, fixed shapes). auto: when packing on a GPU under ZeRO-2."""
     report_every: AtLeastOne = 10

@@ -32,7 +32,7 @@ import torch.distributed as dist
 
 from clozemath.config import ExperimentConfig, TrainConfig
 from clozemath.data.objectives import apply_mft_noise, mft_rate
-from clozemath.data.tokenize import IGNORE_INDEX, MASK, SpecialTokens, collate_packs
+from clozemath.data.tokenize import IGNORE_INDEX, MASK, SpecialTokens, collate, collate_packs
 from clozemath.errors import ClozeMathError
 from clozemath.model.attention import attention_inputs
 from clozemath.model.load import save_adapter
@@ -101,14 +101,18 @@ def plan_steps(per_epoch: int, train: TrainConfig) -> Plan:
 
 
 def pack_budget(train: TrainConfig, model: torch.nn.Module, lengths: Sequence[int]) -> int | None:
-    """Tokens of a packed row, or None for padded micro-batches (`train.pack_tokens`; auto packs on a GPU only)."""
+    """Tokens of a packed row, or None for padded micro-batches (`train.pack_tokens`; auto packs on a GPU only).
+
+    auto sizes the row to the card's memory less what the model holds, not to the memory free right now, and takes
+    the smallest over the ranks: a restarted run (or another rank) then plans the same rows and steps."""
     if train.pack_tokens != "auto":
         return train.pack_tokens
     device = next(model.parameters()).device
     if device.type != "cuda":
         return None
-    free, _ = torch.cuda.mem_get_info(device)
-    return auto_pack_tokens(model.config, free, max(lengths, default=1))
+    available = torch.cuda.get_device_properties(device).total_memory - torch.cuda.memory_allocated(device)
+    tokens = auto_pack_tokens(model.config, available, max(lengths, default=1))
+    return all_ranks_reduce(tokens, dist.ReduceOp.MIN, device)
 
 
 def micro_batches_per_epoch(lengths: Sequence[int], train: TrainConfig, budget: int | None, device: torch.device) -> int:
@@ -258,9 +262,7 @@ def micro_batch_rows(
 def micro_batch(rows: Sequence[Mapping[str, Any]], indices: list[int], budget: int | None, pad_id: int) -> dict[str, torch.Tensor]:
     """The tensors of one micro-batch: one packed row of `budget` tokens, or one sample a row padded to the longest."""
     samples = [rows[i] for i in indices]
-    if budget is not None:
-        return collate_packs([samples], pad_id, width=budget)
-    return collate_packs([[sample] for sample in samples], pad_id, width=max(len(s["input_ids"]) for s in samples))
+    return collate(samples, pad_id) if budget is None else collate_packs([samples], pad_id, width=budget)
 
 
 def model_inputs(

@@ -29,7 +29,7 @@ MIN_PACK_TOKENS, MAX_PACK_TOKENS = 1024, 16_384
 """`auto` stays within these: below, a GPU step is launch-bound again; above, returns are small and the block mask
 and the fp32 logits of the target tokens grow."""
 MEMORY_SHARE = 0.5
-"""Share of the GPU's free memory (after the model is loaded) that `auto` plans to fill with activations."""
+"""Share of the GPU's memory left beside the loaded model that `auto` plans to fill with activations."""
 
 
 def best_fit_decreasing(lengths: Sequence[int], order: Sequence[int], budget: int) -> list[Pack]:
@@ -94,7 +94,7 @@ def activation_bytes_per_token(config: object, target_share: float = 0.5) -> flo
 
 
 def auto_pack_tokens(config: object, free_bytes: int, longest: int) -> int:
-    """Tokens of a packed row: what `MEMORY_SHARE` of the free GPU memory holds, in [`MIN_PACK_TOKENS`,
+    """Tokens of a packed row: what `MEMORY_SHARE` of the GPU memory beside the model holds, in [`MIN_PACK_TOKENS`,
     `MAX_PACK_TOKENS`], at least the longest sample, a whole number of FlexAttention blocks."""
     fits = int(MEMORY_SHARE * free_bytes / activation_bytes_per_token(config))
     tokens = min(max(fits, MIN_PACK_TOKENS), MAX_PACK_TOKENS)
