@@ -140,6 +140,10 @@ class MethodConfig(_Strict):
 class TrainConfig(_Strict):
     num_workers: AtLeastOne = 1
     use_gpu: bool | Literal["auto"] = "auto"
+    gpu_share: Annotated[float, Field(gt=0, le=1, allow_inf_nan=False)] = 1.0
+    """The share of one GPU each training worker and each evaluation actor takes (Ray's fractional GPUs; PyTorch's
+    memory is capped at it too): 0.25 runs four trials of a small model on one GPU at once, where one alone would
+    leave it mostly idle. The memory-sized defaults (`pack_tokens`, `eval.batch_size` auto) size to the share."""
     zero_stage: Literal[2, 3] = 2
     micro_batch_size: AtLeastOne = 4
     grad_accum: AtLeastOne = 1

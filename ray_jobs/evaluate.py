@@ -39,6 +39,7 @@ from clozemath.eval.evaluate import (
     write_predictions,
 )
 from clozemath.eval.harness import FILTERS as HARNESS_FILTERS
+from clozemath.model.memory import share_gpu
 from clozemath.tracking import end_run, log_artifacts, log_config, log_metrics, start_run
 from ray_jobs.cluster import init_ray, user_errors_surfaced
 
@@ -67,6 +68,7 @@ class Evaluator:
         device = "cuda" if torch.cuda.is_available() else "cpu"
         if device == "cpu":
             torch.set_num_threads(cpu_threads)
+        share_gpu(cfg.train.gpu_share)
         self.cfg = cfg
         self.decodings = {set_cfg.dataset: cfg.eval.decodings_of(set_cfg) for set_cfg in cfg.eval.sets}
         self.prompting = prompting(cfg)
@@ -89,11 +91,13 @@ class Evaluator:
 
 
 def _actor_pool(cfg: ExperimentConfig, adapter: Path | None) -> dict[str, object]:
-    """`map_batches` arguments for the actors: one per GPU of the cluster, else one using this machine's cores."""
+    """`map_batches` arguments for the actors: one per GPU of the cluster (per `train.gpu_share` of one), else one
+    using this machine's cores."""
     resources = ray.cluster_resources()
-    gpus = int(resources.get("GPU", 0))
-    if gpus:  # from one actor up: GPUs that other work (a Tune trial's training) holds join the pool when freed
-        pool, threads = {"compute": ActorPoolStrategy(min_size=1, max_size=gpus), "num_gpus": 1}, 1
+    share = cfg.train.gpu_share
+    actors = int(resources.get("GPU", 0) / share)
+    if actors:  # from one actor up: GPUs that other work (a Tune trial's training) holds join the pool when freed
+        pool, threads = {"compute": ActorPoolStrategy(min_size=1, max_size=actors), "num_gpus": share}, 1
     else:
         threads = max(1, min(os.cpu_count() or 1, int(resources.get("CPU", 1)) - 1))
         pool = {"compute": ActorPoolStrategy(size=1), "num_cpus": threads}

@@ -256,13 +256,13 @@ def grid_key(experiments: list[ExperimentConfig]) -> str:
 
 
 def concurrent_trials(grid: GridConfig, experiments: list[ExperimentConfig]) -> int:
-    """`max_concurrent_trials`, else as many trials as the cluster's GPUs hold; on CPU one at a time (a trial's
+    """`max_concurrent_trials`, else as many trials as the cluster's GPUs hold (`train.gpu_share` of one a worker); on CPU one at a time (a trial's
     workers use every core of the node)."""
     if grid.max_concurrent_trials:
         return grid.max_concurrent_trials
     gpus = ray.cluster_resources().get("GPU", 0)
-    per_trial = max(experiment.train.num_workers for experiment in experiments)
-    return max(1, int(gpus // per_trial))
+    per_trial = max(experiment.train.num_workers * experiment.train.gpu_share for experiment in experiments)
+    return max(1, int(gpus / per_trial + 1e-9))
 
 
 def parent_run(grid: GridConfig, tracking_cfg: TrackingConfig, key: str, num_trials: int) -> str:

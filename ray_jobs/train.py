@@ -58,12 +58,14 @@ def train_worker(settings: dict[str, Any]) -> None:
     import ray.train.torch
 
     from clozemath.model.load import load_model
+    from clozemath.model.memory import share_gpu
     from clozemath.train.loop import train
 
     # DeepSpeed's gloo path calls torch.distributed functions torch has deprecated: nothing a user can act on.
     warnings.filterwarnings("ignore", message=r"`torch\.distributed\.\w+` is deprecated", category=FutureWarning)
     config = ExperimentConfig.model_validate(settings["experiment"])
     device = ray.train.torch.get_device()
+    share_gpu(config.train.gpu_share)
     if device.type == "cpu":  # Ray gives a 1-CPU worker one thread; on CPU the node's cores are the accelerator
         torch.set_num_threads(max(1, usable_cores() // ray.train.get_context().get_local_world_size()))
     torch.manual_seed(config.train.seed)  # every rank builds the same LoRA initialisation
@@ -140,7 +142,8 @@ class ForwardMetrics(UserCallback):
 
 def use_gpu(config: ExperimentConfig) -> bool:
     if config.train.use_gpu == "auto":
-        return ray.is_initialized() and ray.cluster_resources().get("GPU", 0) >= config.train.num_workers
+        gpus = config.train.num_workers * config.train.gpu_share
+        return ray.is_initialized() and ray.cluster_resources().get("GPU", 0) >= gpus
     return config.train.use_gpu
 
 
@@ -183,7 +186,10 @@ def fit(
     trainer = TorchTrainer(
         train_worker,
         train_loop_config={"experiment": config.model_dump(), "num_sentinels": prepared.num_sentinels},
-        scaling_config=ScalingConfig(num_workers=config.train.num_workers, use_gpu=gpu),
+        scaling_config=ScalingConfig(
+            num_workers=config.train.num_workers, use_gpu=gpu,
+            resources_per_worker={"GPU": config.train.gpu_share} if gpu else None,
+        ),
         run_config=RunConfig(
             name=run_name or time.strftime("train-%Y%m%d-%H%M%S"),
             storage_path=str(run_folder / "ray"),

@@ -224,3 +224,45 @@ def test_clozemath_run_reports_a_mistake_in_a_second_without_importing_ray(
     assert done.returncode == 2 and done.stdout == "[]\n", (done.stdout, done.stderr)
     assert done.stderr.startswith("clozemath: error: ") and message in done.stderr and done.stderr.count("\n") == 1
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a_file"]
+
+
+def test_replication_grids_tune_on_train_and_test_on_test() -> None:
+    from clozemath.data.sources import load_problems
+    from clozemath.eval.evaluate import eval_problems
+
+    selection = expanded(ROOT / "configs" / "grids" / "replication_lr.yaml")
+    assert {(t.method.name, t.train.lr) for t in selection} == {
+        (method, lr) for method in ("it", "mft", "clozemath") for lr in (1e-4, 3e-4, 1e-3)
+    }
+    trial = selection[0]
+    trained = {p.id for p in load_problems(trial.data.dataset, trial.data.split)}
+    validation = [p.id for set_cfg in trial.eval.sets for p in eval_problems(set_cfg)]
+    assert len(validation) == 500 and trained.isdisjoint(validation)
+    assert all(p.startswith("gsm8k-train-") for p in validation)
+
+    final = expanded(ROOT / "configs" / "grids" / "replication.yaml")
+    assert sorted((t.method.name, t.train.seed) for t in final) == sorted(
+        [("base", 0)] + [(m, s) for m in ("it", "mft", "clozemath") for s in (0, 1, 2)]
+    )
+    for t in final:
+        assert t.data.split == "train" and t.data.limit is None  # the whole train set
+        assert [s.split for s in t.eval.sets] == ["test"] * 4
+        assert t.eval.sets[0].dataset == "gsm8k" and t.eval.sets[0].limit is None  # all 1,319 problems
+    base = next(t for t in final if t.method.name == "base")
+    assert base.eval.decodings == ["greedy"] and base.eval.every_steps is None
+
+
+@pytest.mark.parametrize(("gpus", "workers", "share", "expected"), [(1, 1, 1.0, 1), (1, 1, 0.25, 4), (2, 1, 0.25, 8),
+                                                                     (2, 2, 0.5, 2), (4, 2, 1.0, 2)])
+def test_trials_at_once_count_each_workers_share_of_a_gpu(monkeypatch, gpus, workers, share, expected) -> None:
+    import ray
+
+    from ray_jobs import evaluate, grid
+
+    monkeypatch.setattr(ray, "cluster_resources", lambda: {"GPU": gpus, "CPU": 16})
+    trials = expanded(SMOKE, "axes.model=[tiny-llama]", "axes.method=[mft]", "axes.dataset=[gsm8k]",
+                      f"train.num_workers={workers}", f"train.gpu_share={share}")
+    plain = GridConfig.model_validate({"name": "g", "base": {}})
+    assert grid.concurrent_trials(plain, trials) == expected
+    pool = evaluate._actor_pool(trials[0], None)
+    assert pool["num_gpus"] == share and pool["compute"].max_size == round(gpus / share)

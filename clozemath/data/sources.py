@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -103,8 +104,27 @@ def decoded(raw: bytes, where: str) -> str:
         ) from None
 
 
+_SLICED_SPLIT = re.compile(r"(?P<name>[^\[\]]+)\[(?P<start>-?\d*):(?P<stop>-?\d*)\]")
+
+
+def split_slice(split: str) -> tuple[str, slice]:
+    """A split's name and the slice of its problems (in file order) a run takes: `train[:-500]` trains on all but
+    the last 500 GSM8K train problems, `train[-500:]` evaluates those as a validation set. A plain name takes all."""
+    match = _SLICED_SPLIT.fullmatch(split)
+    if match is None:
+        if "[" in split or "]" in split:
+            raise ClozeMathError(f"split '{split}': write a slice of problems as name[start:stop], e.g. train[-500:]")
+        return split, slice(None)
+    return match["name"], slice(_bound(match["start"]), _bound(match["stop"]))
+
+
+def _bound(text: str) -> int | None:
+    return int(text) if text else None
+
+
 def local_file(dataset: str, split: str, path: str | Path | None = None) -> Path | None:
     """The JSONL to read: `path` (a file, or a folder holding `<split>.jsonl`), else the data dir's, else None."""
+    split, _ = split_slice(split)
     if path is not None:
         candidate = Path(path)
         if candidate.is_dir():
@@ -137,7 +157,7 @@ def data_identity(dataset: str, split: str, path: str | Path | None = None) -> s
     """Where a split is read from and what it holds (`<file> <hash of its bytes>`), or the hub dataset it comes from;
     a missing file is an error."""
     file = local_file(dataset, split, path)
-    return f"hub:{_HUB[dataset][0]}/{split}" if file is None else f"{file.resolve()} {fingerprint([file])}"
+    return f"hub:{_HUB[dataset][0]}/{split_slice(split)[0]}" if file is None else f"{file.resolve()} {fingerprint([file])}"
 
 
 def _hub_rows(dataset: str, split: str) -> Iterator[tuple[str, dict[str, Any]]]:
@@ -160,19 +180,24 @@ def _hub_rows(dataset: str, split: str) -> Iterator[tuple[str, dict[str, Any]]]:
 def load_problems(
     dataset: str, split: str, path: str | Path | None = None, limit: int | None = None
 ) -> list[Problem]:
-    """Problems of one split, in file order; `limit` keeps the first N."""
+    """Problems of one split (or of a slice of it: `split_slice`), in file order; `limit` keeps the first N. A
+    problem's id is its place in the whole split, sliced or not."""
     if dataset not in _PARSERS:
         if dataset in ("gsm_symbolic", "gsm_p1"):
             raise ClozeMathError(f"'{dataset}' is generated from templates, not read: see `clozemath data gsm-symbolic`")
         raise ClozeMathError(f"unknown dataset '{dataset}' (known: {', '.join(_PARSERS)})")
-    file = local_file(dataset, split, path)
-    rows = read_jsonl(file) if file is not None else _hub_rows(dataset, split)
+    name, part = split_slice(split)
+    file = local_file(dataset, name, path)
+    rows = read_jsonl(file) if file is not None else _hub_rows(dataset, name)
     parse = _PARSERS[dataset]
     problems = []
     for index, (where, row) in enumerate(rows):
-        if limit is not None and index >= limit:
-            break
-        problems.append(parse(row, index, split, where))
+        if part == slice(None) and limit is not None and index >= limit:
+            break  # no slice to take: read no further than the limit
+        problems.append(parse(row, index, name, where))
     if not problems:
         raise ClozeMathError(f"{file or dataset}: no problems in it (an empty file)")
-    return problems
+    sliced = problems[part][:limit]
+    if not sliced:
+        raise ClozeMathError(f"{file or dataset}: split '{split}' holds none of its {len(problems)} problems")
+    return sliced

@@ -32,6 +32,7 @@ from transformers import AttentionInterface, PreTrainedTokenizerBase, StaticCach
 
 from clozemath.errors import ClozeMathError
 from clozemath.model.attention import additive_mask
+from clozemath.model import memory
 
 Scheme = Literal["greedy", "beam", "cot"]
 PromptAttention = Literal["causal", "bidirectional"]
@@ -598,12 +599,6 @@ def auto_batch_size(
     return max(1, min(fits, prompts, AUTO_MAX_ROWS // copies))
 
 
-def _free_bytes(device: torch.device) -> int:
-    """Free device memory, counting what PyTorch's allocator holds but does not use."""
-    free, _ = torch.cuda.mem_get_info(device)
-    return free + torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
-
-
 def _batch_size(
     batch_size: int | Literal["auto"], model: Any, encoded: list[list[int]], max_new_tokens: int, copies: int
 ) -> int:
@@ -612,7 +607,7 @@ def _batch_size(
     if model.device.type != "cuda":
         return CPU_BATCH_SIZE
     width = max(map(len, encoded))
-    return auto_batch_size(ModelShape.of(model), _free_bytes(model.device), width, max_new_tokens, copies, len(encoded))
+    return auto_batch_size(ModelShape.of(model), memory.free_bytes(model.device), width, max_new_tokens, copies, len(encoded))
 
 
 def _length_batches(lengths: Sequence[int], batch_size: int) -> list[list[int]]:

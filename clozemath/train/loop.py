@@ -36,6 +36,7 @@ from clozemath.data.tokenize import IGNORE_INDEX, MASK, SpecialTokens, collate, 
 from clozemath.errors import ClozeMathError
 from clozemath.model.attention import attention_inputs
 from clozemath.model.load import save_adapter
+from clozemath.model.memory import usable_bytes
 from clozemath.train.packing import auto_pack_tokens, epoch_packs, packs_needed
 
 CHECKPOINT_TAG = "state"
@@ -103,15 +104,14 @@ def plan_steps(per_epoch: int, train: TrainConfig) -> Plan:
 def pack_budget(train: TrainConfig, model: torch.nn.Module, lengths: Sequence[int]) -> int | None:
     """Tokens of a packed row, or None for padded micro-batches (`train.pack_tokens`; auto packs on a GPU only).
 
-    auto sizes the row to the card's memory less what the model holds, not to the memory free right now, and takes
+    auto sizes the row to the card's memory (this process's share of it) less what the model holds, not to the memory free right now, and takes
     the smallest over the ranks: a restarted run (or another rank) then plans the same rows and steps."""
     if train.pack_tokens != "auto":
         return train.pack_tokens
     device = next(model.parameters()).device
     if device.type != "cuda":
         return None
-    available = torch.cuda.get_device_properties(device).total_memory - torch.cuda.memory_allocated(device)
-    tokens = auto_pack_tokens(model.config, available, max(lengths, default=1))
+    tokens = auto_pack_tokens(model.config, usable_bytes(device), max(lengths, default=1))
     return all_ranks_reduce(tokens, dist.ReduceOp.MIN, device)
 
 
