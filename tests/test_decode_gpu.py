@@ -57,4 +57,5 @@ def test_graphs_give_the_tokens_of_the_same_steps_run_eagerly(loaded, prompts, s
     graphs, static = run("graphs"), run("static")
     assert tokens(graphs) == tokens(static)
     assert [g.finish_reason for g in graphs] == [g.finish_reason for g in static]
-    assert any(g.finish_reason == "eos" for g in graphs)  # a real model ends rows at different steps
+    if attention == "causal":  # SmolLM2 was not trained with bidirectional prompts: there it may never stop
+        assert any(g.finish_reason == "eos" for g in graphs)  # a real model ends rows at different steps

@@ -18,8 +18,9 @@ def share_gpu(share: float) -> None:
 def usable_bytes(device: torch.device) -> int:
     """This process's share of the card less what it has allocated: a plan that does not depend on what other
     processes hold at the moment (a restarted run plans the same)."""
-    total = torch.cuda.get_device_properties(device).total_memory
-    share = torch.cuda.get_per_process_memory_fraction(device)
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    total = torch.cuda.get_device_properties(index).total_memory
+    share = torch.cuda.get_per_process_memory_fraction(index)
     return int(share * total) - torch.cuda.memory_allocated(device)
 
 
