@@ -310,14 +310,20 @@ def _with_run_id(outcome: TrialOutcome, tracking_cfg: TrackingConfig, parent_run
     return replace(outcome, run_id=found[0].info.run_id) if found else outcome
 
 
+_RAISED_LINE = re.compile(r"(?:[\w.]+\.)?\w*(?:Error|Exception|Exit|Interrupt)(?:\([\w.]+\))?: \S")
+"""A traceback's `SomeError: message` line (Ray writes a wrapped task's as `RayTaskError(SomeError): ...`)."""
+
+
 def user_error_line(error: BaseException) -> str:
-    """A trial's failure in one line: the ClozeMathError inside Ray's wrappers if there is one, else the last line of
-    the remote traceback (`SomeError: message`)."""
+    """A trial's failure in one line: the ClozeMathError inside Ray's wrappers if there is one, else the last
+    `SomeError: message` line of the remote traceback (Ray Data ends its errors with advice on retries, which says
+    nothing of the cause), else its last line."""
     found = user_error(error)
     if found is not None:
         return str(found)
     lines = [line.strip() for line in str(error).strip().splitlines() if line.strip()]
-    return lines[-1] if lines else type(error).__name__
+    raised = [line for line in lines if _RAISED_LINE.match(line)]
+    return (raised or lines or [type(error).__name__])[-1]
 
 
 def print_grid_outcome(outcome: GridOutcome, logs: Path | None = None) -> None:

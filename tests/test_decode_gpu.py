@@ -59,3 +59,26 @@ def test_graphs_give_the_tokens_of_the_same_steps_run_eagerly(loaded, prompts, s
     assert [g.finish_reason for g in graphs] == [g.finish_reason for g in static]
     if attention == "causal":  # SmolLM2 was not trained with bidirectional prompts: there it may never stop
         assert any(g.finish_reason == "eos" for g in graphs)  # a real model ends rows at different steps
+
+
+def test_a_model_in_training_decodes_with_the_engine_chosen_for_it(prompts):
+    """peft's trainable special-token rows index on the host at every forward: a CUDA graph refuses to capture that
+    (the replication grid's evaluations during training failed so), and the engine chosen for training decodes."""
+    from clozemath.config import ExperimentConfig
+    from clozemath.eval.during_training import during_training_engine
+    from clozemath.model.load import load_model
+
+    spec = os.environ.get("CLOZEMATH_GPU_MODEL", "smollm2-135m")
+    path = Path(spec) if spec.endswith((".yaml", ".yml")) else ROOT / "configs" / "models" / f"{spec}.yaml"
+    cfg = ModelConfig.model_validate(read_yaml(path)).model_copy(update={"dtype": "bfloat16"})
+    training = load_model(cfg, 0, torch.device("cuda"), training=True)
+    training.model.eval()
+    experiment = ExperimentConfig.model_validate({"name": "t", "model": cfg.model_dump(), "method": {"name": "it"}})
+
+    def run(engine: str):
+        return decode(training.model, training.tokenizer, prompts[:8], "greedy", max_new_tokens=16, batch_size=8,
+                      engine=engine)
+
+    with pytest.raises(RuntimeError, match="graph capture"):
+        run("graphs")
+    assert len(run(during_training_engine(experiment, "cuda"))) == 8

@@ -266,3 +266,17 @@ def test_trials_at_once_count_each_workers_share_of_a_gpu(monkeypatch, gpus, wor
     assert grid.concurrent_trials(plain, trials) == expected
     pool = evaluate._actor_pool(trials[0], None)
     assert pool["num_gpus"] == share and pool["compute"].max_size == round(gpus / share)
+
+
+def test_a_failed_trials_line_is_the_raised_error_not_rays_advice() -> None:
+    from ray_jobs.grid import user_error_line
+
+    text = (
+        "ray.exceptions.RayTaskError(OutOfMemoryError): ray::MapBatches(Evaluator)() (pid=7, ip=10.0.0.1)\n"
+        '  File "/x/decode.py", line 3, in decode\n'
+        "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB\n\n"
+        "To change retry attempts, backoff, or which errors are retried, configure "
+        "`ray.data.DataContext.get_current()` if you believe this to be transient."
+    )
+    assert user_error_line(RuntimeError(text)) == "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB"
+    assert user_error_line(RuntimeError("no exception line here\nonly words")) == "only words"

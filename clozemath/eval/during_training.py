@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 
 from clozemath.config import ExperimentConfig
 from clozemath.data.sources import Problem
+from clozemath.eval.decode import Engine
 from clozemath.eval.evaluate import eval_problems, evaluate_batch, prompting
 
 if TYPE_CHECKING:
@@ -51,6 +52,14 @@ def step_evaluation(cfg: ExperimentConfig) -> StepEvaluation | None:
     return StepEvaluation(first.dataset, cfg.eval.decodings_of(first)[0], problems, cfg.eval.every_steps)
 
 
+def during_training_engine(cfg: ExperimentConfig, device_type: str) -> Engine:
+    """The decoding engine for a model in training. Never CUDA graphs: under ZeRO-3 every forward gathers the
+    parameters from all ranks, and peft's trainable special-token rows (peft 0.21, `TrainableTokensLayer`) build their
+    row index on the host at every forward, which a graph capture refuses. ZeRO-2 keeps the static cache, stepped
+    eagerly (the prompt pass and the steps run the graph engine's kernels); a CPU decodes eagerly, as it always does."""
+    return "static" if device_type == "cuda" and cfg.train.zero_stage != 3 else "eager"
+
+
 def evaluate_step(
     evaluation: StepEvaluation,
     loaded: Loaded,
@@ -65,8 +74,7 @@ def evaluate_step(
     model = loaded.model
     model.eval()
     try:
-        # Under ZeRO-3 every forward gathers the parameters from all ranks: no CUDA graph can hold that step.
-        engine = "eager" if lockstep else "auto"
+        engine = during_training_engine(cfg, model.device.type)
         predictions = (
             evaluate_batch(loaded, mine, evaluation.decoding, cfg.eval, prompting(cfg), engine) if mine else []
         )

@@ -30,6 +30,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from clozemath import console
 from clozemath.config import ExperimentConfig, TrainConfig
 from clozemath.data.objectives import apply_mft_noise, mft_rate
 from clozemath.data.tokenize import IGNORE_INDEX, MASK, SpecialTokens, collate, collate_packs
@@ -280,6 +281,13 @@ def model_inputs(
     return {"input_ids": batch["input_ids"], "labels": batch["labels"], **masks}
 
 
+def plan_line(plan: Plan, train: TrainConfig, budget: int | None, compiled: bool) -> str:
+    """What the steps will be, said before the first: a compiled first step is silent for minutes on a cold cache."""
+    rows = f"packed rows of {budget:,} tokens" if budget is not None else f"micro-batches of {train.micro_batch_size}"
+    text = f"{plan.total_steps:,} steps of {train.grad_accum} {rows}"
+    return text + ("; the first step compiles the decoder layers (minutes on a cold cache)" if compiled else "")
+
+
 def should_compile(train: TrainConfig, budget: int | None, device: torch.device) -> bool:
     """`train.compile`; auto: packed rows (one shape) on a GPU under ZeRO-2 (ZeRO-3 gathers each layer's weights
     in module hooks, which a compiled layer would trace)."""
@@ -413,8 +421,11 @@ def train(
     lengths = [len(row["input_ids"]) for row in rows]
     budget = pack_budget(train_cfg, model, lengths)
     plan = plan_steps(micro_batches_per_epoch(lengths, train_cfg, budget, device), train_cfg)
-    if should_compile(train_cfg, budget, device):
+    compiled = should_compile(train_cfg, budget, device)
+    if compiled:
         compile_decoder_layers(model)
+    if rank == 0:
+        console.phase(f"[{config.name}] training: {plan_line(plan, train_cfg, budget, compiled)}")
     engine = build_engine(model, train_cfg, plan.total_steps, plan.warmup_steps)
     step, next_micro_batch = load_checkpoint(engine, resume_from, plan) if resume_from is not None else (0, 0)
     batches = micro_batch_rows(lengths, plan, train_cfg, budget, seed=train_cfg.seed * 1009 + rank, start=next_micro_batch)
