@@ -14,7 +14,7 @@ The child runs of a grid's MLflow run carry the tags `model`, `method`, `train_s
 
 The best cell of each comparison is bold: per column within a block (Tables 1, 3, 4), per model (Table 2's rows).
 
-Before them, for each model (and training set), what a replication needs to tell real differences from noise:
+Printed first, per model and training set, so that a replication shows which differences are more than noise:
 - Results: a row per method, a column per (eval set, decoding) its runs have, each cell "mean ± std (n)" over seeds.
 - Comparisons: each trained method against IT and against base on every (eval set, decoding) both have: the
   difference in points with a 95% paired bootstrap interval over problems pooled over seeds (`clozemath.intervals`),
@@ -388,7 +388,7 @@ def _percents(trials: list[TrialResult], column: Column) -> list[float]:
 
 
 def _spread(values: list[float]) -> str:
-    """"mean ± std (n)" over seeds (the sample std; a single seed has none)."""
+    """The cell "mean ± std (n)" over seeds (the sample std; a single seed has none)."""
     if not values:
         return "–"
     if len(values) == 1:
