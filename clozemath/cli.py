@@ -154,14 +154,15 @@ def _prepare(args: argparse.Namespace) -> None:
 
 def _add_report(commands: argparse._SubParsersAction) -> None:
     report = commands.add_parser(
-        "report", help="print the paper's Tables 1-4 from a grid's tracked runs and plot accuracy against steps"
+        "report", help="print a grid's results over seeds, each method's difference from IT and base with a 95%% "
+        "bootstrap interval, and the paper's Tables 1-4 from its tracked runs; plot accuracy against steps"
     )
     report.add_argument("--experiment", required=True, help="the MLflow experiment (the grid's tracking.experiment)")
     report.add_argument("--tracking-uri", default="sqlite:///mlruns.db", help="default: sqlite:///mlruns.db")
     report.add_argument("--parent", metavar="RUN_ID", help="the grid's MLflow run (default: the latest)")
     report.add_argument("--decoding", default="beam", help="decoding of Tables 1, 3, 4 and the plot (default: beam)")
     report.add_argument("--latex", action="store_true", help="LaTeX tabulars instead of markdown")
-    report.add_argument("--out", help="folder for the tables and the plot (default: reports/<experiment>)")
+    report.add_argument("--out", help="folder for the tables, trials.json and the plot (default: reports/<experiment>)")
     report.set_defaults(handler=_report)
 
 

@@ -13,15 +13,24 @@ The child runs of a grid's MLflow run carry the tags `model`, `method`, `train_s
   a panel per model, a line per method.
 
 The best cell of each comparison is bold: per column within a block (Tables 1, 3, 4), per model (Table 2's rows).
+
+Printed first, per model and training set, so that a replication shows which differences are more than noise:
+- Results: a row per method, a column per (eval set, decoding) its runs have, each cell "mean ± std (n)" over seeds.
+- Comparisons: each trained method against IT and against base on every (eval set, decoding) both have: the
+  difference in points with a 95% paired bootstrap interval over problems pooled over seeds (`clozemath.intervals`),
+  from the per-problem predictions the trials logged as artifacts.
+Every trial's tags, params and latest metrics are also written as JSON (`trials.json`).
 """
 
 from __future__ import annotations
 
+import json
 import statistics
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from tempfile import TemporaryDirectory
 
 from mlflow import MlflowClient
 from mlflow.entities import Run
@@ -31,6 +40,7 @@ from clozemath.config import TrackingConfig
 from clozemath.errors import ClozeMathError
 from clozemath.eval.during_training import CURVE
 from clozemath.files import atomic_path, write_text_atomic
+from clozemath.intervals import BySeed, Difference, paired_difference
 
 MODEL_NAMES = {
     "deepseek-math-7b": "DeepSeek-Math", "llama-3.1-8b": "Llama-3.1-8B", "llama-3.2-3b": "Llama-3.2-3B",
@@ -48,6 +58,14 @@ SYMBOLIC_SETS = {"gsm_symbolic": "GSM-Sym", "gsm_p1": "GSM-P1", "gsm_p2": "GSM-P
 FIGURE_FILE = "accuracy_vs_steps.png"
 BASE_DECODING = "greedy"
 """Base models are decoded as lm-evaluation-harness decodes them; their accuracy is its GSM8K strict-match."""
+REPLICATION_METHODS = ("base", "it", "mft", "clozemath", "it_prefixlm", "clozemath_causal", "random_span")
+"""The order of the results and comparisons tables: the baselines, the paper's methods, then the other ablations."""
+REFERENCES = ("it", "base")
+"""What each trained method is compared against."""
+DECODINGS = ("greedy", "beam", "cot")
+PREDICTIONS_ARTIFACTS = "eval/predictions"
+"""Where an evaluation logs its `<set>.jsonl` files among its run's artifacts (ray_jobs/evaluate.py)."""
+TRIALS_FILE = "trials.json"
 
 
 @dataclass(frozen=True)
@@ -64,6 +82,10 @@ class TrialResult:
     """The optimizer steps the trial planned (None: it trained nothing, or predates this record)."""
     tokens: int | None = None
     """The training tokens those steps see."""
+    run_name: str = ""
+    tags: dict[str, str] = field(default_factory=dict)
+    """The run's own tags (MLflow's `mlflow.*` ones left out)."""
+    params: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass
@@ -124,6 +146,7 @@ def _trial_result(run: Run) -> TrialResult:
     return TrialResult(
         run.info.run_id, tags["model"], tags["method"], tags.get("train_set", ""), tags.get("seed", "0"),
         dict(run.data.metrics), None if steps is None else int(steps), None if tokens is None else int(tokens),
+        run.info.run_name or "", {k: v for k, v in tags.items() if not k.startswith("mlflow.")}, dict(params),
     )
 
 
@@ -258,32 +281,50 @@ def _number(value: float | None) -> str:
     return "–" if value is None else f"{value:.2f}"
 
 
-def to_markdown(table: Table) -> str:
-    bold = table.bold()
+@dataclass
+class TextTable:
+    """A table of ready-made cells: the first `labels` columns are labels, the others values."""
+
+    title: str
+    header: list[str]
+    labels: int
+    rows: list[list[str]]
+
+
+def _as_text(table: Table, bold: str) -> TextTable:
+    """The table's cells as text, the best of each group through `bold` (a format string)."""
+    best = table.bold()
+    rows = [[*label, *(bold.format(_number(v)) if (r, c) in best else _number(v) for c, v in enumerate(values))]
+            for r, (label, values) in enumerate(zip(table.labels, table.values))]
     labels = len(table.header) - len(table.values[0]) if table.values else len(table.header)
-    lines = [f"**{table.title}**", "", "| " + " | ".join(table.header) + " |",
-             "| " + " | ".join(["---"] * labels + ["---:"] * (len(table.header) - labels)) + " |"]
-    for r, (label, row) in enumerate(zip(table.labels, table.values)):
-        cells = [f"**{_number(v)}**" if (r, c) in bold else _number(v) for c, v in enumerate(row)]
-        lines.append("| " + " | ".join([*label, *cells]) + " |")
-    if not table.values:
-        lines.append("| " + " | ".join(["(no runs)"] + [""] * (len(table.header) - 1)) + " |")
+    return TextTable(table.title, table.header, labels, rows)
+
+
+def to_markdown(table: Table | TextTable) -> str:
+    text = table if isinstance(table, TextTable) else _as_text(table, "**{}**")
+    lines = [f"**{text.title}**", "", "| " + " | ".join(text.header) + " |",
+             "| " + " | ".join(["---"] * text.labels + ["---:"] * (len(text.header) - text.labels)) + " |"]
+    lines += ["| " + " | ".join(row) + " |" for row in text.rows]
+    if not text.rows:
+        lines.append("| " + " | ".join(["(no runs)"] + [""] * (len(text.header) - 1)) + " |")
     return "\n".join(lines)
 
 
+LATEX_CHARACTERS = {
+    "&": r"\&", "%": r"\%", "_": r"\_", "–": "--", "±": r"$\pm$", "Δ": r"$\Delta$", "×": r"$\times$",
+}
+
+
 def _latex_escape(text: str) -> str:
-    return text.replace("&", r"\&").replace("%", r"\%").replace("_", r"\_")
+    return "".join(LATEX_CHARACTERS.get(character, character) for character in text)
 
 
-def to_latex(table: Table) -> str:
-    bold = table.bold()
-    labels = len(table.labels[0]) if table.labels else 1
-    spec = "l" * labels + "c" * (len(table.header) - labels)
-    lines = [f"% {table.title}", rf"\begin{{tabular}}{{{spec}}}", r"\toprule",
-             " & ".join(rf"\textbf{{{_latex_escape(h)}}}" for h in table.header) + r" \\", r"\midrule"]
-    for r, (label, row) in enumerate(zip(table.labels, table.values)):
-        cells = [rf"\textbf{{{_number(v)}}}" if (r, c) in bold else _number(v) for c, v in enumerate(row)]
-        lines.append(" & ".join([*map(_latex_escape, label), *cells]).replace("–", "--") + r" \\")
+def to_latex(table: Table | TextTable) -> str:
+    text = table if isinstance(table, TextTable) else _as_text(table, r"\textbf{{{}}}")
+    spec = "l" * text.labels + "c" * (len(text.header) - text.labels)
+    lines = [f"% {text.title}", rf"\begin{{tabular}}{{{spec}}}", r"\toprule",
+             " & ".join(rf"\textbf{{{_latex_escape(h)}}}" for h in text.header) + r" \\", r"\midrule"]
+    lines += [" & ".join(map(_latex_escape, row)) + r" \\" for row in text.rows]
     lines += [r"\bottomrule", r"\end{tabular}"]
     return "\n".join(lines)
 
@@ -297,6 +338,163 @@ def compute_table(results: list[TrialResult]) -> str:
     lines += [f"| {TRAIN_SETS.get(r.train_set, r.train_set)} | {_model_name(r.model)} | {_method_name(r.method)} | "
               f"{r.seed} | {r.steps:,} | {'–' if r.tokens is None else f'{r.tokens:,}'} |" for r in trained]
     return "\n".join(lines)
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Results and comparisons (a replication)
+
+
+Column = tuple[str, str]
+"""(eval set, decoding)."""
+EVAL_SET_NAMES = {**TRAIN_SETS, **SYMBOLIC_SETS}
+REPLICATION_NAMES = {**METHOD_NAMES, "it": "IT"}
+"""Beside base, MFT and ClozeMath, `it` is the instruction-tuning baseline rather than Table 4's ablation."""
+
+
+def _blocks(results: list[TrialResult]) -> dict[tuple[str, str], list[TrialResult]]:
+    """The trials of each (training set, model), in the report's order."""
+    train_sets = _ordered((r.train_set for r in results), list(TRAIN_SETS))
+    models = _ordered((r.model for r in results), list(MODEL_NAMES))
+    blocks = {(t, m): [r for r in results if (r.train_set, r.model) == (t, m)] for t in train_sets for m in models}
+    return {block: trials for block, trials in blocks.items() if trials}
+
+
+def _rank(name: str, preferred: Sequence[str]) -> tuple[int, str]:
+    return (preferred.index(name) if name in preferred else len(preferred), name)
+
+
+def _eval_columns(trials: list[TrialResult]) -> list[Column]:
+    """Every (eval set, decoding) some trial has an accuracy of: the paper's sets first, greedy, beam, CoT first."""
+    found = {(parts[1], parts[2]) for r in trials for parts in (key.split("/") for key in r.metrics)
+             if len(parts) == 4 and parts[0] == "eval" and parts[3] == "accuracy"}
+    return sorted(found, key=lambda c: (_rank(c[0], list(EVAL_SET_NAMES)), _rank(c[1], DECODINGS)))
+
+
+def _column_name(column: Column) -> str:
+    return f"{EVAL_SET_NAMES.get(column[0], column[0])} {column[1]}"
+
+
+def _accuracy_metric(column: Column) -> str:
+    return f"eval/{column[0]}/{column[1]}/accuracy"
+
+
+def _measured(trials: list[TrialResult], method: str, column: Column) -> list[TrialResult]:
+    return [r for r in trials if r.method == method and _accuracy_metric(column) in r.metrics]
+
+
+def _percents(trials: list[TrialResult], column: Column) -> list[float]:
+    """The accuracy of each of these trials (all measured on `column`), in percent."""
+    return [100 * r.metrics[_accuracy_metric(column)] for r in trials]
+
+
+def _spread(values: list[float]) -> str:
+    """The cell "mean ± std (n)" over seeds (the sample std; a single seed has none)."""
+    if not values:
+        return "–"
+    if len(values) == 1:
+        return f"{values[0]:.2f} (1)"
+    return f"{statistics.fmean(values):.2f} ± {statistics.stdev(values):.2f} ({len(values)})"
+
+
+def results_tables(results: list[TrialResult]) -> list[TextTable]:
+    """Per training set and model: a row per method, a column per (eval set, decoding), the spread over seeds."""
+    tables = []
+    for (train_set, model), trials in _blocks(results).items():
+        columns = _eval_columns(trials)
+        rows = [[REPLICATION_NAMES.get(method, method),
+                 *(_spread(_percents(_measured(trials, method, column), column)) for column in columns)]
+                for method in _ordered((r.method for r in trials), REPLICATION_METHODS)]
+        title = (f"Results: {_model_name(model)} trained on {TRAIN_SETS.get(train_set, train_set)}, "
+                 "accuracy (%), mean ± std over seeds (n)")
+        tables.append(TextTable(title, ["Method", *map(_column_name, columns)], 1, rows))
+    return tables
+
+
+Predictions = dict[Column, dict[str, bool]]
+"""(eval set, decoding) -> problem id -> correct."""
+
+
+class PredictionArtifacts:
+    """Each run's per-problem correctness from its `eval/predictions/<set>.jsonl` artifacts, downloaded once."""
+
+    def __init__(self, tracking_uri: str) -> None:
+        self._client = tracking.client(tracking_uri)
+        self._runs: dict[str, Predictions] = {}
+
+    def correctness(self, run_id: str, column: Column) -> dict[str, bool] | None:
+        """None when the run logged no predictions of this set and decoding."""
+        if run_id not in self._runs:
+            self._runs[run_id] = self._download(run_id)
+        return self._runs[run_id].get(column)
+
+    def _download(self, run_id: str) -> Predictions:
+        files = [artifact.path for artifact in self._client.list_artifacts(run_id, PREDICTIONS_ARTIFACTS)
+                 if artifact.path.endswith(".jsonl") and not artifact.path.endswith(".partial.jsonl")]
+        found: Predictions = defaultdict(dict)
+        with TemporaryDirectory() as folder:
+            for path in files:
+                eval_set = Path(path).name.removesuffix(".jsonl")
+                local = Path(self._client.download_artifacts(run_id, path, folder))
+                for line in local.read_text(encoding="utf-8").splitlines():
+                    if line.strip():
+                        row = json.loads(line)
+                        found[(eval_set, row["decoding"])][str(row["id"])] = bool(row["correct"])
+        return dict(found)
+
+
+def _by_seed(trials: list[TrialResult], column: Column, artifacts: PredictionArtifacts) -> BySeed | None:
+    """Seed -> per-problem correctness of these trials; None when one of them has no predictions."""
+    found = {}
+    for r in trials:
+        correctness = artifacts.correctness(r.run_id, column)
+        if correctness is None:
+            return None
+        found[r.seed] = correctness
+    return found
+
+
+def _comparison_row(trials: list[TrialResult], method: str, reference: str, column: Column,
+                    artifacts: PredictionArtifacts) -> list[str]:
+    labels = [_column_name(column), REPLICATION_NAMES.get(method, method), REPLICATION_NAMES.get(reference, reference)]
+    compared, against = _measured(trials, method, column), _measured(trials, reference, column)
+    compared_seeds, against_seeds = _by_seed(compared, column, artifacts), _by_seed(against, column, artifacts)
+    difference: Difference | None = None
+    if compared_seeds is not None and against_seeds is not None:
+        difference = paired_difference(compared_seeds, against_seeds)
+    if difference is None:
+        gap = statistics.fmean(_percents(compared, column)) - statistics.fmean(_percents(against, column))
+        why = "no predictions" if compared_seeds is None or against_seeds is None else "no seeds or problems pair"
+        return [*labels, f"{gap:+.2f}", f"– ({why}: difference of the means)", "–", "–"]
+    return [*labels, f"{difference.points:+.2f}", f"[{difference.low:+.2f}, {difference.high:+.2f}]",
+            "yes" if difference.excludes_zero else "no", f"{difference.pairs} × {difference.problems:,}"]
+
+
+def comparison_tables(results: list[TrialResult], artifacts: PredictionArtifacts) -> list[TextTable]:
+    """Per training set and model: each trained method minus IT and minus base on every (eval set, decoding) both
+    were measured on, with its paired bootstrap interval (`clozemath.intervals`)."""
+    header = ["Evaluation", "Method", "vs", "Δ (pp)", "95% interval", "Excludes 0", "Seed pairs × problems"]
+    tables = []
+    for (train_set, model), trials in _blocks(results).items():
+        rows = []
+        for column in _eval_columns(trials):
+            measured = {r.method for r in trials if _accuracy_metric(column) in r.metrics}
+            for method in _ordered(measured - {"base"}, REPLICATION_METHODS):
+                rows += [_comparison_row(trials, method, reference, column, artifacts)
+                         for reference in REFERENCES if reference in measured and reference != method]
+        if rows:
+            title = (f"Comparisons: {_model_name(model)} trained on {TRAIN_SETS.get(train_set, train_set)}, "
+                     "method - reference in accuracy points, 95% paired bootstrap interval over problems pooled "
+                     "over seeds")
+            tables.append(TextTable(title, header, 3, rows))
+    return tables
+
+
+def trials_json(results: list[TrialResult]) -> str:
+    """Every trial's run id and name, tags, params and latest metrics."""
+    ordered = sorted(results, key=lambda r: (r.train_set, r.model, r.method, r.seed, r.run_id))
+    trials = [{"run_id": r.run_id, "run_name": r.run_name, "tags": r.tags, "params": r.params, "metrics": r.metrics}
+              for r in ordered]
+    return json.dumps(trials, indent=1, sort_keys=True) + "\n"
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -358,16 +556,23 @@ def report(
     parent_run_id: str | None = None,
     decoding: str = "beam",
 ) -> str:
-    """Print the four tables (markdown, or LaTeX), write them and Figure 3 under `out` (default
-    `reports/<experiment>`); returns the printed text."""
+    """Print the results and comparisons tables and the paper's tables that have runs (markdown, or LaTeX), write
+    them, the trials' metrics (JSON) and Figure 3 under `out` (default `reports/<experiment>`); returns the printed
+    text."""
     parent, results = grid_runs(tracking_uri, experiment, parent_run_id)
-    render = to_latex if latex else to_markdown
-    text = "\n\n".join([*(render(table) for table in paper_tables(results, decoding)), compute_table(results)])
+    render: Callable[[Table | TextTable], str] = to_latex if latex else to_markdown
+    tables: list[Table | TextTable] = [
+        *results_tables(results), *comparison_tables(results, PredictionArtifacts(tracking_uri)),
+        *(table for table in paper_tables(results, decoding) if table.values),
+    ]
+    text = "\n\n".join([*map(render, tables), compute_table(results)])
     folder = Path(out) if out is not None else Path("reports") / experiment
     folder.mkdir(parents=True, exist_ok=True)
-    write_text_atomic(folder / ("tables.tex" if latex else "tables.md"), text + "\n")
+    tables_file = folder / ("tables.tex" if latex else "tables.md")
+    write_text_atomic(tables_file, text + "\n")
+    write_text_atomic(folder / TRIALS_FILE, trials_json(results))
     figure = plot_accuracy_vs_steps(accuracy_curves(tracking_uri, results, decoding), folder / FIGURE_FILE)
     print(f"grid run {parent.info.run_id} ({parent.info.run_name}): {len(results)} trials\n")
     print(text)
-    print(f"\nwritten: {folder / ('tables.tex' if latex else 'tables.md')}, {figure}")
+    print(f"\nwritten: {tables_file}, {folder / TRIALS_FILE}, {figure}")
     return text

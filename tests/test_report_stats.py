@@ -1,0 +1,240 @@
+"""The spread over seeds and the paired bootstrap intervals of `clozemath report` (no Ray): the interval module on
+hand-made correctness, then the report end to end on an MLflow store whose trials logged their predictions."""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from clozemath import tracking
+from clozemath.cli import main
+from clozemath.config import TrackingConfig
+from clozemath.intervals import paired_difference, seed_pairs
+
+
+def right_on(count: int, problems: int, offset: int = 0) -> dict[str, bool]:
+    """Correctness on `problems` problems `p000`...: right on `count` of them, from `offset` on."""
+    return {f"p{i:03d}": offset <= i < offset + count for i in range(problems)}
+
+
+# --------------------------------------------------------------------------------------------------------------
+# The interval
+
+
+def test_identical_predictions_differ_by_zero_with_a_zero_interval() -> None:
+    runs = {"0": right_on(30, 100), "1": right_on(50, 100, offset=20)}
+    difference = paired_difference(runs, runs)
+    assert difference is not None
+    assert (difference.points, difference.low, difference.high) == (0, 0, 0)
+    assert not difference.excludes_zero and (difference.pairs, difference.problems) == (2, 100)
+
+
+def test_right_where_the_reference_is_always_wrong_is_plus_100() -> None:
+    difference = paired_difference({"0": right_on(40, 40)}, {"0": right_on(0, 40)})
+    assert difference is not None
+    assert (difference.points, difference.low, difference.high) == (100, 100, 100) and difference.excludes_zero
+
+
+def test_a_clear_difference_on_many_problems_excludes_zero() -> None:
+    """Right on 600 of 1,000 problems, the reference on 500 of them: +10 points; the bootstrap sd of a mean of 0/1
+    differences with p = 0.1 is sqrt(0.1 * 0.9 / 1000) = 0.949 points, so the interval is about 10 ± 1.86."""
+    difference = paired_difference({"0": right_on(600, 1000)}, {"0": right_on(500, 1000)})
+    assert difference is not None and difference.points == pytest.approx(10)
+    half_width = 1.96 * 100 * math.sqrt(0.1 * 0.9 / 1000)
+    assert difference.low == pytest.approx(10 - half_width, abs=0.3)
+    assert difference.high == pytest.approx(10 + half_width, abs=0.3)
+    assert difference.excludes_zero
+
+
+def test_one_more_right_answer_in_20_problems_is_not_a_real_difference() -> None:
+    """+5 points. A resample misses that problem with probability (19/20)^20 = 0.36 > 2.5%, so the low end is 0;
+    the problem is drawn k ~ Binomial(20, 1/20) times, P(k <= 2) = 0.92 < 97.5% <= P(k <= 3) = 0.98: high = 15."""
+    difference = paired_difference({"0": right_on(6, 20)}, {"0": right_on(5, 20)})
+    assert difference is not None
+    assert (difference.points, difference.low, difference.high) == (pytest.approx(5), 0, pytest.approx(15))
+    assert not difference.excludes_zero
+
+
+def test_seeds_pair_by_seed_and_a_single_seed_pairs_with_every_seed() -> None:
+    assert seed_pairs(["0", "1", "2"], ["0"]) == [("0", "0"), ("1", "0"), ("2", "0")]
+    assert seed_pairs(["7"], ["0", "1"]) == [("7", "0"), ("7", "1")]
+    assert seed_pairs(["0", "1", "2"], ["2", "1", "5"]) == [("1", "1"), ("2", "2")]
+    assert paired_difference({"0": right_on(1, 5), "1": right_on(2, 5)}, {"2": right_on(1, 5), "3": right_on(1, 5)}) \
+        is None  # nothing pairs
+
+    # seed s against seed s: each pair is identical although the seeds differ from each other
+    method = {"0": right_on(10, 50), "1": right_on(40, 50)}
+    difference = paired_difference(method, dict(method))
+    assert difference is not None and (difference.low, difference.high) == (0, 0)
+
+    # a one-seed reference (base: right on 5 of 10) against seeds right on 6, 7, 8: mean(60, 70, 80) - 50 = +20
+    pooled = paired_difference({"0": right_on(6, 10), "1": right_on(7, 10), "2": right_on(8, 10)},
+                               {"0": right_on(5, 10)})
+    assert pooled is not None and pooled.points == pytest.approx(20) and pooled.pairs == 3
+
+
+def test_only_the_problems_both_runs_answered_are_compared() -> None:
+    method = right_on(10, 10)
+    reference = {**right_on(0, 10), "extra": True}
+    difference = paired_difference({"0": method}, {"0": reference})
+    assert difference is not None and difference.problems == 10 and difference.points == 100
+
+
+def test_the_interval_matches_resampling_problem_indices() -> None:
+    """The module draws counts per distinct value; resampling 1,319 problem ids directly gives the same interval."""
+    generator = np.random.default_rng(7)
+    ids = [f"q{i}" for i in range(1319)]
+    method = {s: dict(zip(ids, map(bool, generator.random(1319) < 0.4))) for s in "012"}
+    reference = {s: dict(zip(ids, map(bool, generator.random(1319) < 0.35))) for s in "012"}
+    per_problem = np.mean([[method[s][i] - reference[s][i] for i in ids] for s in "012"], axis=0)
+    resampled = per_problem[np.random.default_rng(1).integers(0, 1319, size=(10_000, 1319))].mean(axis=1)
+    low, high = 100 * np.percentile(resampled, [2.5, 97.5])
+    difference = paired_difference(method, reference)
+    assert difference is not None and difference.points == pytest.approx(100 * per_problem.mean())
+    assert (difference.low, difference.high) == (pytest.approx(low, abs=0.15), pytest.approx(high, abs=0.15))
+
+
+def test_a_dozen_comparisons_of_1319_problems_and_3_seeds_take_well_under_a_second() -> None:
+    generator = np.random.default_rng(0)
+    runs = [{s: {f"q{i}": bool(generator.random() < 0.3 + 0.02 * k) for i in range(1319)} for s in "012"}
+            for k in range(4)]
+    started = time.perf_counter()
+    for k in range(12):
+        assert paired_difference(runs[k % 4], runs[(k + 1) % 4]) is not None
+    assert time.perf_counter() - started < 1.0
+
+
+# --------------------------------------------------------------------------------------------------------------
+# The report on logged predictions
+
+PROBLEMS = 400
+OFFSETS = {"0": 0, "1": 4, "2": 12}
+"""Seed s of IT is right on problems [0, 120 + offset), of MFT on the same, of ClozeMath on [0, 160 + offset)."""
+RIGHT = {"it": 120, "mft": 120, "clozemath": 160}
+BASE_RIGHT = 80
+NO_PREDICTIONS = 0.35
+"""random_span logs this accuracy but no predictions."""
+
+
+def log_trial(config: TrackingConfig, parent: str, method: str, seed: str, folder: Path) -> None:
+    tags = {"model": "smollm2-135m", "method": method, "train_set": "gsm8k", "seed": seed, "role": "trial"}
+    run_id = tracking.start_run(config, f"replication/{method},{seed}", parent, tags)
+    tracking.log_params(config.uri, run_id, {"train.lr": 3e-4})
+    if method == "random_span":
+        accuracy = NO_PREDICTIONS
+    else:
+        right = BASE_RIGHT if method == "base" else RIGHT[method] + OFFSETS[seed]
+        correctness = right_on(right, PROBLEMS)
+        ids = list(correctness)
+        if method != "it":  # listed in another order than the reference's file
+            ids = ids[::-1] if method == "clozemath" else ids[1::2] + ids[::2]
+        rows = [{"id": i, "dataset": "gsm8k", "decoding": "greedy", "generation": "...", "correct": correctness[i]}
+                for i in ids]
+        predictions = folder / method / seed / "predictions"
+        predictions.mkdir(parents=True)
+        (predictions / "gsm8k.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+        tracking.log_artifacts(config.uri, run_id, predictions.parent, "eval")  # as ray_jobs/evaluate.py logs them
+        accuracy = right / PROBLEMS
+    tracking.log_metrics(config.uri, run_id, 10, {
+        "eval/gsm8k/greedy/accuracy": accuracy, "eval/gsm8k/greedy/correct": round(accuracy * PROBLEMS),
+        "eval/gsm8k/greedy/total": PROBLEMS,
+    })
+    tracking.end_run(config.uri, run_id)
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory: pytest.TempPathFactory) -> TrackingConfig:
+    folder = tmp_path_factory.mktemp("replication")
+    config = TrackingConfig(uri=f"sqlite:///{folder / 'mlruns.db'}", experiment="replication")
+    parent = tracking.start_run(config, "replication", tags={"role": "grid"})
+    log_trial(config, parent, "base", "0", folder)
+    for method in ("it", "mft", "clozemath", "random_span"):
+        for seed in OFFSETS:
+            log_trial(config, parent, method, seed, folder)
+    return config
+
+
+def cells(text: str, *labels: str) -> list[str]:
+    """The value cells of the markdown row whose label cells are `labels`."""
+    for line in text.splitlines():
+        found = [c.strip() for c in line.strip("|").split("|")]
+        if found[: len(labels)] == list(labels):
+            return found[len(labels):]
+    raise AssertionError(f"no row {labels} in\n{text}")
+
+
+def seed_accuracies(method: str) -> list[float]:
+    return [100 * (RIGHT[method] + offset) / PROBLEMS for offset in OFFSETS.values()]
+
+
+def test_report_shows_the_spread_over_seeds_and_which_differences_are_real(
+    store: TrackingConfig, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["report", "--experiment", "replication", "--tracking-uri", store.uri, "--out", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    results = out.split("**Results: smollm2-135m trained on GSM8K")[1].split("**Comparisons")[0]
+    assert "| Method | GSM8K greedy |" in results
+    methods = [line.split("|")[1].strip() for line in results.splitlines() if line.startswith("| ")][2:]
+    assert methods == ["Base", "IT", "MFT", "ClozeMath", "W/o Equation masking"]
+    clozemath = seed_accuracies("clozemath")  # 40, 41, 43
+    assert cells(results, "ClozeMath") == [
+        f"{statistics.fmean(clozemath):.2f} ± {statistics.stdev(clozemath):.2f} (3)"]
+    assert cells(results, "ClozeMath") == ["41.33 ± 1.53 (3)"]
+    assert cells(results, "Base") == ["20.00 (1)"]  # one seed: no std
+    assert cells(results, "W/o Equation masking") == ["35.00 ± 0.00 (3)"]
+
+    comparisons = out.split("**Comparisons: smollm2-135m trained on GSM8K")[1].split("**Table")[0]
+    assert "| Evaluation | Method | vs | Δ (pp) | 95% interval | Excludes 0 | Seed pairs × problems |" in comparisons
+
+    # MFT is right exactly where IT is, seed by seed (its file lists the problems in another order)
+    assert cells(comparisons, "GSM8K greedy", "MFT", "IT") == ["+0.00", "[+0.00, +0.00]", "no", "3 × 400"]
+
+    # ClozeMath - IT: 40 more right answers per seed pair, +10 points; pooled per problem, the differences are 1/3 on
+    # 12 problems, 2/3 on 12, 1 on 28 (0 elsewhere): var = (12/9 + 48/9 + 28) / 400 - 0.1^2 = 0.07667, so the
+    # interval is about 10 ± 1.96 * sqrt(0.07667 / 400) = 10 ± 2.71 (ClozeMath's file is in reverse order)
+    delta, interval, real, pairs = cells(comparisons, "GSM8K greedy", "ClozeMath", "IT")
+    assert (delta, real, pairs) == ("+10.00", "yes", "3 × 400")
+    low, high = (float(x) for x in interval.strip("[]").split(", "))
+    half_width = 196 * math.sqrt(0.07667 / PROBLEMS)
+    assert low == pytest.approx(10 - half_width, abs=0.4) and high == pytest.approx(10 + half_width, abs=0.4)
+
+    # against base, a single seed paired with every seed: mean(40, 41, 43) - 20 and mean(30, 31, 33) - 20
+    delta, interval, real, pairs = cells(comparisons, "GSM8K greedy", "ClozeMath", "Base")
+    assert (delta, real, pairs) == (f"{statistics.fmean(clozemath) - 20:+.2f}", "yes", "3 × 400")
+    low, high = (float(x) for x in interval.strip("[]").split(", "))
+    assert low < statistics.fmean(clozemath) - 20 < high
+    assert cells(comparisons, "GSM8K greedy", "IT", "Base")[0] == f"{statistics.fmean(seed_accuracies('it')) - 20:+.2f}"
+    assert "| GSM8K greedy | IT | IT |" not in comparisons and "| GSM8K greedy | Base |" not in comparisons
+
+    # no predictions logged: the difference of the means, said so, no interval
+    no_interval = "– (no predictions: difference of the means)"
+    assert cells(comparisons, "GSM8K greedy", "W/o Equation masking", "IT") == [
+        f"{35 - statistics.fmean(seed_accuracies('it')):+.2f}", no_interval, "–", "–"]
+    assert cells(comparisons, "GSM8K greedy", "W/o Equation masking", "Base") == ["+15.00", no_interval, "–", "–"]
+
+    assert "**Table 2" not in out and "**Table 1" in out  # no CoT-decoding run: no Table 2
+    assert (tmp_path / "tables.md").read_text().strip() in out
+
+    trials = json.loads((tmp_path / "trials.json").read_text())
+    assert len(trials) == 13 and {t["tags"]["method"] for t in trials} == {"base", *RIGHT, "random_span"}
+    first = next(t for t in trials if t["run_name"] == "replication/clozemath,2")
+    assert first["tags"]["seed"] == "2" and first["params"] == {"train.lr": "0.0003"}
+    assert first["metrics"]["eval/gsm8k/greedy/accuracy"] == pytest.approx(0.43)
+    assert first["metrics"]["eval/gsm8k/greedy/total"] == PROBLEMS and len(first["run_id"]) == 32
+
+
+def test_latex_spells_the_spread_and_the_differences(store: TrackingConfig, tmp_path: Path, capsys) -> None:
+    argv = ["report", "--experiment", "replication", "--tracking-uri", store.uri, "--out", str(tmp_path), "--latex"]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert r"ClozeMath & 41.33 $\pm$ 1.53 (3) \\" in out
+    assert r"\textbf{$\Delta$ (pp)}" in out
+    assert r"GSM8K greedy & MFT & IT & +0.00 & [+0.00, +0.00] & no & 3 $\times$ 400 \\" in out
+    assert r"-- (no predictions: difference of the means) & -- & --" in out
+    assert (tmp_path / "tables.tex").is_file() and (tmp_path / "trials.json").is_file()
