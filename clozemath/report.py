@@ -25,6 +25,7 @@ Every trial's tags, params and latest metrics are also written as JSON (`trials.
 from __future__ import annotations
 
 import json
+import os
 import statistics
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Sequence
@@ -143,11 +144,21 @@ def _all_runs(client: MlflowClient, experiment_id: str, query: str) -> list[Run]
 def _trial_result(run: Run) -> TrialResult:
     tags, params = run.data.tags, run.data.params
     steps, tokens = (params.get(f"train.planned_{name}") for name in ("steps", "tokens"))
+    train_set, seed = tags.get("train_set", ""), tags.get("seed", "0")
+    variant = _variant(tags.get("trial", ""), tags["model"], tags["method"], train_set, seed)
     return TrialResult(
-        run.info.run_id, tags["model"], tags["method"], tags.get("train_set", ""), tags.get("seed", "0"),
+        run.info.run_id, tags["model"], f"{tags['method']} ({variant})" if variant else tags["method"], train_set, seed,
         dict(run.data.metrics), None if steps is None else int(steps), None if tokens is None else int(tokens),
         run.info.run_name or "", {k: v for k, v in tags.items() if not k.startswith("mlflow.")}, dict(params),
     )
+
+
+def _variant(trial: str, model: str, method: str, train_set: str, seed: str) -> str:
+    """The grid point's other axis values (`lr=0.0001` of `grid/method=it,lr=0.0001`): trials that differ in them are
+    not seeds of one cell, so the method is reported as `it (lr=0.0001)`."""
+    known = {"model": model, "method": method, "dataset": train_set, "seed": seed}
+    pairs = [pair.split("=", 1) for pair in trial.split("/", 1)[-1].split(",") if "=" in pair]
+    return ",".join(f"{key}={value}" for key, value in pairs if key not in known and value not in known.values())
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -269,8 +280,10 @@ def _model_name(model: str) -> str:
     return MODEL_NAMES.get(model, model)
 
 
-def _method_name(method: str) -> str:
-    return METHOD_NAMES.get(method, method)
+def _method_name(method: str, names: dict[str, str] = METHOD_NAMES) -> str:
+    """The method's name in a table, with a grid variant's axis values (`IT (lr=0.0001)`)."""
+    name, _, variant = method.partition(" (")
+    return f"{names.get(name, name)} ({variant}" if variant else names.get(method, method)
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -401,7 +414,7 @@ def results_tables(results: list[TrialResult]) -> list[TextTable]:
     tables = []
     for (train_set, model), trials in _blocks(results).items():
         columns = _eval_columns(trials)
-        rows = [[REPLICATION_NAMES.get(method, method),
+        rows = [[_method_name(method, REPLICATION_NAMES),
                  *(_spread(_percents(_measured(trials, method, column), column)) for column in columns)]
                 for method in _ordered((r.method for r in trials), REPLICATION_METHODS)]
         title = (f"Results: {_model_name(model)} trained on {TRAIN_SETS.get(train_set, train_set)}, "
@@ -431,6 +444,7 @@ class PredictionArtifacts:
         files = [artifact.path for artifact in self._client.list_artifacts(run_id, PREDICTIONS_ARTIFACTS)
                  if artifact.path.endswith(".jsonl") and not artifact.path.endswith(".partial.jsonl")]
         found: Predictions = defaultdict(dict)
+        os.environ["MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR"] = "false"  # a bar per file would bury the tables
         with TemporaryDirectory() as folder:
             for path in files:
                 eval_set = Path(path).name.removesuffix(".jsonl")
@@ -455,7 +469,7 @@ def _by_seed(trials: list[TrialResult], column: Column, artifacts: PredictionArt
 
 def _comparison_row(trials: list[TrialResult], method: str, reference: str, column: Column,
                     artifacts: PredictionArtifacts) -> list[str]:
-    labels = [_column_name(column), REPLICATION_NAMES.get(method, method), REPLICATION_NAMES.get(reference, reference)]
+    labels = [_column_name(column), _method_name(method, REPLICATION_NAMES), _method_name(reference, REPLICATION_NAMES)]
     compared, against = _measured(trials, method, column), _measured(trials, reference, column)
     compared_seeds, against_seeds = _by_seed(compared, column, artifacts), _by_seed(against, column, artifacts)
     difference: Difference | None = None

@@ -238,3 +238,20 @@ def test_latex_spells_the_spread_and_the_differences(store: TrackingConfig, tmp_
     assert r"GSM8K greedy & MFT & IT & +0.00 & [+0.00, +0.00] & no & 3 $\times$ 400 \\" in out
     assert r"-- (no predictions: difference of the means) & -- & --" in out
     assert (tmp_path / "tables.tex").is_file() and (tmp_path / "trials.json").is_file()
+
+
+def test_trials_that_differ_in_another_axis_are_not_pooled_as_seeds(tmp_path: Path, capsys) -> None:
+    """A learning-rate sweep (`axes: {method: [it], train.lr: [...]}`, one seed): a row per rate, none pooled."""
+    config = TrackingConfig(uri=f"sqlite:///{tmp_path / 'mlruns.db'}", experiment="sweep")
+    parent = tracking.start_run(config, "sweep", tags={"role": "grid"})
+    for lr, accuracy in (("0.0001", 0.1), ("0.001", 0.3)):
+        trial = f"sweep/method=it,lr={lr}"
+        tags = {"model": "smollm2-135m", "method": "it", "train_set": "gsm8k", "seed": "0", "role": "trial",
+                "trial": trial}
+        run_id = tracking.start_run(config, trial, parent, tags)
+        tracking.log_metrics(config.uri, run_id, 1, {"eval/gsm8k/greedy/accuracy": accuracy})
+        tracking.end_run(config.uri, run_id)
+    main(["report", "--experiment", "sweep", "--tracking-uri", config.uri, "--out", str(tmp_path / "out")])
+    text = capsys.readouterr().out
+    assert cells(text, "IT (lr=0.0001)") == ["10.00 (1)"] and cells(text, "IT (lr=0.001)") == ["30.00 (1)"]
+    assert "(2)" not in text
