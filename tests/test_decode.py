@@ -101,6 +101,26 @@ def test_results_keep_prompt_order_across_length_batches(model, tokenizer, refer
     assert [g.token_ids for g in ours] == [reference[i] for i in (2, 0, 3, 1)]
 
 
+def test_an_auto_batch_that_runs_out_of_memory_is_halved_until_it_fits(model, tokenizer, reference, monkeypatch):
+    import clozemath.eval.decode as decoding
+
+    prefill, sizes = decoding._prefill, []
+
+    def small_memory(model, prompts, *args):
+        sizes.append(len(prompts))
+        if len(prompts) > 1:
+            raise torch.OutOfMemoryError("CUDA out of memory (simulated: one prompt fits)")
+        return prefill(model, prompts, *args)
+
+    monkeypatch.setattr(decoding, "_prefill", small_memory)
+    with pytest.warns(UserWarning, match="out of memory with 4 prompts"):
+        ours = decode(model, tokenizer, PROMPTS, max_new_tokens=NEW, eos_token_ids=tokenizer.eos_token_id)
+    assert [g.token_ids for g in ours] == reference
+    assert sizes == [4, 2, 1, 1, 1, 1]  # the auto size (16 on CPU) covers all 4; halved twice, then kept
+    with pytest.raises(torch.OutOfMemoryError):  # a size the user chose is theirs: no silent change
+        decode(model, tokenizer, PROMPTS, max_new_tokens=NEW, eos_token_ids=tokenizer.eos_token_id, batch_size=2)
+
+
 def test_token_id_prompts_decode_like_text_prompts(model, tokenizer, reference):
     ids = tokenizer(PROMPTS)["input_ids"]
     ours = decode(model, tokenizer, ids, max_new_tokens=NEW, eos_token_ids=tokenizer.eos_token_id)

@@ -21,6 +21,7 @@ bookkeeping on the GPU.
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -610,10 +611,9 @@ def _batch_size(
     return auto_batch_size(ModelShape.of(model), memory.free_bytes(model.device), width, max_new_tokens, copies, len(encoded))
 
 
-def _length_batches(lengths: Sequence[int], batch_size: int) -> list[list[int]]:
-    """Indices, longest prompts first, in batches of `batch_size` (similar lengths pad little)."""
-    order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
-    return [order[i : i + batch_size] for i in range(0, len(order), batch_size)]
+def _longest_first(lengths: Sequence[int]) -> list[int]:
+    """Prompt indices, longest first: batches cut from this order pad little."""
+    return sorted(range(len(lengths)), key=lambda i: -lengths[i])
 
 
 def _eos_ids(
@@ -705,21 +705,38 @@ def decode(
     cot_k = min(cot_k, len(tokenizer))
     copies = {"greedy": 1, "beam": num_beams, "cot": cot_k}[scheme]
     size = _batch_size(batch_size, model, encoded, max_new_tokens, copies)
+
+    def decode_batch(indices: list[int]) -> list[Generation]:
+        eager, logits = _prefill(model, [encoded[i] for i in indices], pad_id, prompt_attention)
+        if copies > 1:
+            eager.repeat(copies)
+        batch = eager if engine == "eager" else _StaticBatch(eager, max_new_tokens, graphs=engine == "graphs")
+        del eager
+        if scheme == "greedy":
+            return _greedy(batch, logits, backend, stops)
+        if scheme == "beam":
+            return _beam(batch, logits, tokenizer, stops, num_beams, length_penalty, early_stopping)
+        assert answer_span is not None
+        return _cot(batch, logits, backend, stops, cot_k, answer_span, normalize_answer)
+
     results: list[Generation | None] = [None] * len(encoded)
+    order, done = _longest_first([len(ids) for ids in encoded]), 0
     with sdpa_kernel(SDPA_BACKENDS):
-        for indices in _length_batches([len(ids) for ids in encoded], size):
-            eager, logits = _prefill(model, [encoded[i] for i in indices], pad_id, prompt_attention)
-            if copies > 1:
-                eager.repeat(copies)
-            batch = eager if engine == "eager" else _StaticBatch(eager, max_new_tokens, graphs=engine == "graphs")
-            del eager
-            if scheme == "greedy":
-                generations = _greedy(batch, logits, backend, stops)
-            elif scheme == "beam":
-                generations = _beam(batch, logits, tokenizer, stops, num_beams, length_penalty, early_stopping)
-            else:
-                assert answer_span is not None
-                generations = _cot(batch, logits, backend, stops, cot_k, answer_span, normalize_answer)
+        while done < len(order):
+            indices = order[done : done + size]
+            try:
+                generations = decode_batch(indices)
+            except torch.OutOfMemoryError:
+                # The auto size is an estimate, and a share of a GPU (`train.gpu_share`) leaves it little slack.
+                if batch_size != "auto" or size == 1:
+                    raise
+                generations = None
+            if generations is None:  # out of the except block: its traceback no longer holds the batch's tensors
+                size = max(1, len(indices) // 2)
+                torch.cuda.empty_cache()
+                warnings.warn(f"decode: out of memory with {len(indices)} prompts a batch; going on with {size}")
+                continue
             for index, generation in zip(indices, generations):
                 results[index] = generation
+            done += len(indices)
     return [generation for generation in results if generation is not None]
