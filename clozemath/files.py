@@ -83,6 +83,8 @@ def check_run_outputs(experiments: Iterable[ExperimentConfig]) -> None:
     """Every folder a run writes (its output folder, a local tracking store and its artifacts) can be written."""
     for experiment in experiments:
         check_writable_folder(experiment.train.output_dir, "train.output_dir")
+        if experiment.train.storage is not None and "://" not in experiment.train.storage:
+            check_writable_folder(experiment.train.storage, "train.storage")
         tracking = experiment.tracking
         for key, location in (("tracking.uri", tracking.uri), ("tracking.artifact_location", tracking.artifact_location)):
             folder = _local_folder(location)

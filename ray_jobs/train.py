@@ -186,7 +186,7 @@ def fit(
         scaling_config=ScalingConfig(num_workers=config.train.num_workers, use_gpu=gpu),
         run_config=RunConfig(
             name=run_name or time.strftime("train-%Y%m%d-%H%M%S"),
-            storage_path=str(run_folder / "ray"),
+            storage_path=config.train.storage or str(run_folder / "ray"),
             failure_config=FailureConfig(max_failures=config.train.max_failures),
             checkpoint_config=CheckpointConfig(num_to_keep=KEEP_CHECKPOINTS),
             callbacks=[ForwardMetrics(tracking.resolved_uri(config.tracking.uri), run_id, config.name), *callbacks],
