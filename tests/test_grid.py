@@ -101,57 +101,7 @@ def assert_grid_tracked(config: TrackingConfig, trials: list[str], planned: int 
 
 
 # --------------------------------------------------------------------------------------------------------------
-# The smoke grid as a Ray job on a cluster of its own (`ray start --head`), then `clozemath report` on it
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
-def wait_for(condition, timeout: float, what: str, process: subprocess.Popen | None = None, every: float = 0.5):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        found = condition()
-        if found:
-            return found
-        if process is not None and process.poll() is not None:
-            raise AssertionError(f"exited with {process.returncode} while waiting for {what}")
-        time.sleep(every)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
-@pytest.fixture(scope="module")
-def ray_head(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, dict[str, str]]]:
-    """`ray start --head --block` on ports and a temp folder of its own (apart from this session's Ray), with token
-    authentication (Ray 2.60's default for local clusters) by a token of its own; stopped by ending that process."""
-    env = {**os.environ, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": secrets.token_hex(32), "RAY_ADDRESS": ""}
-    del env["RAY_ADDRESS"]
-    temp = tempfile.mkdtemp(prefix="rayjob", dir="/tmp")  # short: Ray's socket paths live under it
-    dashboard = free_port()
-    ports = {
-        "--port": free_port(), "--dashboard-port": dashboard, "--dashboard-agent-listen-port": free_port(),
-        "--dashboard-agent-grpc-port": free_port(), "--runtime-env-agent-port": free_port(),
-        "--metrics-export-port": free_port(), "--ray-client-server-port": free_port(),
-        "--node-manager-port": free_port(), "--object-manager-port": free_port(),
-    }
-    command = [str(RAY), "start", "--head", "--block", "--num-cpus=8", f"--temp-dir={temp}", "--disable-usage-stats",
-               "--include-dashboard=true", *(f"{flag}={port}" for flag, port in ports.items())]
-    with open(tmp_path_factory.mktemp("head") / "head.log", "w") as log:
-        head = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    address = f"http://127.0.0.1:{dashboard}"
-    try:
-        wait_for(lambda: subprocess.run([str(RAY), "job", "list", "--address", address], env=env,
-                                        capture_output=True).returncode == 0, 120, "the Ray head", head, every=2)
-        yield address, env
-    finally:
-        os.killpg(head.pid, signal.SIGTERM)  # the head and the node's processes it started, all at once
-        try:
-            head.wait(10)
-        except subprocess.TimeoutExpired:
-            os.killpg(head.pid, signal.SIGKILL)
-            head.wait()
+# The smoke grid as a Ray job on a cluster of its own (`ray start --head` below)
 
 
 @pytest.fixture(scope="module")
@@ -227,7 +177,57 @@ def test_report_prints_what_the_child_runs_hold(smoke_grid, tmp_path: Path, caps
 
 
 # --------------------------------------------------------------------------------------------------------------
-# The command line in a process of its own, interrupted and killed; a trial failing in this process's Ray
+# Subprocesses: a Ray cluster of their own, the command line
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def wait_for(condition, timeout: float, what: str, process: subprocess.Popen | None = None, every: float = 0.5):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        found = condition()
+        if found:
+            return found
+        if process is not None and process.poll() is not None:
+            raise AssertionError(f"exited with {process.returncode} while waiting for {what}")
+        time.sleep(every)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+@pytest.fixture(scope="module")
+def ray_head(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, dict[str, str]]]:
+    """`ray start --head --block` on ports and a temp folder of its own (apart from this session's Ray), with token
+    authentication (Ray 2.60's default for local clusters) by a token of its own; stopped by ending that process."""
+    env = {**os.environ, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": secrets.token_hex(32), "RAY_ADDRESS": ""}
+    del env["RAY_ADDRESS"]
+    temp = tempfile.mkdtemp(prefix="rayjob", dir="/tmp")  # short: Ray's socket paths live under it
+    dashboard = free_port()
+    ports = {
+        "--port": free_port(), "--dashboard-port": dashboard, "--dashboard-agent-listen-port": free_port(),
+        "--dashboard-agent-grpc-port": free_port(), "--runtime-env-agent-port": free_port(),
+        "--metrics-export-port": free_port(), "--ray-client-server-port": free_port(),
+        "--node-manager-port": free_port(), "--object-manager-port": free_port(),
+    }
+    command = [str(RAY), "start", "--head", "--block", "--num-cpus=8", f"--temp-dir={temp}", "--disable-usage-stats",
+               "--include-dashboard=true", *(f"{flag}={port}" for flag, port in ports.items())]
+    with open(tmp_path_factory.mktemp("head") / "head.log", "w") as log:
+        head = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    address = f"http://127.0.0.1:{dashboard}"
+    try:
+        wait_for(lambda: subprocess.run([str(RAY), "job", "list", "--address", address], env=env,
+                                        capture_output=True).returncode == 0, 120, "the Ray head", head, every=2)
+        yield address, env
+    finally:
+        os.killpg(head.pid, signal.SIGTERM)  # the head and the node's processes it started, all at once
+        try:
+            head.wait(10)
+        except subprocess.TimeoutExpired:
+            os.killpg(head.pid, signal.SIGKILL)
+            head.wait()
 
 
 INTERRUPTED_STEPS = 6
