@@ -17,6 +17,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -105,19 +106,17 @@ def assert_grid_tracked(config: TrackingConfig, trials: list[str], planned: int 
 
 
 @pytest.fixture(scope="module")
-def smoke_grid(
-    ray_head: tuple[str, dict[str, str]], tmp_path_factory: pytest.TempPathFactory
-) -> tuple[subprocess.CompletedProcess, Path, GridConfig]:
-    """The smoke grid's slice, submitted as a Ray job (`ray job submit ... -- clozemath run ...`): the job's output,
-    the folder of its runs and MLflow store, the grid."""
-    address, env = ray_head
+def smoke_grid(tmp_path_factory: pytest.TempPathFactory) -> tuple[subprocess.CompletedProcess, Path, GridConfig]:
+    """The smoke grid's slice, submitted as a Ray job (`ray job submit ... -- clozemath run ...`) to a cluster started
+    for it: the job's output, the folder of its runs and MLflow store, the grid."""
     folder = tmp_path_factory.mktemp("grid")
     overrides = [*SLICE, *store(folder)]
-    job = subprocess.run(
-        [str(RAY), "job", "submit", "--address", address, "--working-dir", str(ROOT), "--",
-         sys.executable, "-m", "clozemath.cli", "run", "configs/grids/smoke.yaml", *overrides],
-        env=env, capture_output=True, text=True, timeout=1200,
-    )
+    with ray_head(tmp_path_factory.mktemp("head")) as (address, env):
+        job = subprocess.run(
+            [str(RAY), "job", "submit", "--address", address, "--working-dir", str(ROOT), "--",
+             sys.executable, "-m", "clozemath.cli", "run", "configs/grids/smoke.yaml", *overrides],
+            env=env, capture_output=True, text=True, timeout=1200,
+        )
     grid = load_config(SMOKE, overrides)
     assert isinstance(grid, GridConfig)
     return job, folder, grid
@@ -198,8 +197,8 @@ def wait_for(condition, timeout: float, what: str, process: subprocess.Popen | N
     raise AssertionError(f"timed out waiting for {what}")
 
 
-@pytest.fixture(scope="module")
-def ray_head(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, dict[str, str]]]:
+@contextmanager
+def ray_head(folder: Path) -> Iterator[tuple[str, dict[str, str]]]:
     """`ray start --head --block` on ports and a temp folder of its own (apart from this session's Ray), with token
     authentication (Ray 2.60's default for local clusters) by a token of its own; stopped by ending that process."""
     env = {**os.environ, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": secrets.token_hex(32), "RAY_ADDRESS": ""}
@@ -214,7 +213,7 @@ def ray_head(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, di
     }
     command = [str(RAY), "start", "--head", "--block", "--num-cpus=8", f"--temp-dir={temp}", "--disable-usage-stats",
                "--include-dashboard=true", *(f"{flag}={port}" for flag, port in ports.items())]
-    with open(tmp_path_factory.mktemp("head") / "head.log", "w") as log:
+    with open(folder / "head.log", "w") as log:
         head = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     address = f"http://127.0.0.1:{dashboard}"
     try:
