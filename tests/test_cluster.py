@@ -12,11 +12,10 @@ import socket
 import sqlite3
 import subprocess
 import sys
-import threading
 import time
 import urllib.request
 from collections.abc import Iterator
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -177,20 +176,18 @@ def test_a_run_tracked_on_a_server_resumes_on_another_node_when_its_node_is_lost
         ])
         assert isinstance(config, ExperimentConfig) and config.train.max_failures == 1
         log = tmp_path / "reported.jsonl"
-        lost: list[int] = []
-
-        def lose_the_training_node() -> None:
+        # The run in a thread; this one (Ray adds nodes from the main thread only) removes a node and adds one.
+        with ThreadPoolExecutor(1) as driver:
+            training = driver.submit(run_experiment, config, train_callbacks=[ReportedSteps(log)])
             deadline = time.monotonic() + 300
             while max(reported(log), default=0) <= CHECKPOINT_EVERY and time.monotonic() < deadline:
+                if training.done():
+                    break
                 time.sleep(0.1)
-            lost.append(max(reported(log), default=0))
+            lost = max(reported(log), default=0)
             cluster.remove_node(training_node, allow_graceful=False)
             cluster.add_node(num_cpus=4)
-
-        loser = threading.Thread(target=lose_the_training_node, daemon=True)
-        loser.start()
-        outcome = run_experiment(config, train_callbacks=[ReportedSteps(log)])
-        loser.join(timeout=60)
+            outcome = training.result(timeout=600)
         alive = [node for node in ray.nodes() if node["Alive"]]
     finally:
         ray.shutdown()
@@ -198,7 +195,7 @@ def test_a_run_tracked_on_a_server_resumes_on_another_node_when_its_node_is_lost
 
     assert len(alive) == 2 and training_node.node_id not in {node["NodeID"] for node in alive}
     steps = reported(log)
-    assert lost and lost[0] > CHECKPOINT_EVERY, (lost, steps)  # lost after the step-2 checkpoint
+    assert CHECKPOINT_EVERY < lost < RUN_STEPS, (lost, steps)  # lost mid-training, after the step-2 checkpoint
     (at,) = restarts(steps)  # one restart, from a checkpoint the lost worker reached, not from step 1
     again = steps[at]
     assert (again - 1) % CHECKPOINT_EVERY == 0 and CHECKPOINT_EVERY < again <= steps[at - 1] + 1, steps

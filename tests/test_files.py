@@ -25,7 +25,8 @@ def contents(path: Path) -> dict[str, str]:
 @pytest.fixture
 def adapters(tmp_path: Path) -> tuple[Path, Path]:
     """A new adapter (in a checkpoint) and the run folder's earlier one."""
-    new = folder_with(tmp_path / "checkpoint" / "adapter", {"adapter_config.json": "new", "adapter_model.safetensors": "new"})
+    new = folder_with(tmp_path / "checkpoint" / "adapter",
+                      {"adapter_config.json": "new", "adapter_model.safetensors": "new"})
     folder_with(tmp_path / "run" / "adapter", {"adapter_config.json": "old", "adapter_model.safetensors": "old"})
     return new, tmp_path / "run" / "adapter"
 

@@ -245,7 +245,8 @@ def test_an_interrupted_or_killed_driver_resumes_the_grid_without_redoing_finish
     The trained trial's samples come from the smoke grid's cache (the same data and method)."""
     shutil.copytree(smoke_grid[1] / "runs" / "cache", tmp_path / "runs" / "cache")
     config = tracking_of(tmp_path)
-    overrides = [str(SMOKE), "axes.model=[tiny-llama]", *SLICE, *store(tmp_path), f"train.max_steps={INTERRUPTED_STEPS}"]
+    overrides = [str(SMOKE), "axes.model=[tiny-llama]", *SLICE, *store(tmp_path),
+                 f"train.max_steps={INTERRUPTED_STEPS}"]
     python = [sys.executable, "-m", "clozemath.cli", "run", *overrides]
     env = {key: value for key, value in os.environ.items() if key != "RAY_ADDRESS"}
     base, trained = (f"smoke-grid/model=tiny-llama,method={m},dataset=gsm8k,seed=0" for m in ("base", "clozemath"))
@@ -278,7 +279,8 @@ def test_an_interrupted_or_killed_driver_resumes_the_grid_without_redoing_finish
             os.killpg(first.pid, signal.SIGKILL)
             first.wait()
     output = (tmp_path / "first.log").read_text()
-    assert f"clozemath: interrupted; the grid resumes where it stopped with: {shlex.join(['clozemath', 'run', *overrides])}\n" in output
+    resume = shlex.join(["clozemath", "run", *overrides])
+    assert f"clozemath: interrupted; the grid resumes where it stopped with: {resume}\n" in output
     assert "MLflow parent run" not in output  # no outcome table: nothing reads as finished
     (parent,) = tracking.find_runs(config, {"role": "grid"})
     interrupted = children(config)
