@@ -166,6 +166,9 @@ class TrainConfig(_Strict):
     max_failures: AtLeastZero = 1
     seed: int = 0
     output_dir: str = "runs"
+    storage: str | None = None
+    """Where Ray Train keeps the checkpoints a restarted worker resumes from: on a cluster, a folder every node sees
+    or a URI pyarrow opens (`s3://bucket/path`, `gs://...`). Default: `ray/` in the run's folder under `output_dir`."""
     fail_at_step: AtLeastOne | None = None
     """Test hook: rank 0 raises once when it reaches this step (exercises restart and resume)."""
     pack_tokens: AtLeastOne | Literal["auto"] | None = "auto"

@@ -4,6 +4,7 @@ a failure (or Ctrl-C) midway leaves the file that was there before, never a trun
 from __future__ import annotations
 
 import os
+import shutil
 import uuid
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
@@ -40,6 +41,32 @@ def write_text_atomic(path: str | Path, text: str) -> None:
         handle.write(text)
 
 
+def copy_folder_atomic(source: str | Path, target: str | Path) -> None:
+    """Copy the folder `source` to `target`, replacing what was there only once the copy is whole.
+
+    The copy is written beside `target`, then renamed into place: a failed copy leaves the old `target` as it was.
+    Replacing an existing folder takes two renames (old aside, new in); a crash between them leaves the old folder
+    beside, under a dot name, never nothing."""
+    target = Path(target)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    staging = target.with_name(f".{uuid.uuid4().hex[:8]}.{target.name}")
+    old = target.with_name(f".{uuid.uuid4().hex[:8]}.{target.name}.old")
+    try:
+        shutil.copytree(source, staging)
+        if not target.exists():
+            os.rename(staging, target)
+            return
+        os.rename(target, old)
+        try:
+            os.rename(staging, target)
+        except BaseException:
+            os.rename(old, target)
+            raise
+        shutil.rmtree(old)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+
+
 def check_writable_folder(path: str | Path, what: str) -> None:
     """Refuse, before anything starts, a folder that cannot be made or written: one under a file, or in a folder
     this user may not write."""
@@ -56,6 +83,8 @@ def check_run_outputs(experiments: Iterable[ExperimentConfig]) -> None:
     """Every folder a run writes (its output folder, a local tracking store and its artifacts) can be written."""
     for experiment in experiments:
         check_writable_folder(experiment.train.output_dir, "train.output_dir")
+        if experiment.train.storage is not None and "://" not in experiment.train.storage:
+            check_writable_folder(experiment.train.storage, "train.storage")
         tracking = experiment.tracking
         for key, location in (("tracking.uri", tracking.uri), ("tracking.artifact_location", tracking.artifact_location)):
             folder = _local_folder(location)

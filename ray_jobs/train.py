@@ -11,7 +11,6 @@ output folder. The metrics reach MLflow through a callback on the Train controll
 from __future__ import annotations
 
 import os
-import shutil
 import time
 import warnings
 from collections.abc import Sequence
@@ -37,6 +36,7 @@ from ray.train.torch import TorchTrainer
 from clozemath import console, tracking
 from clozemath.config import ExperimentConfig
 from clozemath.errors import ClozeMathError
+from clozemath.files import copy_folder_atomic
 from clozemath.eval.during_training import CURVE, evaluate_step, step_evaluation
 from clozemath.train.loop import ADAPTER_DIR, StepMetrics, all_ranks_sum, eager_inference, plan_steps
 from ray_jobs.preprocess import Prepared
@@ -192,7 +192,7 @@ def fit(
         ),
         run_config=RunConfig(
             name=run_name or time.strftime("train-%Y%m%d-%H%M%S"),
-            storage_path=str(run_folder / "ray"),
+            storage_path=config.train.storage or str(run_folder / "ray"),
             failure_config=FailureConfig(max_failures=config.train.max_failures),
             checkpoint_config=CheckpointConfig(num_to_keep=KEEP_CHECKPOINTS),
             callbacks=[ForwardMetrics(tracking.resolved_uri(config.tracking.uri), run_id, config.name), *callbacks],
@@ -203,7 +203,6 @@ def fit(
     )
     result = trainer.fit()
     adapter = run_folder / ADAPTER_DIR
-    shutil.rmtree(adapter, ignore_errors=True)
     with result.checkpoint.as_directory() as final:
-        shutil.copytree(Path(final) / ADAPTER_DIR, adapter)
+        copy_folder_atomic(Path(final) / ADAPTER_DIR, adapter)  # a failed copy leaves an earlier adapter whole
     return adapter, int(result.metrics["step"])

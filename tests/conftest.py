@@ -15,15 +15,35 @@ if "CLOZEMATH_DATA_DIR" not in os.environ and _SHARED_DATA.is_dir():
     os.environ["CLOZEMATH_DATA_DIR"] = str(_SHARED_DATA)
 
 
-@pytest.fixture(scope="session")
-def ray_session() -> Iterator[None]:
+def start_session_ray() -> None:
     import ray
 
     from ray_jobs.cluster import runtime_env
 
     ray.init(num_cpus=8, runtime_env=runtime_env())
+
+
+@pytest.fixture(scope="session")
+def ray_session() -> Iterator[None]:
+    import ray
+
+    start_session_ray()
     yield
     ray.shutdown()
+
+
+@pytest.fixture
+def ray_of_its_own() -> Iterator[None]:
+    """For a test that starts a Ray of its own (a multi-node `Cluster`): the session's Ray, if up, is shut down for
+    it and started again after, for the tests that follow."""
+    import ray
+
+    was_up = ray.is_initialized()
+    ray.shutdown()
+    yield
+    ray.shutdown()
+    if was_up:
+        start_session_ray()
 
 
 @pytest.fixture(scope="module")
@@ -35,3 +55,15 @@ def one_torch_thread() -> Iterator[None]:
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="session")
+def smoke_samples(ray_session: None, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A cache folder holding the smoke experiment's prepared samples (Ray Data, once a session). A test about what
+    comes after preparing copies it into its run's `<train.output_dir>/cache`: the run reads them from there."""
+    from clozemath.config import load_config
+    from ray_jobs.preprocess import preprocess
+
+    cache = tmp_path_factory.mktemp("smoke_samples")
+    preprocess(load_config(Path(__file__).resolve().parents[1] / "configs" / "experiments" / "smoke.yaml"), cache)
+    return cache

@@ -8,6 +8,7 @@ import io
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -153,9 +154,16 @@ def assert_ours_only(lines: list[str]) -> None:
     assert not strangers, "\n".join(lines)
 
 
+@pytest.fixture(scope="module")
+def smoke_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[int, list[str], Path]:
+    """The smoke experiment run once for the module: its exit code, its console, its folder."""
+    folder = tmp_path_factory.mktemp("smoke")
+    return *run_smoke(folder, "train.max_steps=4"), folder
+
+
 @pytest.mark.slow
-def test_the_smoke_run_console_is_short_ordered_and_summarised_with_the_rest_in_log_files(tmp_path: Path) -> None:
-    code, lines = run_smoke(tmp_path, "train.max_steps=4")
+def test_the_smoke_run_console_is_short_ordered_and_summarised_with_the_rest_in_log_files(smoke_run) -> None:
+    code, lines, tmp_path = smoke_run
     console_text = "\n".join(lines)
     assert code == 0, console_text
     shown = bars_once(lines)
@@ -189,9 +197,15 @@ def test_the_smoke_run_console_is_short_ordered_and_summarised_with_the_rest_in_
 
 
 @pytest.mark.slow
-def test_a_trial_failing_on_a_user_mistake_ends_the_console_with_one_line_and_where_its_log_is(tmp_path: Path) -> None:
-    """A mistake only the trial can find (its training set, 112 samples, cannot fill one micro-batch of 500)."""
+def test_a_trial_failing_on_a_user_mistake_ends_the_console_with_one_line_and_where_its_log_is(
+    smoke_run, tmp_path: Path
+) -> None:
+    """A mistake only the trial can find (its training set, 112 samples, cannot fill one micro-batch of 500). The
+    samples come from the cache the smoke run filled (the micro-batch size is not part of its key): what is tested
+    here comes after them."""
+    shutil.copytree(smoke_run[2] / "runs" / "cache", tmp_path / "runs" / "cache")
     code, lines = run_smoke(tmp_path, "train.micro_batch_size=500", "eval.sets=[]")
+    assert any(line.startswith("[smoke] data: ") and "from the cache" in line for line in lines), "\n".join(lines)
     assert code == 2, "\n".join(lines)
     assert_ours_only(bars_once(lines))
     assert lines[-1].startswith("clozemath: error: 1 of 1 trials failed; smoke: too few training samples: 0 micro-batches")

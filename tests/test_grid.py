@@ -1,11 +1,12 @@
-"""The grid end to end on Ray (slow): the smoke grid (2 tiny models x base, ClozeMath) in the session's Ray, with its
-MLflow parent and child runs; `clozemath report` on it; the grid through `ray start --head` + `ray job submit`; a
-driver killed mid-grid, then `clozemath run` again restoring it without redoing the finished trial."""
+"""The grid end to end on Ray (slow): the smoke grid (2 tiny models x base, ClozeMath) as a Ray job (`ray start
+--head` + `ray job submit`), with its MLflow parent and child runs; `clozemath report` on it; a driver interrupted
+(Ctrl-C), then killed mid-grid, then `clozemath run` again restoring it without redoing the finished trial."""
 
 from __future__ import annotations
 
 import logging
 import os
+import re
 import secrets
 import shlex
 import shutil
@@ -15,7 +16,8 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -28,14 +30,7 @@ from clozemath.cli import main
 from clozemath.config import GridConfig, TrackingConfig, expand_grid, flatten, load_config
 from clozemath.errors import ClozeMathError
 import ray_jobs.grid
-from ray_jobs.grid import (
-    GridOutcome,
-    QuietUserErrors,
-    grid_key,
-    run_grid,
-    warn_local_store_on_a_cluster,
-    with_absolute_paths,
-)
+from ray_jobs.grid import QuietUserErrors, grid_key, warn_local_store_on_a_cluster, with_absolute_paths
 
 ROOT = Path(__file__).resolve().parents[1]
 SMOKE = ROOT / "configs" / "grids" / "smoke.yaml"
@@ -66,9 +61,9 @@ def steps(config: TrackingConfig, run_id: str, metric: str) -> list[int]:
     return [m.step for m in sorted(history, key=lambda m: (m.timestamp, m.step))]
 
 
-def assert_grid_tracked(config: TrackingConfig, trials: list[str]) -> dict[str, Run]:
-    """A finished parent run and one finished child run per trial, with its tags, metrics and artifacts; each step
-    logged once, also where a trial resumed from a checkpoint and trained the steps after it again."""
+def assert_grid_tracked(config: TrackingConfig, trials: list[str], planned: int = STEPS) -> dict[str, Run]:
+    """A finished parent run and one finished child run per trial, with its tags, metrics and artifacts; each of the
+    `planned` steps logged once, also where a trial resumed from a checkpoint and trained the steps after it again."""
     client = tracking.client(config.uri)
     (parent,) = tracking.find_runs(config, {"role": "grid"})
     assert parent.info.status == "FINISHED" and parent.data.tags["grid"] == "smoke-grid"
@@ -95,36 +90,48 @@ def assert_grid_tracked(config: TrackingConfig, trials: list[str]) -> dict[str, 
             assert {f"eval/{s}/beam/accuracy" for s in ("gsm_symbolic", "gsm_p1", "gsm_p2")} <= set(metrics)
             assert "eval/gsm_p1/cot/accuracy" not in metrics  # CoT-decoding on GSM8K only
             logged = steps(config, run.info.run_id, "train/loss")
-            # accuracy during training on the same 2 problems every 2 steps and at the end, apart from the full
-            # evaluation at the last step
+            # accuracy during training on the same 2 problems every 2 steps (the last one among them), apart from
+            # the full evaluation at the last step
             curve = steps(config, run.info.run_id, "curve/gsm8k/beam/accuracy")
             evaluated = steps(config, run.info.run_id, "eval/gsm8k/beam/accuracy")
-            assert logged == list(range(1, STEPS + 1)) and curve == [2, STEPS]
-            assert set(evaluated) == {STEPS}
+            assert logged == list(range(1, planned + 1)) and curve == list(range(2, planned + 1, 2))
+            assert set(evaluated) == {planned}
             params = run.data.params
-            assert int(params["train.planned_steps"]) == STEPS and int(params["train.planned_tokens"]) > 0
+            assert int(params["train.planned_steps"]) == planned and int(params["train.planned_tokens"]) > 0
     return runs
 
 
 # --------------------------------------------------------------------------------------------------------------
-# In this process's Ray
+# The smoke grid as a Ray job on a cluster of its own (`ray start --head` below)
 
 
 @pytest.fixture(scope="module")
-def smoke_grid(ray_session: None, tmp_path_factory: pytest.TempPathFactory) -> tuple[GridOutcome, Path, GridConfig]:
+def smoke_grid(tmp_path_factory: pytest.TempPathFactory) -> tuple[subprocess.CompletedProcess, Path, GridConfig]:
+    """The smoke grid's slice, submitted as a Ray job (`ray job submit ... -- clozemath run ...`) to a cluster started
+    for it: the job's output, the folder of its runs and MLflow store, the grid."""
     folder = tmp_path_factory.mktemp("grid")
-    grid = load_config(SMOKE, [*SLICE, *store(folder)])
+    overrides = [*SLICE, *store(folder)]
+    with ray_head(tmp_path_factory.mktemp("head")) as (address, env):
+        job = subprocess.run(
+            [str(RAY), "job", "submit", "--address", address, "--working-dir", str(ROOT), "--",
+             sys.executable, "-m", "clozemath.cli", "run", "configs/grids/smoke.yaml", *overrides],
+            env=env, capture_output=True, text=True, timeout=1200,
+        )
+    grid = load_config(SMOKE, overrides)
     assert isinstance(grid, GridConfig)
-    return run_grid(grid, ROOT / "configs", SMOKE), folder, grid
+    return job, folder, grid
 
 
 @pytest.mark.slow
-def test_smoke_grid_runs_to_the_end_tracked_as_parent_and_children(smoke_grid) -> None:
-    outcome, folder, grid = smoke_grid
+def test_the_smoke_grid_runs_as_a_ray_job_to_the_end_tracked_as_parent_and_children(smoke_grid) -> None:
+    job, folder, grid = smoke_grid
+    output = job.stdout + job.stderr
+    assert job.returncode == 0 and "succeeded" in output, output[-3000:]
+    assert "ray: joined the cluster at " in output  # joined RAY_ADDRESS, started none
     experiments = [with_absolute_paths(e) for e in expand_grid(grid, ROOT / "configs", SMOKE)]
-    assert [t.name for t in outcome.trials] == [e.name for e in experiments] and not outcome.failed
     runs = assert_grid_tracked(tracking_of(folder), [e.name for e in experiments])
-    assert {t.name: t.run_id for t in outcome.trials} == {name: run.info.run_id for name, run in runs.items()}
+    summary = re.findall(r"^  (\S+) +(finished|failed: .*?) +.*run (\S+)$", job.stdout, re.MULTILINE)
+    assert summary == [(e.name, "finished", runs[e.name].info.run_id) for e in experiments], job.stdout[-3000:]
     for experiment in experiments:  # params: the flattened, resolved config, for the MLflow UI to compare
         params = runs[experiment.name].data.params
         assert {key: params[key] for key in flatten(experiment)} == {k: str(v) for k, v in flatten(experiment).items()}
@@ -190,8 +197,8 @@ def wait_for(condition, timeout: float, what: str, process: subprocess.Popen | N
     raise AssertionError(f"timed out waiting for {what}")
 
 
-@pytest.fixture
-def ray_head(tmp_path: Path) -> Iterator[tuple[str, dict[str, str]]]:
+@contextmanager
+def ray_head(folder: Path) -> Iterator[tuple[str, dict[str, str]]]:
     """`ray start --head --block` on ports and a temp folder of its own (apart from this session's Ray), with token
     authentication (Ray 2.60's default for local clusters) by a token of its own; stopped by ending that process."""
     env = {**os.environ, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": secrets.token_hex(32), "RAY_ADDRESS": ""}
@@ -206,7 +213,7 @@ def ray_head(tmp_path: Path) -> Iterator[tuple[str, dict[str, str]]]:
     }
     command = [str(RAY), "start", "--head", "--block", "--num-cpus=8", f"--temp-dir={temp}", "--disable-usage-stats",
                "--include-dashboard=true", *(f"{flag}={port}" for flag, port in ports.items())]
-    with open(tmp_path / "head.log", "w") as log:
+    with open(folder / "head.log", "w") as log:
         head = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     address = f"http://127.0.0.1:{dashboard}"
     try:
@@ -222,109 +229,82 @@ def ray_head(tmp_path: Path) -> Iterator[tuple[str, dict[str, str]]]:
             head.wait()
 
 
-@pytest.mark.slow
-def test_the_grid_runs_as_a_ray_job(ray_head: tuple[str, dict[str, str]], tmp_path: Path) -> None:
-    address, env = ray_head
-    overrides = ["axes.model=[tiny-llama]", *SLICE, *store(tmp_path)]
-    job = subprocess.run(
-        [str(RAY), "job", "submit", "--address", address, "--working-dir", str(ROOT), "--",
-         sys.executable, "-m", "clozemath.cli", "run", "configs/grids/smoke.yaml", *overrides],
-        env=env, capture_output=True, text=True, timeout=600,
-    )
-    assert job.returncode == 0 and "succeeded" in job.stdout + job.stderr, (job.stdout + job.stderr)[-3000:]
-    assert "ray: joined the cluster at " in job.stdout + job.stderr  # joined RAY_ADDRESS, started none
-    trials = [f"smoke-grid/model=tiny-llama,method={m},dataset=gsm8k,seed=0" for m in ("base", "clozemath")]
-    assert_grid_tracked(tracking_of(tmp_path), trials)
+INTERRUPTED_STEPS = 6
+"""The interrupted grid trains 6 steps: room for two interruptions, each past a checkpoint (every 2 steps)."""
 
 
 @pytest.mark.slow
-def test_a_killed_driver_is_restored_without_redoing_finished_trials(tmp_path: Path) -> None:
-    """The driver (and the Ray it started) is killed once the base trial has finished and the ClozeMath trial has
-    passed its step-2 checkpoint; `clozemath run` again restores the grid: the base trial keeps its run, the
-    ClozeMath trial logs on into its own run from its checkpoint, not from step 1."""
+def test_an_interrupted_or_killed_driver_resumes_the_grid_without_redoing_finished_trials(
+    smoke_grid, tmp_path: Path
+) -> None:
+    """Ctrl-C once the base trial has finished and the ClozeMath trial has passed its step-2 checkpoint: exit 130,
+    the command to resume printed, the grid's and the trial's MLflow runs KILLED. The same command resumes the grid;
+    its driver (and the Ray it started) is then killed once the trial has passed its step-4 checkpoint. The same
+    command once more restores the grid: the base trial keeps its run untouched, the ClozeMath trial logs on into
+    its own run from its checkpoint and ends, each step logged once (steps after a checkpoint are trained twice).
+    The trained trial's samples come from the smoke grid's cache (the same data and method)."""
+    shutil.copytree(smoke_grid[1] / "runs" / "cache", tmp_path / "runs" / "cache")
     config = tracking_of(tmp_path)
-    command = [sys.executable, "-m", "clozemath.cli", "run", str(SMOKE), "axes.model=[tiny-llama]", *SLICE,
-               *store(tmp_path)]
+    overrides = [str(SMOKE), "axes.model=[tiny-llama]", *SLICE, *store(tmp_path),
+                 f"train.max_steps={INTERRUPTED_STEPS}"]
+    python = [sys.executable, "-m", "clozemath.cli", "run", *overrides]
     env = {key: value for key, value in os.environ.items() if key != "RAY_ADDRESS"}
     base, trained = (f"smoke-grid/model=tiny-llama,method={m},dataset=gsm8k,seed=0" for m in ("base", "clozemath"))
 
-    def base_done_and_trained_past_checkpoint() -> dict[str, Run] | None:
-        if "trials, up to" not in (tmp_path / "first.log").read_text():  # the driver has set up the MLflow store
-            return None
-        try:
-            runs = children(config)
-        except (MlflowException, OperationalError):  # the store is busy with the driver's trials
-            return None
-        if base not in runs or runs[base].info.status != "FINISHED" or trained not in runs:
-            return None
-        return runs if max(steps(config, runs[trained].info.run_id, "train/loss"), default=0) >= 3 else None
+    def trained_past(step: int, log: Path) -> Callable[[], dict[str, Run] | None]:
+        def check() -> dict[str, Run] | None:
+            if not any(line in log.read_text() for line in ("trials, up to", "resuming the grid")):
+                return None  # the driver has not set up the MLflow store yet
+            try:
+                runs = children(config)
+            except (MlflowException, OperationalError):  # the store is busy with the driver's trials
+                return None
+            if base not in runs or runs[base].info.status != "FINISHED" or trained not in runs:
+                return None
+            return runs if max(steps(config, runs[trained].info.run_id, "train/loss"), default=0) > step else None
+        return check
 
-    with open(tmp_path / "first.log", "w") as log:
-        driver = subprocess.Popen(
-            command, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
-        )
+    def start(log: Path) -> subprocess.Popen:
+        with open(log, "w") as out:
+            return subprocess.Popen(python, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT,
+                                    start_new_session=True)
+
+    first = start(tmp_path / "first.log")
     try:
-        before = wait_for(base_done_and_trained_past_checkpoint, 480, "the first trial", driver)
+        before = wait_for(trained_past(2, tmp_path / "first.log"), 480, "step 3 of the trained trial", first)
+        first.send_signal(signal.SIGINT)
+        assert first.wait(timeout=180) == 130
     finally:
-        os.killpg(driver.pid, signal.SIGKILL)
-        driver.wait()
-    assert before[trained].info.status == "RUNNING"
-
-    again = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
-    assert again.returncode == 0, (again.stdout + again.stderr)[-3000:]
-    assert "resuming the grid" in again.stderr
-    after = assert_grid_tracked(config, [base, trained])
-    for name in (base, trained):  # the same runs: the finished one untouched, the interrupted one continued
-        assert after[name].info.run_id == before[name].info.run_id
-    assert after[base].info.start_time == before[base].info.start_time
-    assert after[base].info.end_time == before[base].info.end_time
-    assert after[trained].info.status == "FINISHED"
-    logged = steps(config, after[trained].info.run_id, "train/loss")
-    assert logged.count(1) == 1 and logged[-1] == STEPS, logged  # resumed from a checkpoint, not from scratch
-
-
-@pytest.mark.slow
-def test_ctrl_c_is_an_interruption_that_resumes_logging_each_step_once(tmp_path: Path) -> None:
-    """Ctrl-C once the trial has passed its step-2 checkpoint: exit 130, the command to resume printed, the grid's
-    and the trial's MLflow runs KILLED; the same command again resumes the trial into its run, each step logged
-    once (steps 3.. are trained twice)."""
-    config = tracking_of(tmp_path)
-    command = ["clozemath", "run", str(SMOKE), "axes.model=[tiny-llama]", "axes.method=[clozemath]",
-               "axes.dataset=[gsm8k]", *store(tmp_path)]
-    python = [sys.executable, "-m", "clozemath.cli", *command[1:]]
-    env = {key: value for key, value in os.environ.items() if key != "RAY_ADDRESS"}
-    trained = "smoke-grid/model=tiny-llama,method=clozemath,dataset=gsm8k,seed=0"
-
-    def past_checkpoint() -> dict[str, Run] | None:
-        try:
-            runs = children(config)
-        except (MlflowException, OperationalError):
-            return None
-        if trained not in runs or max(steps(config, runs[trained].info.run_id, "train/loss"), default=0) < 3:
-            return None
-        return runs
-
-    with open(tmp_path / "first.log", "w") as log:
-        driver = subprocess.Popen(python, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    try:
-        before = wait_for(past_checkpoint, 480, "step 3 of the trial", driver)
-        driver.send_signal(signal.SIGINT)
-        assert driver.wait(timeout=180) == 130
-    finally:
-        if driver.poll() is None:
-            os.killpg(driver.pid, signal.SIGKILL)
-            driver.wait()
+        if first.poll() is None:
+            os.killpg(first.pid, signal.SIGKILL)
+            first.wait()
     output = (tmp_path / "first.log").read_text()
-    assert f"clozemath: interrupted; the grid resumes where it stopped with: {shlex.join(command)}\n" in output
+    resume = shlex.join(["clozemath", "run", *overrides])
+    assert f"clozemath: interrupted; the grid resumes where it stopped with: {resume}\n" in output
     assert "MLflow parent run" not in output  # no outcome table: nothing reads as finished
     (parent,) = tracking.find_runs(config, {"role": "grid"})
-    assert parent.info.status == "KILLED" and children(config)[trained].info.status == "KILLED"
+    interrupted = children(config)
+    assert parent.info.status == "KILLED" and interrupted[trained].info.status == "KILLED"
+    assert interrupted[base].info.status == "FINISHED"
+
+    second = start(tmp_path / "second.log")
+    try:
+        killed = wait_for(trained_past(4, tmp_path / "second.log"), 480, "step 5 of the trained trial", second)
+    finally:
+        os.killpg(second.pid, signal.SIGKILL)
+        second.wait()
+    assert "resuming the grid" in (tmp_path / "second.log").read_text()
+    assert killed[trained].info.status == "RUNNING"
 
     again = subprocess.run(python, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert again.returncode == 0, (again.stdout + again.stderr)[-3000:]
-    after = assert_grid_tracked(config, [trained])
-    assert after[trained].info.run_id == before[trained].info.run_id
-    assert steps(config, after[trained].info.run_id, "train/loss") == list(range(1, STEPS + 1))
+    assert "resuming the grid" in again.stderr
+    after = assert_grid_tracked(config, [base, trained], planned=INTERRUPTED_STEPS)  # each step logged once
+    for name in (base, trained):  # the same runs: the finished one untouched, the interrupted one continued
+        assert after[name].info.run_id == killed[name].info.run_id == before[name].info.run_id
+    assert after[base].info.start_time == before[base].info.start_time
+    assert after[base].info.end_time == before[base].info.end_time
+    assert after[trained].info.status == "FINISHED"
 
 
 @pytest.mark.slow

@@ -333,10 +333,25 @@ def test_ray_train_collects_reports_briskly_unless_told_otherwise(monkeypatch: p
     assert runtime_env()["env_vars"][TRAIN_POLL_ENV_VAR] == "1.5"
 
 
+EVERY_4_STEPS = ["eval.every_steps=4", "eval.during_training_limit=2"]
+"""Accuracy during training on 2 problems at steps 4 and 8: the 2 workers decode one each under ZeRO-2 and sum their
+counts; under ZeRO-3 (each holds a shard of every parameter) both decode both, in step."""
+
+
+def assert_curve_at_steps_4_and_8(config: ExperimentConfig, run_id: str) -> None:
+    client = tracking.client(config.tracking.uri)
+    totals = client.get_metric_history(run_id, "curve/gsm8k/greedy/total")
+    assert sorted((m.step, m.value) for m in totals) == [(4, 2.0), (8, 2.0)]
+    for correct, accuracy in zip(*(sorted(client.get_metric_history(run_id, f"curve/gsm8k/greedy/{name}"),
+                                          key=lambda m: m.step) for name in ("correct", "accuracy"))):
+        assert correct.step == accuracy.step and accuracy.value == correct.value / 2
+
+
 @pytest.mark.slow
 def test_zero2_run_learns_and_is_tracked(workdir: Path, ray_session: None) -> None:
-    config = smoke_config(workdir, "train.zero_stage=2")
+    config = smoke_config(workdir, "train.zero_stage=2", *EVERY_4_STEPS)
     outcome = run_experiment(config)
+    assert_curve_at_steps_4_and_8(config, outcome.run_id)
 
     steps = logged_steps(config, outcome.run_id)
     assert [step for step, _ in steps] == list(range(1, 9))
@@ -363,11 +378,13 @@ def test_zero2_run_learns_and_is_tracked(workdir: Path, ray_session: None) -> No
 @pytest.mark.slow
 def test_zero3_worker_failure_resumes_from_checkpoint(workdir: Path, ray_session: None) -> None:
     """Rank 0 fails before step 6; the workers restart from the step-4 checkpoint (step 5 is trained again; reported
-    every step, its first try reaches MLflow before the failure) and stop at step 8; MLflow holds each step once."""
-    config = smoke_config(workdir, "name=smoke_zero3", "train.zero_stage=3", "train.fail_at_step=6", "eval.sets=[]",
-                          "train.report_every=1")
+    every step, its first try reaches MLflow before the failure) and stop at step 8; MLflow holds each step once.
+    Both workers evaluate during training, before the failure and after the restart."""
+    config = smoke_config(workdir, "name=smoke_zero3", "train.zero_stage=3", "train.fail_at_step=6",
+                          "eval.sets=[{dataset: gsm8k, limit: 2}]", "train.report_every=1", *EVERY_4_STEPS)
     assert config.train.checkpoint_every == 4 and config.train.max_steps == 8
     outcome = run_experiment(config)
+    assert_curve_at_steps_4_and_8(config, outcome.run_id)
 
     steps = logged_steps(config, outcome.run_id)
     assert [step for step, _ in steps] == list(range(1, 9))

@@ -200,7 +200,23 @@ def build_engine(model: torch.nn.Module, train: TrainConfig, total_steps: int, w
         config=deepspeed_config(train, bf16=next(model.parameters()).dtype == torch.bfloat16),
     )
     _leave_tied_frozen_weights_out(engine)
+    if train.zero_stage == 3:
+        _register_weights_read_outside_their_modules(engine)
     return engine
+
+
+def _register_weights_read_outside_their_modules(engine: Any) -> None:
+    """ZeRO-3 gathers a module's parameters as its forward starts. peft's trainable-token layers read their base
+    layer's weight and their own token rows without calling the modules that hold them; inside the engine's forward
+    DeepSpeed finds such reads itself, outside it (decoding during training) it does not, and the layer would read an
+    empty shard. Registered as the layer's external parameters, they are gathered with it wherever it runs."""
+    import deepspeed
+    from peft.tuners.trainable_tokens.layer import TrainableTokensLayer
+
+    for module in engine.module.modules():
+        if isinstance(module, TrainableTokensLayer):
+            for parameter in (module.base_layer.weight, *module.trainable_tokens_delta.parameters()):
+                deepspeed.zero.register_external_parameter(module, parameter)
 
 
 def _leave_tied_frozen_weights_out(engine: Any) -> None:

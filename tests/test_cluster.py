@@ -1,0 +1,212 @@
+"""A grid at cluster scale, on one machine (slow): concurrent trials against the stores a grid logs to, a local SQLite
+file (in WAL mode) and an MLflow tracking server on 127.0.0.1 (SQLite backend, artifacts served), every metric of every
+step found; then a run on a Ray cluster of several nodes (`ray.cluster_utils.Cluster`, as Ray's own tests do),
+tracked on that server with its checkpoints in `train.storage`, whose training node is removed mid-training: the run
+resumes from its last checkpoint on the node that is left, trains to its planned step and is evaluated."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import socket
+import sqlite3
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import pytest
+import ray
+from ray import cloudpickle
+from ray.train import UserCallback
+
+from clozemath import tracking
+from clozemath.config import ExperimentConfig, TrackingConfig, load_config
+from ray_jobs.cluster import runtime_env
+from ray_jobs.run import run_experiment
+from ray_jobs.train import STEPS_KEY
+
+pytestmark = pytest.mark.slow
+
+ROOT = Path(__file__).resolve().parents[1]
+SMOKE = ROOT / "configs" / "experiments" / "smoke.yaml"
+TRIALS, STEPS = 4, 40
+METRICS = ("train/loss", "train/lr", "train/tokens_per_s", "train/pad_share")
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def server_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("server")
+
+
+@pytest.fixture(scope="module")
+def tracking_server(server_folder: Path) -> Iterator[str]:
+    """`mlflow server` on 127.0.0.1 with a SQLite backend and served artifacts (in `server_folder`); its URI. One for
+    the module: starting it takes a busy 2-core machine minutes."""
+    port = free_port()
+    command = [
+        str(Path(sys.executable).parent / "mlflow"), "server", "--host", "127.0.0.1", "--port", str(port),
+        "--backend-store-uri", f"sqlite:///{server_folder / 'server.db'}", "--serve-artifacts",
+        "--artifacts-destination", str(server_folder / "served"), "--workers", "1",
+    ]
+    with open(server_folder / "server.log", "w") as log:
+        server = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
+    uri = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 300  # a busy 2-core machine takes minutes to start it
+        while True:
+            try:
+                with urllib.request.urlopen(f"{uri}/health", timeout=2) as response:
+                    if response.status == 200:
+                        break
+            except OSError:
+                if server.poll() is not None or time.monotonic() > deadline:
+                    raise AssertionError((server_folder / "server.log").read_text()[-3000:]) from None
+                time.sleep(0.5)
+        yield uri
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+
+
+def log_like_a_trial(uri: str, experiment: str, parent: str, index: int, folder: str) -> str:
+    """What a trial logs: its child run, the four training metrics at every step, an artifact, the end."""
+    config = TrackingConfig(uri=uri, experiment=experiment)
+    run_id = tracking.start_run(config, f"trial-{index}", parent, {"role": "trial", "trial": str(index)})
+    for step in range(1, STEPS + 1):
+        tracking.log_metrics(uri, run_id, step, {name: index + step / 1000 for name in METRICS})
+    artifact = Path(folder) / f"trial-{index}"
+    artifact.mkdir()
+    (artifact / "predictions.jsonl").write_text(f'{{"trial": {index}}}\n')
+    tracking.log_artifacts(uri, run_id, artifact, "eval")
+    tracking.end_run(uri, run_id)
+    return run_id
+
+
+def assert_trials_at_once_are_all_found(uri: str, tmp_path: Path) -> None:
+    config = TrackingConfig(uri=uri, experiment="concurrent")
+    parent = tracking.start_run(config, "grid", tags={"role": "grid"})
+    with ProcessPoolExecutor(TRIALS) as pool:
+        futures = [pool.submit(log_like_a_trial, uri, "concurrent", parent, i, str(tmp_path)) for i in range(TRIALS)]
+        run_ids = [future.result(timeout=300) for future in futures]
+    client = tracking.client(uri)
+    found = tracking.find_runs(config, {tracking.PARENT_TAG: parent})
+    assert sorted(run.info.run_id for run in found) == sorted(run_ids)
+    for index, run_id in enumerate(run_ids):
+        assert client.get_run(run_id).info.status == "FINISHED"
+        for name in METRICS:
+            history = client.get_metric_history(run_id, name)
+            assert sorted((m.step, m.value) for m in history) == [(s, index + s / 1000) for s in range(1, STEPS + 1)]
+        assert [a.path for a in client.list_artifacts(run_id, "eval")] == ["eval/predictions.jsonl"]
+
+
+def test_four_trials_at_once_on_a_sqlite_store_in_wal_mode(tmp_path: Path) -> None:
+    uri = f"sqlite:///{tmp_path / 'mlruns.db'}"
+    assert_trials_at_once_are_all_found(uri, tmp_path)
+    with sqlite3.connect(tmp_path / "mlruns.db") as database:
+        assert database.execute("PRAGMA journal_mode").fetchone() == ("wal",)
+
+
+def test_four_trials_at_once_on_a_tracking_server(tracking_server: str, server_folder: Path, tmp_path: Path) -> None:
+    assert_trials_at_once_are_all_found(tracking_server, tmp_path)
+    assert list((server_folder / "served").rglob("predictions.jsonl"))  # the server holds the artifacts
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Losing a node
+
+RUN_STEPS, CHECKPOINT_EVERY = 12, 2
+FAST_NODE_DEATH = {"health_check_initial_delay_ms": 0, "health_check_period_ms": 1000,
+                   "health_check_failure_threshold": 3}
+"""A dead node is noticed in about 3 s (Ray's default: about 15 s)."""
+
+
+class ReportedSteps(UserCallback):
+    """On the Train controller: each report's steps, a JSON line each, in the order they came."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def after_report(self, run_context: Any, metrics: list[dict[str, Any]], checkpoint: Any) -> None:
+        with self.path.open("a") as file:
+            file.write(json.dumps([step["step"] for step in metrics[0][STEPS_KEY]]) + "\n")
+
+
+cloudpickle.register_pickle_by_value(sys.modules[__name__])  # the controller cannot import this test module
+
+
+def reported(path: Path) -> list[int]:
+    return [step for line in path.read_text().splitlines() for step in json.loads(line)] if path.exists() else []
+
+
+def restarts(steps: list[int]) -> list[int]:
+    """Where a restarted worker group took up again: the positions of steps not after the one before them."""
+    return [at for at in range(1, len(steps)) if steps[at] <= steps[at - 1]]
+
+
+def test_a_run_tracked_on_a_server_resumes_on_another_node_when_its_node_is_lost(
+    smoke_samples: Path, tracking_server: str, ray_of_its_own: None, tmp_path: Path
+) -> None:
+    """The run trains on samples prepared earlier (in the session's Ray, before it is shut down for this test)."""
+    from ray.cluster_utils import Cluster
+
+    shutil.copytree(smoke_samples, tmp_path / "runs" / "cache")
+    # The head runs the driver and the Train controller, as a real cluster's head with no CPUs for work; the run
+    # trains on the one node with CPUs, which is removed after the step-2 checkpoint; another node then comes up.
+    cluster = Cluster(initialize_head=True,
+                      head_node_args={"num_cpus": 0, "include_dashboard": False, "_system_config": FAST_NODE_DEATH})
+    try:
+        training_node = cluster.add_node(num_cpus=4)
+        ray.init(address=cluster.address, runtime_env=runtime_env())
+        storage = tmp_path / "shared"
+        config = load_config(SMOKE, [
+            f"train.output_dir={tmp_path / 'runs'}", f"tracking.uri={tracking_server}", f"train.storage={storage}",
+            f"train.max_steps={RUN_STEPS}", f"train.checkpoint_every={CHECKPOINT_EVERY}", "train.report_every=1",
+            "eval.max_new_tokens=4",
+        ])
+        assert isinstance(config, ExperimentConfig) and config.train.max_failures == 1
+        log = tmp_path / "reported.jsonl"
+        # The run in a thread; this one (Ray adds nodes from the main thread only) removes a node and adds one.
+        with ThreadPoolExecutor(1) as driver:
+            training = driver.submit(run_experiment, config, train_callbacks=[ReportedSteps(log)])
+            deadline = time.monotonic() + 300
+            while max(reported(log), default=0) <= CHECKPOINT_EVERY and time.monotonic() < deadline:
+                if training.done():
+                    break
+                time.sleep(0.1)
+            lost = max(reported(log), default=0)
+            cluster.remove_node(training_node, allow_graceful=False)
+            cluster.add_node(num_cpus=4)
+            outcome = training.result(timeout=600)
+        alive = [node for node in ray.nodes() if node["Alive"]]
+    finally:
+        ray.shutdown()
+        cluster.shutdown()
+
+    assert len(alive) == 2 and training_node.node_id not in {node["NodeID"] for node in alive}
+    steps = reported(log)
+    assert CHECKPOINT_EVERY < lost < RUN_STEPS, (lost, steps)  # lost mid-training, after the step-2 checkpoint
+    (at,) = restarts(steps)  # one restart, from a checkpoint the lost worker reached, not from step 1
+    again = steps[at]
+    assert (again - 1) % CHECKPOINT_EVERY == 0 and CHECKPOINT_EVERY < again <= steps[at - 1] + 1, steps
+    assert steps[:at] == list(range(1, steps[at - 1] + 1)) and steps[at:] == list(range(again, RUN_STEPS + 1)), steps
+    assert list(storage.rglob("checkpoint_*")) and not (outcome.adapter.parent / "ray").exists()  # in train.storage
+
+    client = tracking.client(tracking_server)  # every step of the run once on the server, its evaluation, artifacts
+    for name in METRICS:
+        logged = sorted(m.step for m in client.get_metric_history(outcome.run_id, name))
+        assert logged == list(range(1, RUN_STEPS + 1)), name
+    run = client.get_run(outcome.run_id)
+    assert run.info.status == "FINISHED" and run.data.metrics["eval/gsm8k/greedy/total"] == 4
+    assert {"config.yaml", "adapter", "eval"} <= {a.path for a in client.list_artifacts(outcome.run_id)}
+    assert "adapter/adapter_model.safetensors" in {a.path for a in client.list_artifacts(outcome.run_id, "adapter")}
