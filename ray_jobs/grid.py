@@ -22,6 +22,7 @@ import re
 from contextlib import ExitStack
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from collections.abc import Collection
 from typing import Any
 
 import ray
@@ -182,9 +183,10 @@ def run_grid(grid: GridConfig, root: Path | None = None, source: str | Path = "g
         except KeyboardInterrupt:  # a second Ctrl-C, while Tune was saving its state
             end_interrupted(tracking_cfg, parent)
             raise
-    if any(result.error is None and RUN_ID_KEY not in (result.metrics or {}) for result in results):
-        # a trial that neither failed nor made its final report: Tune stopped it on Ctrl-C (and calls it TERMINATED)
-        end_interrupted(tracking_cfg, parent)
+    stopped = [result.config["trial"] for result in results
+               if result.error is None and RUN_ID_KEY not in (result.metrics or {})]
+    if stopped:  # trials that neither failed nor made their final report: Tune stopped them on Ctrl-C (TERMINATED)
+        end_interrupted(tracking_cfg, parent, stopped)
         raise KeyboardInterrupt
     folders = {e.name: run_folder(e) for e in experiments}
     outcomes = [_with_run_id(_trial_outcome(result, headlines, folders), tracking_cfg, parent) for result in results]
@@ -201,11 +203,13 @@ def warn_local_store_on_a_cluster(uri: str) -> None:
                      "(`mlflow server`, then tracking.uri=http://<host>:<port>; see the README)")
 
 
-def end_interrupted(tracking_cfg: TrackingConfig, parent_run_id: str) -> None:
-    """Mark the grid's run and its unfinished trial runs KILLED (a trial stopped by Tune never ends its run)."""
-    unfinished = tracking.find_runs(tracking_cfg, {tracking.PARENT_TAG: parent_run_id})
-    for run in unfinished:
-        if run.info.status == "RUNNING":
+def end_interrupted(tracking_cfg: TrackingConfig, parent_run_id: str, stopped: Collection[str] = ()) -> None:
+    """Mark the grid's run KILLED, and the trial runs the interruption cut short: those still RUNNING (a trial
+    stopped by Tune may never end its run) and those of the `stopped` trials that ended FAILED (depending on when
+    the signal lands, the trial's own cleanup ends its run first, as a failure)."""
+    for run in tracking.find_runs(tracking_cfg, {tracking.PARENT_TAG: parent_run_id}):
+        status = run.info.status
+        if status == "RUNNING" or (status == "FAILED" and run.data.tags.get(TRIAL_TAG) in stopped):
             tracking.end_run(tracking_cfg.uri, run.info.run_id, status="KILLED")
     tracking.end_run(tracking_cfg.uri, parent_run_id, status="KILLED")
 
