@@ -19,10 +19,10 @@ import hashlib
 import json
 import logging
 import re
+from collections.abc import Collection
 from contextlib import ExitStack
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from collections.abc import Collection
 from typing import Any
 
 import ray
