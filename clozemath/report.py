@@ -145,7 +145,7 @@ def _trial_result(run: Run) -> TrialResult:
     tags, params = run.data.tags, run.data.params
     steps, tokens = (params.get(f"train.planned_{name}") for name in ("steps", "tokens"))
     train_set, seed = tags.get("train_set", ""), tags.get("seed", "0")
-    variant = _variant(tags.get("trial", ""), tags["model"], tags["method"], train_set, seed)
+    variant = _variant(tags.get("trial", ""), tags["model"], tags["method"], train_set)
     return TrialResult(
         run.info.run_id, tags["model"], f"{tags['method']} ({variant})" if variant else tags["method"], train_set, seed,
         dict(run.data.metrics), None if steps is None else int(steps), None if tokens is None else int(tokens),
@@ -153,12 +153,13 @@ def _trial_result(run: Run) -> TrialResult:
     )
 
 
-def _variant(trial: str, model: str, method: str, train_set: str, seed: str) -> str:
+def _variant(trial: str, model: str, method: str, train_set: str) -> str:
     """The grid point's other axis values (`lr=0.0001` of `grid/method=it,lr=0.0001`): trials that differ in them are
     not seeds of one cell, so the method is reported as `it (lr=0.0001)`."""
-    known = {"model": model, "method": method, "dataset": train_set, "seed": seed}
+    labels = {model, method, train_set}  # a bundle axis may carry another name (`train_set=gsm8k`)
     pairs = [pair.split("=", 1) for pair in trial.split("/", 1)[-1].split(",") if "=" in pair]
-    return ",".join(f"{key}={value}" for key, value in pairs if key not in known and value not in known.values())
+    known = {"model", "method", "dataset", "seed"}
+    return ",".join(f"{key}={value}" for key, value in pairs if key not in known and value not in labels)
 
 
 # --------------------------------------------------------------------------------------------------------------
