@@ -1,8 +1,9 @@
 """Evaluation throughput: `clozemath.eval.decode` against transformers' own batched `model.generate`.
 
 Problems per second on the GSM8K test problems for greedy, beam search and CoT-decoding, with the same model, prompts,
-batch size and settings on every side: ours (CUDA graphs over a static cache on a GPU), our eager engine (the
-DynamicCache loop CPU runs), and `generate`. The reference is what lm-evaluation-harness's HF backend runs: prompts
+batch size and settings on every side: ours (CUDA graphs over a static cache on a GPU), our eager side (by default
+the same static-cache steps run without graphs; `--eager-engine eager`: the DynamicCache loop CPU runs), and
+`generate`. The reference is what lm-evaluation-harness's HF backend runs: prompts
 sorted longest first, batches of `--batch-size` left-padded, one `model.generate` call per batch (greedy, or
 `num_beams`). CoT-decoding has no `generate` equivalent; its reference is one forward pass for the top-k first
 tokens, then k `generate` calls per batch, one per forced first token (each with the per-step scores, from which the
@@ -240,6 +241,10 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--dtype", choices=["auto", "float32", "bfloat16"], default="auto",
                         help="auto: bfloat16 on GPU, float32 on CPU")
     parser.add_argument("--attn", choices=["sdpa", "eager"], default="sdpa")
+    parser.add_argument("--eager-engine", choices=["static", "eager"], default="static",
+                        help="the side without CUDA graphs: static, the graph engine's own steps run eagerly (the same "
+                        "kernels, so agreement measures what the graphs change); eager, the DynamicCache loop CPU runs "
+                        "(sdpa attention, so bfloat16 rounding differs) (default: %(default)s)")
     parser.add_argument("--no-reference", action="store_true", help="time ours only")
     parser.add_argument("--reference-no-cudnn", action="store_true",
                         help="run generate under decode's sdpa backends too (no cuDNN attention), for a like-for-like"
@@ -262,7 +267,7 @@ def header(args: argparse.Namespace, cfg: ModelConfig, device: torch.device, dty
         f"Evaluation throughput on {gpu_name(device)}: model `{cfg.name}` ({str(dtype).removeprefix('torch.')}, "
         f"{cfg.attn_implementation}), {n} GSM8K test problems, {args.prompt} prompts with {args.prompt_attention} "
         f"attention, batch {args.batch_size} prompts, max_new_tokens {args.max_new_tokens}, beams {args.num_beams}, "
-        f"CoT k {args.cot_k}.{note}",
+        f"CoT k {args.cot_k}. Our eager side: the `{args.eager_engine}` engine.{note}",
         "",
         "| GPU | scheme | prompt attention | ours problems/s | our eager problems/s | generate problems/s | speedup "
         "| agreement with generate | agreement with our eager |",
@@ -295,7 +300,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
         speed = len(prompts) / our_seconds
         eager, eager_seconds = timed(
-            device, lambda: ours(model, tokenizer, prompts, scheme, settings, args.prompt_attention, "eager")
+            device, lambda: ours(model, tokenizer, prompts, scheme, settings, args.prompt_attention, args.eager_engine)
         )
         cells = [f"{speed:.2f}", f"{len(prompts) / eager_seconds:.2f}", "-", "-", "-"]
         if not args.no_reference:
