@@ -38,6 +38,7 @@ from mlflow.entities import Run
 
 from clozemath import tracking
 from clozemath.config import TrackingConfig
+from clozemath.data.sources import read_jsonl
 from clozemath.errors import ClozeMathError
 from clozemath.eval.during_training import CURVE
 from clozemath.files import atomic_path, write_text_atomic
@@ -450,10 +451,8 @@ class PredictionArtifacts:
             for path in files:
                 eval_set = Path(path).name.removesuffix(".jsonl")
                 local = Path(self._client.download_artifacts(run_id, path, folder))
-                for line in local.read_text(encoding="utf-8").splitlines():
-                    if line.strip():
-                        row = json.loads(line)
-                        found[(eval_set, row["decoding"])][str(row["id"])] = bool(row["correct"])
+                for _, row in read_jsonl(local):  # lines end at "\n" only: a generation may hold U+2028
+                    found[(eval_set, row["decoding"])][str(row["id"])] = bool(row["correct"])
         return dict(found)
 
 

@@ -134,11 +134,13 @@ def log_trial(config: TrackingConfig, parent: str, method: str, seed: str, folde
         ids = list(correctness)
         if method != "it":  # listed in another order than the reference's file
             ids = ids[::-1] if method == "clozemath" else ids[1::2] + ids[::2]
-        rows = [{"id": i, "dataset": "gsm8k", "decoding": "greedy", "generation": "...", "correct": correctness[i]}
+        # A generation holding U+2028, written as the evaluator writes it (ensure_ascii=False): a line separator to
+        # str.splitlines, not to JSONL (a real base-model generation broke the report this way).
+        rows = [{"id": i, "dataset": "gsm8k", "decoding": "greedy", "generation": "so\u2028 7", "correct": correctness[i]}
                 for i in ids]
         predictions = folder / method / seed / "predictions"
         predictions.mkdir(parents=True)
-        (predictions / "gsm8k.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+        (predictions / "gsm8k.jsonl").write_text("".join(json.dumps(row, ensure_ascii=False) + "\n" for row in rows))
         tracking.log_artifacts(config.uri, run_id, predictions.parent, "eval")  # as ray_jobs/evaluate.py logs them
         accuracy = right / PROBLEMS
     tracking.log_metrics(config.uri, run_id, 10, {
