@@ -525,12 +525,21 @@ def accuracy_curves(tracking_uri: str, results: list[TrialResult], decoding: str
     for r in results:
         if r.train_set != "gsm8k" or r.method == "base":
             continue
-        for point in client.get_metric_history(r.run_id, f"{CURVE}/gsm8k/{decoding}/accuracy"):
+        key = _curve_key(r.metrics, decoding)
+        for point in client.get_metric_history(r.run_id, key) if key else ():
             by_step[r.model][r.method][point.step].append(100 * point.value)
     return {
         model: {method: sorted((step, statistics.fmean(v)) for step, v in by.items()) for method, by in methods.items()}
         for model, methods in by_step.items()
     }
+
+
+def _curve_key(metrics: dict[str, float], decoding: str) -> str | None:
+    """The run's GSM8K curve metric in `decoding` if it logged one, else the one it logged: evaluation during training
+    decodes as the run's config says (greedy in the replication), whatever the report's tables use."""
+    logged = sorted(k for k in metrics if k.startswith(f"{CURVE}/gsm8k/") and k.endswith("/accuracy"))
+    preferred = f"{CURVE}/gsm8k/{decoding}/accuracy"
+    return preferred if preferred in logged else next(iter(logged), None)
 
 
 def plot_accuracy_vs_steps(curves: Curves, path: Path) -> Path:

@@ -156,6 +156,9 @@ def test_figure_3_curves_hold_only_the_points_on_the_training_time_subset(store:
     curves = accuracy_curves(store.uri, results, "beam")
     assert curves["llama-3.2-1b"]["clozemath"] == [(10, pytest.approx(100 * (0.0 + 0.1) / 2))]
     assert set(curves["deepseek-math-7b"]) == {"mft", "clozemath", *ABLATIONS}
+    # The runs logged their curve in beam only: tables in greedy still plot it (the replication's curve was greedy,
+    # its tables beam, and the figure came out empty).
+    assert accuracy_curves(store.uri, results, "greedy") == curves
 
 
 def test_an_experiment_without_grid_runs_is_a_one_line_error(store: TrackingConfig) -> None:
