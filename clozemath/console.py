@@ -77,9 +77,12 @@ class Console:
             self.line(f"warning: {text}")
 
     def progress(
-        self, key: str, label: str, done: int, total: int, stats: Sequence[str] = (), rate_unit: str | None = None
+        self, key: str, label: str, done: int, total: int, stats: Sequence[str] = (), rate_unit: str | None = None,
+        at: float | None = None,
     ) -> None:
-        now = time.monotonic()
+        """`at`: when the step happened (`time.time()` where it happened, default now). A worker's events reach the
+        driver in bursts, so the driver's own clock would give rates of millions a second."""
+        now = time.time() if at is None else at
         bar = self.bars.get(key)
         if bar is None:  # a new bar: its clock starts at its first step
             bar = self.bars[key] = _Bar(now, done)
@@ -177,7 +180,7 @@ def progress(
     """Move the bar `key` to `done` of `total` (`stats`: shown after it, e.g. "loss 2.31"; `rate_unit`: show the rate
     of `done` per second in this unit). A bar ends when `done` reaches `total`."""
     _emit({"kind": "progress", "key": key, "label": label, "done": done, "total": total, "stats": list(stats),
-           "rate_unit": rate_unit})
+           "rate_unit": rate_unit, "at": time.time()})
 
 
 class _WarningsToConsole(logging.Handler):

@@ -70,6 +70,23 @@ def test_a_workers_event_line_is_drawn_and_other_lines_are_not(plain_console, mo
     assert err.getvalue().splitlines() == ["[x] loading the model", "warning: math-verify ran past 5 s"]  # warned once
 
 
+def test_a_workers_bar_replayed_in_one_burst_keeps_the_workers_clock(plain_console, monkeypatch, capsys) -> None:
+    """Ray sends a worker's output to the driver in batches: the rate comes from when the steps happened there."""
+    monkeypatch.setenv(console.EVENTS_ENV_VAR, "1")
+    monkeypatch.setattr(console, "_console", None)
+    clock = iter([1000.0, 1010.0, 1020.0])  # the worker's steps: 50, 100 and 200 problems, ten seconds apart
+    monkeypatch.setattr(console.time, "time", lambda: next(clock))
+    for done in (50, 100, 200):
+        console.progress("e", "[x] eval gsm_p1", done, 200, rate_unit="problems")
+    sent = capsys.readouterr().out.splitlines()
+
+    out, err = Captured(), Captured()
+    monkeypatch.setattr(console, "_console", console.Console(out, err))  # the driver, all at once
+    monkeypatch.setattr(console.time, "time", lambda: 5000.0)
+    assert all(console.replay(line) for line in sent)
+    assert err.getvalue().splitlines()[-1].endswith("100%  7.50 problems/s  in 0:20")  # 150 problems in 20 s
+
+
 def test_our_logged_warnings_reach_the_console(plain_console) -> None:
     import logging
 
