@@ -53,6 +53,7 @@ class Console:
         self.drawn: str | None = None
         """On a terminal: the bar line under the cursor, not yet ended."""
         self.warned: set[str] = set()
+        self.phases: set[str] = set()
 
     @property
     def out(self) -> TextIO:
@@ -70,6 +71,11 @@ class Console:
     def line(self, text: str, stream: TextIO | None = None) -> None:
         self._end_drawn()
         print(text, file=stream or self.err, flush=True)
+
+    def phase(self, text: str, once: bool = False) -> None:
+        if not (once and text in self.phases):
+            self.phases.add(text)
+            self.line(text)
 
     def warn(self, text: str) -> None:
         if text not in self.warned:
@@ -157,16 +163,17 @@ def _handle(event: dict[str, Any]) -> None:
     kind = event.pop("kind")
     with _lock:
         if kind == "phase":
-            console().line(event["text"])
+            console().phase(event["text"], event.get("once", False))
         elif kind == "warn":
             console().warn(event["text"])
         elif kind == "progress":
             console().progress(**event)
 
 
-def phase(text: str) -> None:
-    """One line saying what the run does now."""
-    _emit({"kind": "phase", "text": text})
+def phase(text: str, once: bool = False) -> None:
+    """One line saying what the run does now; `once`: not again when the same line comes again (the evaluation
+    actors of one trial each load the model: one line says it)."""
+    _emit({"kind": "phase", "text": text, "once": once})
 
 
 def warn(text: str) -> None:

@@ -73,7 +73,9 @@ class Evaluator:
         self.decodings = {set_cfg.dataset: cfg.eval.decodings_of(set_cfg) for set_cfg in cfg.eval.sets}
         self.prompting = prompting(cfg)
         with_adapter = f" with the adapter {adapter}" if adapter is not None else " (few-shot)"
-        console.phase(f"[{cfg.name}] loading the model ({cfg.model.name}) on {device} for evaluation{with_adapter}")
+        console.phase(
+            f"[{cfg.name}] loading the model ({cfg.model.name}) on {device} for evaluation{with_adapter}", once=True
+        )
         self.loaded = load_evaluated_model(cfg, adapter, device)
 
     def __call__(self, batch: pa.Table) -> pa.Table:

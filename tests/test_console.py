@@ -58,16 +58,19 @@ def test_a_bar_done_at_its_first_step_claims_no_rate(plain_console) -> None:
 def test_a_workers_event_line_is_drawn_and_other_lines_are_not(plain_console, monkeypatch, capsys) -> None:
     monkeypatch.setenv(console.EVENTS_ENV_VAR, "1")
     monkeypatch.setattr(console, "_console", None)
-    console.phase("[x] loading the model")  # in a worker: a marked line on stdout, nothing drawn
+    console.phase("[x] loading the model", once=True)  # in a worker: a marked line on stdout, nothing drawn
     console.warn("math-verify ran past 5 s")
     sent = capsys.readouterr().out.splitlines()
     assert len(sent) == 2 and all(line.startswith(console.MARKER) for line in sent)
 
     out, err = Captured(), Captured()
     monkeypatch.setattr(console, "_console", console.Console(out, err))  # the driver
-    assert all(console.replay(f"(RayTrainWorker pid=7) {line}") for line in sent + sent[1:])
+    assert all(console.replay(f"(RayTrainWorker pid=7) {line}") for line in sent + sent)
     assert not console.replay("(RayTrainWorker pid=7) Setting accelerator to CPU")
-    assert err.getvalue().splitlines() == ["[x] loading the model", "warning: math-verify ran past 5 s"]  # warned once
+    assert err.getvalue().splitlines() == ["[x] loading the model", "warning: math-verify ran past 5 s"]  # each once
+    console.phase("[x] trial t: started")
+    console.phase("[x] trial t: started")  # a restart says so again
+    assert err.getvalue().splitlines()[2:] == ["[x] trial t: started"] * 2
 
 
 def test_a_workers_bar_replayed_in_one_burst_keeps_the_workers_clock(plain_console, monkeypatch, capsys) -> None:
