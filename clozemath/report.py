@@ -39,9 +39,26 @@ from mlflow.entities import Run
 from clozemath import tracking
 from clozemath.config import TrackingConfig
 from clozemath.errors import ClozeMathError
-from clozemath.eval.during_training import CURVE
 from clozemath.files import atomic_path, write_text_atomic
 from clozemath.intervals import BySeed, Difference, paired_difference
+from clozemath.records import (
+    ACCURACY,
+    CORRECT,
+    CURVE_PREFIX,
+    EVAL_PREFIX,
+    GRID_ROLE,
+    METHOD_TAG,
+    MODEL_TAG,
+    PARENT_TAG,
+    PREDICTIONS_ARTIFACTS,
+    ROLE_TAG,
+    SEED_TAG,
+    TOTAL,
+    TRAIN_SET_TAG,
+    TRIAL_TAG,
+    eval_metric,
+    parse_eval_metric,
+)
 
 MODEL_NAMES = {
     "deepseek-math-7b": "DeepSeek-Math", "llama-3.1-8b": "Llama-3.1-8B", "llama-3.2-3b": "Llama-3.2-3B",
@@ -64,8 +81,6 @@ REPLICATION_METHODS = ("base", "it", "mft", "clozemath", "it_prefixlm", "clozema
 REFERENCES = ("it", "base")
 """What each trained method is compared against."""
 DECODINGS = ("greedy", "beam", "cot")
-PREDICTIONS_ARTIFACTS = "eval/predictions"
-"""Where an evaluation logs its `<set>.jsonl` files among its run's artifacts (ray_jobs/evaluate.py)."""
 TRIALS_FILE = "trials.json"
 
 
@@ -121,14 +136,14 @@ def grid_runs(tracking_uri: str, experiment: str, parent_run_id: str | None = No
     if found is None:
         raise ClozeMathError(f"MLflow experiment '{experiment}' not found in {tracking.resolved_uri(tracking_uri)}")
     if parent_run_id is None:
-        parents = tracking.find_runs(TrackingConfig(uri=tracking_uri, experiment=experiment), {"role": "grid"})
+        parents = tracking.find_runs(TrackingConfig(uri=tracking_uri, experiment=experiment), {ROLE_TAG: GRID_ROLE})
         if not parents:
             raise ClozeMathError(f"MLflow experiment '{experiment}': no grid run in it (run `clozemath run` first)")
         parent = parents[0]
     else:
         parent = client.get_run(parent_run_id)
-    children = _all_runs(client, found.experiment_id, f"tags.`{tracking.PARENT_TAG}` = '{parent.info.run_id}'")
-    return parent, [_trial_result(run) for run in children if "model" in run.data.tags]
+    children = _all_runs(client, found.experiment_id, f"tags.`{PARENT_TAG}` = '{parent.info.run_id}'")
+    return parent, [_trial_result(run) for run in children if MODEL_TAG in run.data.tags]
 
 
 def _all_runs(client: MlflowClient, experiment_id: str, query: str) -> list[Run]:
@@ -144,10 +159,11 @@ def _all_runs(client: MlflowClient, experiment_id: str, query: str) -> list[Run]
 def _trial_result(run: Run) -> TrialResult:
     tags, params = run.data.tags, run.data.params
     steps, tokens = (params.get(f"train.planned_{name}") for name in ("steps", "tokens"))
-    train_set, seed = tags.get("train_set", ""), tags.get("seed", "0")
-    variant = _variant(tags.get("trial", ""), tags["model"], tags["method"], train_set)
+    model, method = tags[MODEL_TAG], tags[METHOD_TAG]
+    train_set, seed = tags.get(TRAIN_SET_TAG, ""), tags.get(SEED_TAG, "0")
+    variant = _variant(tags.get(TRIAL_TAG, ""), model, method, train_set)
     return TrialResult(
-        run.info.run_id, tags["model"], f"{tags['method']} ({variant})" if variant else tags["method"], train_set, seed,
+        run.info.run_id, model, f"{method} ({variant})" if variant else method, train_set, seed,
         dict(run.data.metrics), None if steps is None else int(steps), None if tokens is None else int(tokens),
         run.info.run_name or "", {k: v for k, v in tags.items() if not k.startswith("mlflow.")}, dict(params),
     )
@@ -188,7 +204,7 @@ def pooled_cell(results: list[TrialResult], model: str, method: str, train_set: 
     for r in results:
         if (r.model, r.method, r.train_set) != (model, method, train_set):
             continue
-        keys = [(f"eval/{s}/{decoding}/correct", f"eval/{s}/{decoding}/total") for s in sets]
+        keys = [(eval_metric(s, decoding, CORRECT), eval_metric(s, decoding, TOTAL)) for s in sets]
         if all(c in r.metrics and t in r.metrics for c, t in keys):
             total = sum(r.metrics[t] for _, t in keys)
             pooled.append(sum(r.metrics[c] for c, _ in keys) / total if total else 0.0)
@@ -209,7 +225,7 @@ def table_overall(results: list[TrialResult], models: list[str], methods: list[s
         first = len(table.values)
         for method in (m for m in methods if m in ("base", "mft", "clozemath")):
             used = BASE_DECODING if method == "base" else decoding
-            row = [cell(results, model, method, train_set, f"eval/{train_set}/{used}/accuracy") for model in models]
+            row = [cell(results, model, method, train_set, eval_metric(train_set, used, ACCURACY)) for model in models]
             if any(value is not None for value in row):
                 table.labels.append([set_name, METHOD_NAMES[method]])
                 table.values.append(row)
@@ -219,10 +235,10 @@ def table_overall(results: list[TrialResult], models: list[str], methods: list[s
 
 def table_cot(results: list[TrialResult], models: list[str], methods: list[str]) -> Table:
     shown = [m for m in methods if m != "base" and any(
-        cell(results, model, m, "gsm8k", "eval/gsm8k/cot/accuracy") is not None for model in models)]
+        cell(results, model, m, "gsm8k", eval_metric("gsm8k", "cot", ACCURACY)) is not None for model in models)]
     table = Table("Table 2: GSM8K, CoT-decoding", ["Model", *map(_method_name, shown)], [], [])
     for model in models:
-        row = [cell(results, model, method, "gsm8k", "eval/gsm8k/cot/accuracy") for method in shown]
+        row = [cell(results, model, method, "gsm8k", eval_metric("gsm8k", "cot", ACCURACY)) for method in shown]
         if any(value is not None for value in row):
             table.labels.append([_model_name(model)])
             table.values.append(row)
@@ -235,7 +251,7 @@ def table_symbolic(results: list[TrialResult], models: list[str], methods: list[
     table = Table("Table 3: GSM-Symbolic", header, [], [])
     evaluations: list[tuple[str, Callable[[str, str, str], float | None]]] = [
         (name, lambda model, method, train_set, s=s: cell(
-            results, model, method, train_set, f"eval/{s}/{decoding}/accuracy"))
+            results, model, method, train_set, eval_metric(s, decoding, ACCURACY)))
         for s, name in SYMBOLIC_SETS.items()
     ]
     evaluations.append(("Overall", lambda model, method, train_set: pooled_cell(
@@ -253,7 +269,7 @@ def table_symbolic(results: list[TrialResult], models: list[str], methods: list[
 
 
 def table_ablations(results: list[TrialResult], models: list[str], methods: list[str], decoding: str) -> Table:
-    metric = f"eval/gsm8k/{decoding}/accuracy"
+    metric = eval_metric("gsm8k", decoding, ACCURACY)
     ablated = [m for m in models if any(cell(results, m, method, "gsm8k", metric) is not None for method in ABLATIONS)]
     columns = ablated or models
     table = Table("Table 4: ablations (GSM8K)", ["Method", *map(_model_name, columns)], [], [])
@@ -379,8 +395,8 @@ def _rank(name: str, preferred: Sequence[str]) -> tuple[int, str]:
 
 def _eval_columns(trials: list[TrialResult]) -> list[Column]:
     """Every (eval set, decoding) some trial has an accuracy of: the paper's sets first, greedy, beam, CoT first."""
-    found = {(parts[1], parts[2]) for r in trials for parts in (key.split("/") for key in r.metrics)
-             if len(parts) == 4 and parts[0] == "eval" and parts[3] == "accuracy"}
+    parsed = [parse_eval_metric(key) for r in trials for key in r.metrics]
+    found = {(m.set_name, m.decoding) for m in parsed if m is not None and m.prefix == EVAL_PREFIX and m.stat == ACCURACY}
     return sorted(found, key=lambda c: (_rank(c[0], list(EVAL_SET_NAMES)), _rank(c[1], DECODINGS)))
 
 
@@ -389,7 +405,7 @@ def _column_name(column: Column) -> str:
 
 
 def _accuracy_metric(column: Column) -> str:
-    return f"eval/{column[0]}/{column[1]}/accuracy"
+    return eval_metric(column[0], column[1], ACCURACY)
 
 
 def _measured(trials: list[TrialResult], method: str, column: Column) -> list[TrialResult]:
@@ -526,7 +542,7 @@ def accuracy_curves(tracking_uri: str, results: list[TrialResult], decoding: str
     for r in results:
         if r.train_set != "gsm8k" or r.method == "base":
             continue
-        for point in client.get_metric_history(r.run_id, f"{CURVE}/gsm8k/{decoding}/accuracy"):
+        for point in client.get_metric_history(r.run_id, eval_metric("gsm8k", decoding, ACCURACY, CURVE_PREFIX)):
             by_step[r.model][r.method][point.step].append(100 * point.value)
     return {
         model: {method: sorted((step, statistics.fmean(v)) for step, v in by.items()) for method, by in methods.items()}

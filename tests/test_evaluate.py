@@ -12,7 +12,7 @@ import pytest
 from pydantic import ValidationError
 import torch
 
-from clozemath.cli import main
+from clozemath_cli import main
 from clozemath.config import EvalSetConfig, load_config
 from clozemath.data.objectives import build_samples
 from clozemath.data.sources import load_problems

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from clozemath.cli import main
+from clozemath_cli import main
 from clozemath.data import gsm_symbolic
 from clozemath.data.gsm_symbolic import Template, generate, instances, load_template, templates_folder
 from clozemath.data.sources import load_problems

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from clozemath.cli import main
+from clozemath_cli import main
 from clozemath.errors import ClozeMathError
 from clozemath.eval.evaluate import Prediction, read_predictions, score_predictions, write_predictions
 

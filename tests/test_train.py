@@ -15,8 +15,8 @@ from peft import get_peft_model, get_peft_model_state_dict
 from safetensors.torch import load_file
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from clozemath import tracking
-from clozemath.cli import main
+from clozemath import records, tracking
+from clozemath_cli import main
 from clozemath.config import ExperimentConfig, MethodConfig, ModelConfig, TrainConfig, flatten, load_config
 from clozemath.data.tokenize import EOS, MASK, SEP, SpecialTokens, collate
 from clozemath.errors import ClozeMathError
@@ -364,7 +364,7 @@ def test_zero2_run_learns_and_is_tracked(workdir: Path, ray_session: None) -> No
     assert run.info.status == "FINISHED"
     expected = {key: str(value) for key, value in flatten(config).items()}
     assert {key: run.data.params[key] for key in expected} == expected
-    for name in tracking.TRAIN_METRICS:
+    for name in records.TRAIN_METRICS:
         assert len(client.get_metric_history(outcome.run_id, name)) == 8, name
     artifacts = {info.path for info in client.list_artifacts(outcome.run_id)}
     assert {"config.yaml", "adapter", "eval"} <= artifacts

@@ -34,6 +34,15 @@ from clozemath.eval.prompts import (
     minerva_math_few_shot,
 )
 from clozemath.files import atomic_writer
+from clozemath.records import (
+    ADAPTER_DIR,
+    CUT_SHARE,
+    EVAL_PREFIX,
+    eval_metric,
+    parse_eval_metric,
+    run_folder,
+    tally_metrics,
+)
 
 if TYPE_CHECKING:  # peft takes seconds to import: `clozemath score` does without it
     import torch
@@ -359,17 +368,12 @@ def metrics(predictions: Iterable[Prediction]) -> dict[str, float]:
         tally[3] += prediction.finish_reason is not None
     out: dict[str, float] = {}
     for (dataset, decoding), (correct, total, cut, recorded) in sorted(counts.items()):
-        out.update(_tally_metrics(dataset, decoding, correct, total))
+        out.update(tally_metrics(dataset, decoding, correct, total))
         for name, hits in by_filter[(dataset, decoding)].items():
-            out[f"eval/{dataset}/{decoding}/{name}"] = hits / total
+            out[eval_metric(dataset, decoding, name)] = hits / total
         if recorded:
-            out[f"eval/{dataset}/{decoding}/cut_share"] = cut / recorded
+            out[eval_metric(dataset, decoding, CUT_SHARE)] = cut / recorded
     return out
-
-
-def _tally_metrics(dataset: str, decoding: str, correct: int, total: int) -> dict[str, float]:
-    key = f"eval/{dataset}/{decoding}"
-    return {f"{key}/accuracy": correct / total if total else 0.0, f"{key}/correct": correct, f"{key}/total": total}
 
 
 def results_table(values: dict[str, float]) -> str:
@@ -378,9 +382,9 @@ def results_table(values: dict[str, float]) -> str:
     `CUT_WARNING_SHARE` of its generations cut."""
     groups: dict[tuple[str, str], dict[str, float]] = defaultdict(dict)
     for key, value in values.items():
-        parts = key.split("/")
-        if len(parts) == 4 and parts[0] == "eval":
-            groups[(parts[1], parts[2])][parts[3]] = value
+        metric = parse_eval_metric(key)
+        if metric is not None and metric.prefix == EVAL_PREFIX:
+            groups[(metric.set_name, metric.decoding)][metric.stat] = value
     lines = ["| set | decoding | correct | total | accuracy | cut at max_new_tokens | problems/s |",
              "| --- | --- | ---: | ---: | ---: | ---: | ---: |"]
     warnings = []
@@ -403,15 +407,6 @@ def results_table(values: dict[str, float]) -> str:
 # The evaluated model and where its results go
 
 
-def run_folder(cfg: ExperimentConfig) -> Path:
-    """`<train.output_dir>/<experiment name>`: the run's output folder."""
-    return Path(cfg.train.output_dir) / cfg.name
-
-
-def eval_folder(cfg: ExperimentConfig) -> Path:
-    return run_folder(cfg) / "eval"
-
-
 def resolve_adapter(cfg: ExperimentConfig) -> Path | None:
     """The adapter to evaluate: `eval.adapter`, else none for few-shot prompting, else the one the run of this
     config wrote (`<train.output_dir>/<name>/adapter`). A missing adapter is a one-line error."""
@@ -425,7 +420,7 @@ def resolve_adapter(cfg: ExperimentConfig) -> Path | None:
             "eval.adapter=PATH"
         )
     else:
-        folder = run_folder(cfg) / "adapter"
+        folder = run_folder(cfg) / ADAPTER_DIR
     if not (folder / "adapter_config.json").is_file():
         raise ClozeMathError(
             f"adapter '{folder}': not found (no adapter_config.json); train it with `clozemath run` or set "

@@ -1,4 +1,6 @@
-"""The `clozemath` command. Each subcommand parses its arguments here and calls one function elsewhere."""
+"""The `clozemath` command. Each subcommand parses its arguments here and calls one function elsewhere: in
+`clozemath` (the science, Ray-free) or in `ray_jobs` (the commands that start Ray jobs). It sits above both, outside
+the `clozemath` package, which never imports Ray. Run it as `clozemath ...` or `python -m clozemath_cli ...`."""
 
 from __future__ import annotations
 
@@ -72,7 +74,7 @@ def _run(args: argparse.Namespace) -> int | None:
     config = load_config(args.config, args.overrides)  # a mistake is reported in a second, before Ray is imported
     check_run_outputs(expand_grid(as_grid(config), configs_root(Path(args.config)), args.config))
 
-    from ray_jobs.run import run_command
+    from ray_jobs.grid import run_command
 
     try:
         run_command(config, args.config)
@@ -116,9 +118,9 @@ def _eval(args: argparse.Namespace) -> None:
     check_run_outputs([cfg])
     adapter = resolve_adapter(cfg)  # a missing adapter fails here, before Ray starts
 
-    from clozemath.eval.evaluate import run_folder
+    from clozemath.records import LOGS_DIR, run_folder
     from ray_jobs.evaluate import print_results, run_evaluation
-    from ray_jobs.logs import LOGS_DIR, logged
+    from ray_jobs.logs import logged
 
     logs = run_folder(cfg).resolve() / LOGS_DIR
     with logged(logs):
@@ -213,6 +215,3 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("clozemath: interrupted", file=sys.stderr)
         return 130
 
-
-if __name__ == "__main__":
-    sys.exit(main())
