@@ -18,9 +18,9 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from clozemath.errors import ClozeMathError
+from clozemath.tasks import get_task
 
 Dataset = Literal["gsm8k", "math"]
-EvalDataset = Literal["gsm8k", "math", "gsm_symbolic", "gsm_p1", "gsm_p2"]
 Decoding = Literal["greedy", "beam", "cot"]
 AtLeastOne = Annotated[int, Field(ge=1)]
 """A size or a count of steps."""
@@ -189,7 +189,8 @@ class TrainConfig(_Strict):
 
 
 class EvalSetConfig(_Strict):
-    dataset: EvalDataset
+    dataset: str
+    """An evaluation set of the registry (`clozemath.tasks`): gsm8k, math, gsm_symbolic, gsm_p1, gsm_p2, ..."""
     split: str = "test"
     path: str | None = None
     """gsm8k, math, released gsm_p2: a JSONL file or a folder holding `<split>.jsonl`; generated GSM-Symbolic sets: the
@@ -203,6 +204,15 @@ class EvalSetConfig(_Strict):
     """gsm_p2: instantiate the p2 templates (`per_template`, `seed`) instead of reading Apple's released instances."""
     decodings: list[Decoding] | None = None
     """This set's decodings, a subset of `eval.decodings` (default: all of them); e.g. CoT-decoding on GSM8K only."""
+
+    @field_validator("dataset")
+    @classmethod
+    def _registered(cls, name: str) -> str:
+        try:
+            get_task(name)
+        except ClozeMathError as exc:
+            raise ValueError(str(exc)) from None
+        return name
 
 
 class EvalConfig(_Strict):

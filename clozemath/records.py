@@ -7,10 +7,12 @@ change none of them.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
 from clozemath.config import ExperimentConfig
+from clozemath.files import check_writable_folder
 
 # --------------------------------------------------------------------------------------------------------------
 # The run folder: `<train.output_dir>/<experiment name>/` and its neighbours under `train.output_dir`
@@ -43,6 +45,30 @@ def run_folder(cfg: ExperimentConfig) -> Path:
 
 def eval_folder(cfg: ExperimentConfig) -> Path:
     return run_folder(cfg) / EVAL_DIR
+
+
+def check_run_outputs(experiments: Iterable[ExperimentConfig]) -> None:
+    """Every folder a run writes (its output folder, a local tracking store and its artifacts) can be written."""
+    for experiment in experiments:
+        check_writable_folder(experiment.train.output_dir, "train.output_dir")
+        if experiment.train.storage is not None and "://" not in experiment.train.storage:
+            check_writable_folder(experiment.train.storage, "train.storage")
+        tracking = experiment.tracking
+        for key, location in (("tracking.uri", tracking.uri), ("tracking.artifact_location", tracking.artifact_location)):
+            folder = _local_folder(location)
+            if folder is not None:
+                check_writable_folder(folder, f"{key} '{location}'")
+
+
+def _local_folder(location: str | None) -> Path | None:
+    """The folder a local store or artifact location writes in (a SQLite file's folder); None for a remote one."""
+    if location is None:
+        return None
+    if location.startswith("sqlite:///"):
+        return Path(location.removeprefix("sqlite:///")).parent
+    if location.startswith("file://"):
+        return Path(location.removeprefix("file://"))
+    return None if "://" in location else Path(location)
 
 
 def predictions_file(eval_dir: Path, set_name: str) -> Path:

@@ -59,6 +59,7 @@ from clozemath.records import (
     eval_metric,
     parse_eval_metric,
 )
+from clozemath.tasks import get_task, task_names
 
 MODEL_NAMES = {
     "deepseek-math-7b": "DeepSeek-Math", "llama-3.1-8b": "Llama-3.1-8B", "llama-3.2-3b": "Llama-3.2-3B",
@@ -71,8 +72,10 @@ METHOD_NAMES = {
     "random_span": "W/o Equation masking",
 }
 ABLATIONS = ("it_prefixlm", "clozemath_causal", "it", "random_span")
-TRAIN_SETS = {"gsm8k": "GSM8K", "math": "MATH"}
-SYMBOLIC_SETS = {"gsm_symbolic": "GSM-Sym", "gsm_p1": "GSM-P1", "gsm_p2": "GSM-P2"}
+TRAIN_SETS = ("gsm8k", "math")
+"""The paper's training sets, in its tables' order."""
+SYMBOLIC_SETS = ("gsm_symbolic", "gsm_p1", "gsm_p2")
+"""Table 3's evaluation sets."""
 FIGURE_FILE = "accuracy_vs_steps.png"
 BASE_DECODING = "greedy"
 """Base models are decoded as lm-evaluation-harness decodes them; their accuracy is its GSM8K strict-match."""
@@ -221,13 +224,13 @@ def _columns_grouped(rows: Sequence[int], columns: int) -> list[list[tuple[int, 
 
 def table_overall(results: list[TrialResult], models: list[str], methods: list[str], decoding: str) -> Table:
     table = Table("Table 1: overall accuracy", ["Training set", "Method", *map(_model_name, models)], [], [])
-    for train_set, set_name in TRAIN_SETS.items():
+    for train_set in TRAIN_SETS:
         first = len(table.values)
         for method in (m for m in methods if m in ("base", "mft", "clozemath")):
             used = BASE_DECODING if method == "base" else decoding
             row = [cell(results, model, method, train_set, eval_metric(train_set, used, ACCURACY)) for model in models]
             if any(value is not None for value in row):
-                table.labels.append([set_name, METHOD_NAMES[method]])
+                table.labels.append([set_title(train_set), METHOD_NAMES[method]])
                 table.values.append(row)
         table.groups += _columns_grouped(range(first, len(table.values)), len(models))
     return table
@@ -250,19 +253,19 @@ def table_symbolic(results: list[TrialResult], models: list[str], methods: list[
     header = ["Training set", "Evaluation", "Method", *map(_model_name, models)]
     table = Table("Table 3: GSM-Symbolic", header, [], [])
     evaluations: list[tuple[str, Callable[[str, str, str], float | None]]] = [
-        (name, lambda model, method, train_set, s=s: cell(
+        (set_title(s), lambda model, method, train_set, s=s: cell(
             results, model, method, train_set, eval_metric(s, decoding, ACCURACY)))
-        for s, name in SYMBOLIC_SETS.items()
+        for s in SYMBOLIC_SETS
     ]
     evaluations.append(("Overall", lambda model, method, train_set: pooled_cell(
         results, model, method, train_set, list(SYMBOLIC_SETS), decoding)))
-    for train_set, set_name in TRAIN_SETS.items():
+    for train_set in TRAIN_SETS:
         for evaluation, measure in evaluations:
             first = len(table.values)
             for method in (m for m in methods if m != "base"):
                 row = [measure(model, method, train_set) for model in models]
                 if any(value is not None for value in row):
-                    table.labels.append([set_name, evaluation, _method_name(method)])
+                    table.labels.append([set_title(train_set), evaluation, _method_name(method)])
                     table.values.append(row)
             table.groups += _columns_grouped(range(first, len(table.values)), len(models))
     return table
@@ -291,6 +294,11 @@ def paper_tables(results: list[TrialResult], decoding: str = "beam") -> list[Tab
         table_symbolic(results, models, methods, decoding),
         table_ablations(results, models, methods, decoding),
     ]
+
+
+def set_title(name: str) -> str:
+    """The evaluation set as tables name it (its registry title; an unknown set by its own name)."""
+    return get_task(name).title if name in task_names() else name
 
 
 def _model_name(model: str) -> str:
@@ -365,7 +373,7 @@ def compute_table(results: list[TrialResult]) -> str:
     lines = ["**Compute: steps and training tokens per trial**", "",
              "| Training set | Model | Method | Seed | Steps | Training tokens |",
              "| --- | --- | --- | --- | ---: | ---: |"]
-    lines += [f"| {TRAIN_SETS.get(r.train_set, r.train_set)} | {_model_name(r.model)} | {_method_name(r.method)} | "
+    lines += [f"| {set_title(r.train_set)} | {_model_name(r.model)} | {_method_name(r.method)} | "
               f"{r.seed} | {r.steps:,} | {'–' if r.tokens is None else f'{r.tokens:,}'} |" for r in trained]
     return "\n".join(lines)
 
@@ -376,7 +384,6 @@ def compute_table(results: list[TrialResult]) -> str:
 
 Column = tuple[str, str]
 """(eval set, decoding)."""
-EVAL_SET_NAMES = {**TRAIN_SETS, **SYMBOLIC_SETS}
 REPLICATION_NAMES = {**METHOD_NAMES, "it": "IT"}
 """Beside base, MFT and ClozeMath, `it` is the instruction-tuning baseline rather than Table 4's ablation."""
 
@@ -397,11 +404,11 @@ def _eval_columns(trials: list[TrialResult]) -> list[Column]:
     """Every (eval set, decoding) some trial has an accuracy of: the paper's sets first, greedy, beam, CoT first."""
     parsed = [parse_eval_metric(key) for r in trials for key in r.metrics]
     found = {(m.set_name, m.decoding) for m in parsed if m is not None and m.prefix == EVAL_PREFIX and m.stat == ACCURACY}
-    return sorted(found, key=lambda c: (_rank(c[0], list(EVAL_SET_NAMES)), _rank(c[1], DECODINGS)))
+    return sorted(found, key=lambda c: (_rank(c[0], [*TRAIN_SETS, *SYMBOLIC_SETS]), _rank(c[1], DECODINGS)))
 
 
 def _column_name(column: Column) -> str:
-    return f"{EVAL_SET_NAMES.get(column[0], column[0])} {column[1]}"
+    return f"{set_title(column[0])} {column[1]}"
 
 
 def _accuracy_metric(column: Column) -> str:
@@ -434,7 +441,7 @@ def results_tables(results: list[TrialResult]) -> list[TextTable]:
         rows = [[_method_name(method, REPLICATION_NAMES),
                  *(_spread(_percents(_measured(trials, method, column), column)) for column in columns)]
                 for method in _ordered((r.method for r in trials), REPLICATION_METHODS)]
-        title = (f"Results: {_model_name(model)} trained on {TRAIN_SETS.get(train_set, train_set)}, "
+        title = (f"Results: {_model_name(model)} trained on {set_title(train_set)}, "
                  "accuracy (%), mean ± std over seeds (n)")
         tables.append(TextTable(title, ["Method", *map(_column_name, columns)], 1, rows))
     return tables
@@ -513,7 +520,7 @@ def comparison_tables(results: list[TrialResult], artifacts: PredictionArtifacts
                 rows += [_comparison_row(trials, method, reference, column, artifacts)
                          for reference in REFERENCES if reference in measured and reference != method]
         if rows:
-            title = (f"Comparisons: {_model_name(model)} trained on {TRAIN_SETS.get(train_set, train_set)}, "
+            title = (f"Comparisons: {_model_name(model)} trained on {set_title(train_set)}, "
                      "method - reference in accuracy points, 95% paired bootstrap interval over problems pooled "
                      "over seeds")
             tables.append(TextTable(title, header, 3, rows))

@@ -69,7 +69,7 @@ def _add_run(commands: argparse._SubParsersAction) -> None:
 
 def _run(args: argparse.Namespace) -> int | None:
     from clozemath.config import as_grid, configs_root, expand_grid, load_config
-    from clozemath.files import check_run_outputs
+    from clozemath.records import check_run_outputs
 
     config = load_config(args.config, args.overrides)  # a mistake is reported in a second, before Ray is imported
     check_run_outputs(expand_grid(as_grid(config), configs_root(Path(args.config)), args.config))
@@ -110,7 +110,7 @@ def _add_eval(commands: argparse._SubParsersAction) -> None:
 def _eval(args: argparse.Namespace) -> None:
     from clozemath.config import GridConfig, load_config
     from clozemath.eval.evaluate import resolve_adapter
-    from clozemath.files import check_run_outputs
+    from clozemath.records import check_run_outputs
 
     cfg = load_config(args.config, args.overrides)
     if isinstance(cfg, GridConfig):

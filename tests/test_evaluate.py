@@ -18,7 +18,6 @@ from clozemath.data.objectives import build_samples
 from clozemath.data.sources import load_problems
 from clozemath.data.tokenize import encode_sample
 from clozemath.errors import ClozeMathError
-from clozemath.eval.answers import grade
 from clozemath.eval.evaluate import (
     Prompting,
     build_prompts,
@@ -35,6 +34,7 @@ from clozemath.eval.harness import STRICT_MATCH, harness_verdicts
 from clozemath.eval.prompts import GSM8K_STOP
 from clozemath.eval.decode import decode
 from clozemath.model.load import load_model, save_adapter
+from clozemath.tasks import grade
 
 ROOT = Path(__file__).resolve().parents[1]
 SMOKE = ROOT / "configs" / "experiments" / "smoke.yaml"

@@ -325,6 +325,22 @@ def test_preprocess_is_cached(workdir: Path, ray_session: None) -> None:
     assert not third.from_cache and third.folder != first.folder
 
 
+@pytest.mark.slow
+def test_prepare_and_the_run_make_the_same_token_ids(workdir: Path, ray_session: None) -> None:
+    """`clozemath prepare` runs the run's preprocessing steps in its own process: for the same config, the same token
+    ids, kinds and sentinels (random spans, drawn over the tokenizer's offsets on Ray's workers, included)."""
+    config = smoke_config(workdir, "method=random_span")
+    run = preprocess(config, workdir / "runs" / "cache")
+    shown = prepare_data(config)
+    kept = [(sample, row) for sample, row in zip(shown.samples, shown.encoded) if row is not None]
+    as_tuples = lambda ids, labels, cut: (tuple(ids), tuple(labels), int(cut))  # noqa: E731
+    assert Counter(as_tuples(r["input_ids"], r["labels"], r["prefix_len"]) for r in run.dataset().take_all()) == Counter(
+        as_tuples(row["input_ids"], row["labels"], row["prefix_len"]) for _, row in kept
+    )
+    assert run.kinds == dict(Counter(sample.kind for sample, _ in kept)) and set(run.kinds) == {"lm", "random_span"}
+    assert run.num_sentinels == shown.summary(config.data.max_length)["sentinels_needed"]
+
+
 def test_ray_train_collects_reports_briskly_unless_told_otherwise(monkeypatch: pytest.MonkeyPatch) -> None:
     """Ray Train's 2 s default poll would make every step last 2 s (measured: 2.08 s a step of the smoke config)."""
     monkeypatch.delenv(TRAIN_POLL_ENV_VAR, raising=False)

@@ -42,7 +42,7 @@ from tqdm import tqdm
 
 from clozemath.data.sources import DATA_DIR_ENV, Problem
 from clozemath.errors import ClozeMathError
-from clozemath.eval.answers import gsm8k_gold
+from clozemath.data.gold import NUMERIC_TOLERANCE, gsm8k_gold
 from clozemath.files import atomic_writer
 
 Variant = Literal["symbolic", "p1", "p2"]
@@ -1175,12 +1175,12 @@ def _render(parts: Sequence[str | Expression], scope: _Scope, in_question: bool)
 
 
 def same_number(text: str, value: Any) -> bool:
-    """Whether `text` (the number after `####`) equals `value` within 1e-4, the grading tolerance."""
+    """Whether `text` (the number after `####`) equals `value` within the grading tolerance."""
     try:
         shown = Fraction(text.replace(",", ""))
     except (ValueError, ZeroDivisionError):
         return False
-    return _is_number(value) and abs(shown - value) <= Fraction(1, 10_000)
+    return _is_number(value) and abs(shown - value) <= Fraction(str(NUMERIC_TOLERANCE))
 
 
 def _draw(plan: _Plan, scope: _Scope) -> bool:

@@ -10,29 +10,18 @@ import json
 import random
 import sys
 from collections import Counter, defaultdict
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, fields, replace
-from fractions import Fraction
-from functools import cache, partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from clozemath.config import EvalConfig, EvalSetConfig, ExperimentConfig
-from clozemath.data.gsm_symbolic import Variant, instances, templates_folder
-from clozemath.data.sources import Problem, data_identity, fingerprint, load_problems, read_jsonl
+from clozemath.data.sources import Problem, read_jsonl
 from clozemath.data.objectives import format_prompt, lm_sample
 from clozemath.data.tokenize import encode_samples
 from clozemath.errors import ClozeMathError
-from clozemath.eval.answers import DATASETS, NUMERIC_DATASETS, answer_span, grade, normalize_math_answer
 from clozemath.eval.decode import Engine, Generation, PromptAttention, decode
 from clozemath.eval.harness import STRICT_MATCH, filtered_answer, harness_verdicts
-from clozemath.eval.prompts import (
-    GSM8K_STOP,
-    MINERVA_MATH_STOP,
-    gsm8k_few_shot,
-    gsm8k_shots,
-    minerva_math_few_shot,
-)
 from clozemath.files import atomic_writer
 from clozemath.records import (
     ADAPTER_DIR,
@@ -43,6 +32,7 @@ from clozemath.records import (
     run_folder,
     tally_metrics,
 )
+from clozemath.tasks import few_shot_prompt, get_task
 
 if TYPE_CHECKING:  # peft takes seconds to import: `clozemath score` does without it
     import torch
@@ -101,8 +91,10 @@ def _prediction(row: dict[str, Any], where: str) -> Prediction:
         if not _has_type(value, _FIELD_TYPES[field.name]):
             raise ClozeMathError(f"{where}: field '{field.name}' has the wrong type ({type(value).__name__})")
         values[field.name] = value
-    if values["dataset"] not in DATASETS:
-        raise ClozeMathError(f"{where}: unknown dataset '{values['dataset']}' (known: {', '.join(DATASETS)})")
+    try:
+        get_task(values["dataset"])
+    except ClozeMathError as exc:
+        raise ClozeMathError(f"{where}: {exc}") from None
     return Prediction(**values)
 
 
@@ -134,10 +126,11 @@ class _Verdict:
 
 def _verdict(dataset: str, generation: str, gold: str, harness: bool) -> _Verdict:
     """clozemath's grading, or (`harness`, for few-shot GSM8K-like sets) the harness's filters, strict-match first."""
-    if harness and dataset in NUMERIC_DATASETS:
+    task = get_task(dataset)
+    if harness and task.harness_filters:
         verdicts = harness_verdicts(generation, gold)
         return _Verdict(filtered_answer(STRICT_MATCH, generation), verdicts[STRICT_MATCH], verdicts)
-    graded = grade(dataset, generation, gold)
+    graded = task.grade(generation, gold)
     return _Verdict(graded.extracted, graded.correct, None)
 
 
@@ -195,27 +188,15 @@ def print_score(path: str | Path, as_json: bool = False) -> None:
 # --------------------------------------------------------------------------------------------------------------
 # Evaluation sets
 
-_VARIANTS: dict[str, Variant] = {"gsm_symbolic": "symbolic", "gsm_p1": "p1", "gsm_p2": "p2"}
-
-
-def _all_problems(set_cfg: EvalSetConfig) -> list[Problem]:
-    if set_cfg.dataset in ("gsm8k", "math") or (set_cfg.dataset == "gsm_p2" and not set_cfg.generate):
-        return load_problems(set_cfg.dataset, set_cfg.split, set_cfg.path)
-    return instances(_VARIANTS[set_cfg.dataset], set_cfg.per_template, set_cfg.seed, set_cfg.path)
-
-
 def eval_set_identity(set_cfg: EvalSetConfig) -> str:
     """Where an evaluation set's problems come from and what they hold: its data file, or its templates folder."""
-    if set_cfg.dataset in ("gsm8k", "math") or (set_cfg.dataset == "gsm_p2" and not set_cfg.generate):
-        return data_identity(set_cfg.dataset, set_cfg.split, set_cfg.path)
-    folder = templates_folder(_VARIANTS[set_cfg.dataset], set_cfg.path)
-    return f"{folder.resolve()} {fingerprint(sorted(folder.glob('*.json')))}"
+    return get_task(set_cfg.dataset).identity(set_cfg)
 
 
 def eval_problems(set_cfg: EvalSetConfig) -> list[Problem]:
-    """The problems of one evaluation set: GSM8K / MATH / Apple's released GSM-P2 read from their files, GSM-Symbolic
-    and P1 (and P2 with `generate`) instantiated from the templates; a seeded subset of `limit` of them, in order."""
-    problems = _all_problems(set_cfg)
+    """The problems of one evaluation set (its task's, `clozemath.tasks`); a seeded subset of `limit` of them, in
+    order."""
+    problems = get_task(set_cfg.dataset).problems(set_cfg)
     if set_cfg.limit is None or set_cfg.limit >= len(problems):
         return problems
     chosen = random.Random(f"eval/{set_cfg.dataset}/{set_cfg.seed}").sample(range(len(problems)), set_cfg.limit)
@@ -254,30 +235,9 @@ class Prompt:
     ids: list[int]
 
 
-@cache
-def _gsm8k_train() -> tuple[Problem, ...]:
-    return tuple(load_problems("gsm8k", "train"))
-
-
-def _harness_document(problem: Problem) -> int:
-    """The problem's position in the harness's `gsm8k` test documents (its file order); other GSM8K-like sets, which
-    are no harness task, take the shots of the first document."""
-    prefix = "gsm8k-test-"
-    return int(problem.id.removeprefix(prefix)) if problem.id.startswith(prefix) else 0
-
-
-def few_shot_prompt(problem: Problem) -> str:
-    """GSM8K 5-shot (also for GSM-Symbolic), or Minerva MATH 4-shot, as lm-evaluation-harness builds them."""
-    if problem.dataset == "math":
-        return minerva_math_few_shot(problem.question)
-    return gsm8k_few_shot(problem.question, gsm8k_shots(_gsm8k_train(), _harness_document(problem)))
-
-
 def stop_strings(dataset: str, prompting: Prompting) -> tuple[str, ...]:
     """Few-shot prompts stop where the harness stops them; a fine-tuned model ends with its end-of-sequence token."""
-    if not prompting.few_shot:
-        return ()
-    return MINERVA_MATH_STOP if dataset == "math" else GSM8K_STOP
+    return get_task(dataset).stop if prompting.few_shot else ()
 
 
 def finetuned_prompts(problems: Sequence[Problem], loaded: Loaded, template: str) -> list[Prompt]:
@@ -304,29 +264,16 @@ def build_prompts(problems: Sequence[Problem], loaded: Loaded, prompting: Prompt
 # Decoding and grading
 
 
-def comparable_answer(dataset: str) -> Callable[[str], str]:
-    """The key under which CoT-decoding sums the confidence of equal answers (`1,000` = `1000.0`; `\\dfrac12` =
-    `0.5`)."""
-    return normalize_math_answer if dataset == "math" else _canonical_number
-
-
-def _canonical_number(text: str) -> str:
-    cleaned = text.replace(",", "").replace("$", "").strip().rstrip(".")
-    try:
-        return str(Fraction(cleaned))
-    except (ValueError, ZeroDivisionError):
-        return cleaned
-
-
 def _decode(
     loaded: Loaded, prompts: list[Prompt], dataset: str, decoding: str, eval_cfg: EvalConfig, prompting: Prompting,
     engine: Engine,
 ) -> list[Generation]:
+    task = get_task(dataset)
     return decode(
         loaded.model, loaded.tokenizer, [prompt.ids for prompt in prompts], decoding,
         max_new_tokens=eval_cfg.max_new_tokens, stop=stop_strings(dataset, prompting),
         prompt_attention=prompting.attention, batch_size=eval_cfg.batch_size, num_beams=eval_cfg.num_beams,
-        cot_k=eval_cfg.cot_k, answer_span=partial(answer_span, dataset), normalize_answer=comparable_answer(dataset),
+        cot_k=eval_cfg.cot_k, answer_span=task.answer_span, normalize_answer=task.answer_key,
         engine=engine,
     )
 
