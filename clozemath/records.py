@@ -54,7 +54,8 @@ def check_run_outputs(experiments: Iterable[ExperimentConfig]) -> None:
         if experiment.train.storage is not None and "://" not in experiment.train.storage:
             check_writable_folder(experiment.train.storage, "train.storage")
         tracking = experiment.tracking
-        for key, location in (("tracking.uri", tracking.uri), ("tracking.artifact_location", tracking.artifact_location)):
+        locations = (("tracking.uri", tracking.uri), ("tracking.artifact_location", tracking.artifact_location))
+        for key, location in locations:
             folder = _local_folder(location)
             if folder is not None:
                 check_writable_folder(folder, f"{key} '{location}'")
@@ -132,7 +133,9 @@ def parse_eval_metric(key: str) -> EvalMetric | None:
     return EvalMetric(*parts)
 
 
-def tally_metrics(set_name: str, decoding: str, correct: float, total: float, prefix: str = EVAL_PREFIX) -> dict[str, float]:
+def tally_metrics(
+    set_name: str, decoding: str, correct: float, total: float, prefix: str = EVAL_PREFIX
+) -> dict[str, float]:
     """Accuracy, correct and total of one set and decoding."""
     return {
         eval_metric(set_name, decoding, ACCURACY, prefix): correct / total if total else 0.0,

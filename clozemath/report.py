@@ -403,7 +403,8 @@ def _rank(name: str, preferred: Sequence[str]) -> tuple[int, str]:
 def _eval_columns(trials: list[TrialResult]) -> list[Column]:
     """Every (eval set, decoding) some trial has an accuracy of: the paper's sets first, greedy, beam, CoT first."""
     parsed = [parse_eval_metric(key) for r in trials for key in r.metrics]
-    found = {(m.set_name, m.decoding) for m in parsed if m is not None and m.prefix == EVAL_PREFIX and m.stat == ACCURACY}
+    found = {(m.set_name, m.decoding) for m in parsed
+             if m is not None and m.prefix == EVAL_PREFIX and m.stat == ACCURACY}
     return sorted(found, key=lambda c: (_rank(c[0], [*TRAIN_SETS, *SYMBOLIC_SETS]), _rank(c[1], DECODINGS)))
 
 

@@ -8,7 +8,6 @@ import argparse
 import shlex
 import sys
 from collections.abc import Callable, Sequence
-from pathlib import Path
 
 from clozemath import console
 from clozemath.errors import ClozeMathError
@@ -68,16 +67,16 @@ def _add_run(commands: argparse._SubParsersAction) -> None:
 
 
 def _run(args: argparse.Namespace) -> int | None:
-    from clozemath.config import as_grid, configs_root, expand_grid, load_config
+    from clozemath.config import load_plan
     from clozemath.records import check_run_outputs
 
-    config = load_config(args.config, args.overrides)  # a mistake is reported in a second, before Ray is imported
-    check_run_outputs(expand_grid(as_grid(config), configs_root(Path(args.config)), args.config))
+    plan = load_plan(args.config, args.overrides)  # a mistake is reported in a second, before Ray is imported
+    check_run_outputs(plan.experiments)
 
     from ray_jobs.grid import run_command
 
     try:
-        run_command(config, args.config)
+        run_command(plan)
     except KeyboardInterrupt:
         resume = shlex.join(["clozemath", "run", args.config, *args.overrides])
         print(f"clozemath: interrupted; the grid resumes where it stopped with: {resume}", file=sys.stderr)
@@ -92,7 +91,7 @@ def _add_score(commands: argparse._SubParsersAction) -> None:
 
 
 def _score(args: argparse.Namespace) -> None:
-    from clozemath.eval.evaluate import print_score
+    from clozemath.eval.predictions import print_score
 
     print_score(args.predictions, as_json=args.json)
 

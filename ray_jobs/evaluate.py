@@ -16,27 +16,19 @@ import time
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
+from typing import Any
 
 import pyarrow as pa
 import ray
 from ray.data import ActorPoolStrategy, DataContext
 
 from clozemath import console
-from clozemath.config import ExperimentConfig
+from clozemath.config import ExperimentConfig, from_wire, to_wire
 from clozemath.data.sources import Problem
 from clozemath.errors import ClozeMathError
 from clozemath.files import write_text_atomic
-from clozemath.eval.evaluate import (
-    Prediction,
-    eval_problems,
-    evaluate_batch,
-    load_evaluated_model,
-    metrics,
-    prompting,
-    resolve_adapter,
-    results_table,
-    write_predictions,
-)
+from clozemath.eval.evaluate import eval_problems, evaluate_batch, load_evaluated_model, prompting, resolve_adapter
+from clozemath.eval.predictions import Prediction, metrics, results_table, write_predictions
 from clozemath.eval.harness import FILTERS as HARNESS_FILTERS
 from clozemath.model.memory import share_gpu
 from clozemath.records import (
@@ -72,12 +64,13 @@ SCHEMA = pa.schema([(field.name, _PREDICTION_TYPES[field.name]) for field in fie
 class Evaluator:
     """A Ray Data actor: one model (on this actor's GPU, else on CPU), every decoding of each batch of problems."""
 
-    def __init__(self, cfg: ExperimentConfig, adapter: Path | None, cpu_threads: int):
+    def __init__(self, experiment: dict[str, Any], adapter: Path | None, cpu_threads: int):
         import torch
 
         device = "cuda" if torch.cuda.is_available() else "cpu"
         if device == "cpu":
             torch.set_num_threads(cpu_threads)
+        cfg = from_wire(experiment)
         share_gpu(cfg.train.gpu_share)
         self.cfg = cfg
         self.decodings = {set_cfg.dataset: cfg.eval.decodings_of(set_cfg) for set_cfg in cfg.eval.sets}
@@ -111,7 +104,7 @@ def _actor_pool(cfg: ExperimentConfig, adapter: Path | None) -> dict[str, object
     else:
         threads = max(1, min(os.cpu_count() or 1, int(resources.get("CPU", 1)) - 1))
         pool = {"compute": ActorPoolStrategy(size=1), "num_cpus": threads}
-    return pool | {"fn_constructor_kwargs": {"cfg": cfg, "adapter": adapter, "cpu_threads": threads}}
+    return pool | {"fn_constructor_kwargs": {"experiment": to_wire(cfg), "adapter": adapter, "cpu_threads": threads}}
 
 
 @contextlib.contextmanager
@@ -154,7 +147,7 @@ class _SetProgress:
         done = len(self.predictions)
         unit = "problems" if len(self.decodings) == 1 else "predictions"
         accuracy = f"accuracy {correct / done:.1%}" if done else "accuracy -"
-        console.progress(f"{label}/eval/{self.name}", f"[{label}] eval {self.name}", done, self.expected,
+        console.progress(f"{label}/evaluation/{self.name}", f"[{label}] eval {self.name}", done, self.expected,
                          [accuracy], rate_unit=unit)
 
     def finish(self, folder: Path) -> dict[str, float]:
@@ -235,7 +228,10 @@ class EvalResult:
 
 
 def run_evaluation(
-    cfg: ExperimentConfig, adapter_folder: str | Path | None = None, tracked_run: TrackedRun | None = None, step: int = 0
+    cfg: ExperimentConfig,
+    adapter_folder: str | Path | None = None,
+    tracked_run: TrackedRun | None = None,
+    step: int = 0,
 ) -> EvalResult:
     """Evaluate `cfg`'s model on `eval.sets` x `eval.decodings` and log the results to MLflow.
 

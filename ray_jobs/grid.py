@@ -33,15 +33,16 @@ from clozemath import console, tracking
 from clozemath.config import (
     ExperimentConfig,
     GridConfig,
+    RunPlan,
     TrackingConfig,
-    as_grid,
-    configs_root,
     dump_yaml,
-    expand_grid,
+    from_wire,
+    to_wire,
 )
 from clozemath.data.sources import data_identity
 from clozemath.errors import ClozeMathError
-from clozemath.eval.evaluate import eval_set_identity, results_table
+from clozemath.eval.evaluate import eval_set_identity
+from clozemath.eval.predictions import results_table
 from clozemath.model.load import load_tokenizer
 from clozemath.records import (
     ADAPTER_DIR,
@@ -157,27 +158,26 @@ class GridOutcome:
 # The driver
 
 
-def run_command(config: ExperimentConfig | GridConfig, config_path: str) -> None:
+def run_command(plan: RunPlan) -> None:
     """`clozemath run`: an experiment (a grid of one) or a grid, on Ray Tune; an interrupted grid resumes."""
-    grid = as_grid(config)
-    root = configs_root(Path(config_path))
-    logs = grid_folder(grid, root, config_path) / LOGS_DIR
+    logs = grid_folder(plan) / LOGS_DIR
     with logged(logs):
-        outcome = run_grid(grid, root, source=config_path)
+        outcome = run_grid(plan)
     print_grid_outcome(outcome, logs)
 
 
-def grid_folder(grid: GridConfig, root: Path, source: str) -> Path:
+def grid_folder(plan: RunPlan) -> Path:
     """`<train.output_dir>/<grid>`: an experiment's run folder, or the folder of a grid's trials' run folders."""
-    return Path(expand_grid(grid, root, source)[0].train.output_dir).resolve() / grid.name
+    return Path(plan.experiments[0].train.output_dir).resolve() / plan.grid.name
 
 
-def run_grid(grid: GridConfig, root: Path | None = None, source: str | Path = "grid") -> GridOutcome:
+def run_grid(plan: RunPlan) -> GridOutcome:
     """Run (or resume) every trial of the grid on Ray Tune; returns how each ended (`print_grid_outcome` turns
-    failed trials into a one-line error). `root`: the `configs/` folder the grid's references resolve in."""
-    experiments = [with_absolute_paths(experiment) for experiment in expand_grid(grid, root, source)]
+    failed trials into a one-line error)."""
+    grid = plan.grid
+    experiments = [with_absolute_paths(experiment) for experiment in plan.experiments]
     check_models(experiments)
-    experiments = [with_budget(experiment, root or configs_root()) for experiment in experiments]
+    experiments = [with_budget(experiment, plan.root) for experiment in experiments]
     key = grid_key(experiments)
     tracking_cfg = experiments[0].tracking
     path = Path(experiments[0].train.output_dir) / TUNE_DIR / f"{_safe(grid.name)}-{key}"
@@ -185,7 +185,7 @@ def run_grid(grid: GridConfig, root: Path | None = None, source: str | Path = "g
     warn_local_store_on_a_cluster(tracking_cfg.uri)
     parent = parent_run(grid, tracking_cfg, key, len(experiments))
     restored = tune.Tuner.can_restore(str(path))
-    trials = {e.name: e.model_dump(mode="json") for e in experiments}  # the same on restore: the key says so
+    trials = {e.name: to_wire(e) for e in experiments}  # the same on restore: the key says so
     trainable = tune.with_resources(
         tune.with_parameters(run_trial, trials=trials, grid=grid.name, parent_run_id=parent.run_id), TRIAL_RESOURCES
     )
@@ -416,7 +416,7 @@ def _experiment_summary(trial: TrialOutcome, experiment: str) -> list[str]:
 def run_trial(settings: dict[str, Any], trials: dict[str, dict[str, Any]], grid: str, parent_run_id: str) -> None:
     """Tune's function trainable: one point of the grid (`settings["trial"]`, a key of `trials`), end to end, in its
     child run of `parent_run_id`."""
-    config = ExperimentConfig.model_validate(trials[settings["trial"]])
+    config = from_wire(trials[settings["trial"]])
     earlier = tracking.find_runs(config.tracking, {PARENT_TAG: parent_run_id, TRIAL_TAG: config.name})
     if earlier and earlier[0].info.status == "FINISHED":  # done before the driver died: nothing to redo
         tune.report({**earlier[0].data.metrics, RUN_ID_KEY: earlier[0].info.run_id})

@@ -61,7 +61,9 @@ def run_experiment(
                 "train.planned_tokens": planned_tokens(footprint, config.train),
             })
             with user_errors_surfaced():
-                adapter, steps = fit(config, prepared, run_folder(config).resolve(), run, train_run_name, train_callbacks)
+                adapter, steps = fit(
+                    config, prepared, run_folder(config).resolve(), run, train_run_name, train_callbacks
+                )
             run.log_params({"train.planned_steps": steps})
             run.log_artifacts(adapter, ADAPTER_DIR)
         eval_metrics = {}

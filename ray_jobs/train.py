@@ -34,7 +34,7 @@ from ray.train import (
 from ray.train.torch import TorchTrainer
 
 from clozemath import console
-from clozemath.config import ExperimentConfig
+from clozemath.config import ExperimentConfig, from_wire, to_wire
 from clozemath.errors import ClozeMathError
 from clozemath.files import copy_folder_atomic
 from clozemath.eval.during_training import evaluate_step, step_evaluation
@@ -74,7 +74,7 @@ def train_worker(settings: dict[str, Any]) -> None:
 
     # DeepSpeed's gloo path calls torch.distributed functions torch has deprecated: nothing a user can act on.
     warnings.filterwarnings("ignore", message=r"`torch\.distributed\.\w+` is deprecated", category=FutureWarning)
-    config = ExperimentConfig.model_validate(settings["experiment"])
+    config = from_wire(settings["experiment"])
     device = ray.train.torch.get_device()
     share_gpu(config.train.gpu_share)
     if device.type == "cpu":  # Ray gives a 1-CPU worker one thread; on CPU the node's cores are the accelerator
@@ -144,7 +144,8 @@ class ForwardMetrics(UserCallback):
         accuracies = [f"{metric.measured} {value:.1%}" for metric, value in curve.items() if metric.stat == ACCURACY]
         console.progress(
             f"{self.label}/train", f"[{self.label}] training", reported["step"], reported["total_steps"],
-            [f"loss {values[train_metric('loss')]:.4f}", f"{values[train_metric('tokens_per_s')]:.0f} tok/s", *accuracies],
+            [f"loss {values[train_metric('loss')]:.4f}", f"{values[train_metric('tokens_per_s')]:.0f} tok/s",
+             *accuracies],
         )
 
 
@@ -193,7 +194,7 @@ def fit(
     )
     trainer = TorchTrainer(
         train_worker,
-        train_loop_config={"experiment": config.model_dump(), "num_sentinels": prepared.num_sentinels},
+        train_loop_config={"experiment": to_wire(config), "num_sentinels": prepared.num_sentinels},
         scaling_config=ScalingConfig(
             num_workers=config.train.num_workers, use_gpu=gpu,
             resources_per_worker={"GPU": config.train.gpu_share} if gpu else None,

@@ -18,18 +18,8 @@ from clozemath.data.objectives import build_samples
 from clozemath.data.sources import load_problems
 from clozemath.data.tokenize import encode_sample
 from clozemath.errors import ClozeMathError
-from clozemath.eval.evaluate import (
-    Prompting,
-    build_prompts,
-    eval_problems,
-    evaluate_batch,
-    metrics,
-    prompting,
-    read_predictions,
-    resolve_adapter,
-    results_table,
-    write_predictions,
-)
+from clozemath.eval.evaluate import Prompting, build_prompts, eval_problems, evaluate_batch, prompting, resolve_adapter
+from clozemath.eval.predictions import metrics, read_predictions, results_table, write_predictions
 from clozemath.eval.harness import STRICT_MATCH, harness_verdicts
 from clozemath.eval.prompts import GSM8K_STOP
 from clozemath.eval.decode import decode

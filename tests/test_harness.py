@@ -8,7 +8,7 @@ import pytest
 from clozemath.config import expand_grid, load_config
 from clozemath.data.sources import load_problems
 from clozemath.data.gold import last_boxed
-from clozemath.eval.evaluate import Prediction, metrics, regrade
+from clozemath.eval.predictions import Prediction, metrics, regrade
 from clozemath.eval.harness import FLEXIBLE_EXTRACT, STRICT_MATCH, exact_match, filtered_answer, harness_verdicts
 from clozemath.eval.prompts import GSM8K_STOP, MINERVA_EXEMPLARS, MINERVA_MATH_STOP, gsm8k_shots
 from clozemath.tasks import few_shot_prompt

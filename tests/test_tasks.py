@@ -12,17 +12,8 @@ from clozemath.config import load_config
 from clozemath.data.sources import Problem
 from clozemath.errors import ClozeMathError
 from clozemath.eval.answers import number_key
-from clozemath.eval.evaluate import (
-    eval_problems,
-    eval_set_identity,
-    evaluate_batch,
-    metrics,
-    prompting,
-    read_predictions,
-    regrade,
-    results_table,
-    write_predictions,
-)
+from clozemath.eval.evaluate import eval_problems, eval_set_identity, evaluate_batch, prompting
+from clozemath.eval.predictions import metrics, read_predictions, regrade, results_table, write_predictions
 from clozemath.model.load import load_model
 from clozemath.report import set_title
 from clozemath.tasks import Task, gsm8k, register

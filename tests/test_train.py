@@ -334,9 +334,8 @@ def test_prepare_and_the_run_make_the_same_token_ids(workdir: Path, ray_session:
     shown = prepare_data(config)
     kept = [(sample, row) for sample, row in zip(shown.samples, shown.encoded) if row is not None]
     as_tuples = lambda ids, labels, cut: (tuple(ids), tuple(labels), int(cut))  # noqa: E731
-    assert Counter(as_tuples(r["input_ids"], r["labels"], r["prefix_len"]) for r in run.dataset().take_all()) == Counter(
-        as_tuples(row["input_ids"], row["labels"], row["prefix_len"]) for _, row in kept
-    )
+    ran = Counter(as_tuples(r["input_ids"], r["labels"], r["prefix_len"]) for r in run.dataset().take_all())
+    assert ran == Counter(as_tuples(row["input_ids"], row["labels"], row["prefix_len"]) for _, row in kept)
     assert run.kinds == dict(Counter(sample.kind for sample, _ in kept)) and set(run.kinds) == {"lm", "random_span"}
     assert run.num_sentinels == shown.summary(config.data.max_length)["sentinels_needed"]
 

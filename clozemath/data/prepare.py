@@ -109,7 +109,9 @@ def prepare_data(config: ExperimentConfig, limit: int | None = None) -> Prepared
     offsets = token_offsets(tokenizer) if needs_offsets(method) else None
     rows = [
         sample for problem in problems
-        for sample in problem_samples(problem.to_dict(), method, data.prompt_template, data.seed, data.max_length, offsets)
+        for sample in problem_samples(
+            problem.to_dict(), method, data.prompt_template, data.seed, data.max_length, offsets
+        )
     ]
     repeats = lm_repeats(Counter(row["kind"] for row in rows), method.lm_share)
     samples = [Sample(**copy) for row in rows for copy in balanced_copies(row, repeats, data.seed)]

@@ -1,9 +1,10 @@
 """Answer extraction and grading rules, for any dataset; each dataset picks its own (`clozemath.tasks`).
 
 Numeric answers (GSM8K-like sets): the number after `####` (rule `strict`), else the last number of the generation
-(`flexible`), equal to the gold within `NUMERIC_TOLERANCE`. LaTeX answers (MATH): the content of the last `\\boxed{}` (`boxed`;
-else the Minerva few-shot format's `The final answer is $...$`, `final_answer`), equal to the gold by math-verify
-(gold first, under a hard timeout) or, failing that, by the MATH paper's normalized string equality.
+(`flexible`), equal to the gold within `NUMERIC_TOLERANCE`. LaTeX answers (MATH): the content of the last
+`\\boxed{}` (`boxed`; else the Minerva few-shot format's `The final answer is $...$`, `final_answer`), equal to the
+gold by math-verify (gold first, under a hard timeout) or, failing that, by the MATH paper's normalized string
+equality.
 """
 
 from __future__ import annotations
@@ -110,7 +111,8 @@ _MINERVA_RE = re.compile(r"final answer is\s*\$(?P<answer>[^\n]+?)\$", re.IGNORE
 
 
 def latex_answer(text: str) -> Found | None:
-    """The last `\\boxed{}`'s content (`boxed`), else the Minerva format's `The final answer is $...$` (`final_answer`)."""
+    """The last `\\boxed{}`'s content (`boxed`), else the Minerva format's `The final answer is $...$`
+    (`final_answer`)."""
     boxed = boxed_span(text)
     if boxed is not None:
         return boxed, "boxed"
