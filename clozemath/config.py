@@ -490,8 +490,6 @@ class RunPlan:
 
     config: ExperimentConfig | GridConfig
     experiments: list[ExperimentConfig]
-    source: str
-    """The config file, as given: errors and the resume hint name it."""
     root: Path
     """The `configs/` folder its references resolve in."""
 
@@ -509,13 +507,13 @@ def load_plan(path: str | Path, overrides: list[str] = ()) -> RunPlan:
     parsed = [parse_override(o) for o in overrides]
     if not is_grid(raw):
         experiment = experiment_from_dict(raw, root, path, parsed)
-        return RunPlan(experiment, [experiment], str(path), root)
+        return RunPlan(experiment, [experiment], root)
     grid = _validate(GridConfig, raw, path)
     check_conditions(grid, path)  # against the axes as written: `axes.*` overrides may narrow them
     grid.base = copy.deepcopy(grid.base)
     for key, value in parsed:
         _override_grid(grid, key, value, root, path)
-    return RunPlan(grid, expand_grid(grid, root, path), str(path), root)
+    return RunPlan(grid, expand_grid(grid, root, path), root)
 
 
 def load_config(path: str | Path, overrides: list[str] = ()) -> ExperimentConfig | GridConfig:

@@ -116,6 +116,10 @@ class EvalMetric:
         return f"{self.set_name}/{self.decoding}"
 
 
+def is_eval_metric(key: str) -> bool:
+    return key.startswith(f"{EVAL_PREFIX}/")
+
+
 def is_curve_metric(key: str) -> bool:
     return key.startswith(f"{CURVE_PREFIX}/")
 

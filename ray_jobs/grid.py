@@ -58,6 +58,7 @@ from clozemath.records import (
     grid_tags,
     headline_metric,
     is_curve_metric,
+    is_eval_metric,
     parse_eval_metric,
     run_folder,
     trial_tags,
@@ -399,7 +400,7 @@ def print_grid_outcome(outcome: GridOutcome, logs: Path | None = None) -> None:
 def _experiment_summary(trial: TrialOutcome, experiment: str) -> list[str]:
     """A single experiment's results table, adapter, predictions and MLflow run."""
     lines = []
-    if any(parse_eval_metric(name) is not None for name in trial.metrics):
+    if any(map(is_eval_metric, trial.metrics)):
         lines.append(results_table(trial.metrics))
     if trial.folder is not None and (trial.folder / ADAPTER_DIR).is_dir():
         lines.append(f"adapter:      {trial.folder / ADAPTER_DIR}")
