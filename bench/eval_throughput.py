@@ -41,10 +41,10 @@ sys.path.insert(0, str(ROOT))
 
 from clozemath.config import ModelConfig, read_yaml  # noqa: E402
 from clozemath.data.sources import DATA_DIR_ENV, Problem, load_problems  # noqa: E402
-from clozemath.eval.answers import answer_span  # noqa: E402
 from clozemath.eval.decode import SDPA_BACKENDS, Generation, decode  # noqa: E402
-from clozemath.eval.evaluate import Prompting, build_prompts, comparable_answer, stop_strings  # noqa: E402
+from clozemath.eval.evaluate import Prompting, build_prompts, stop_strings  # noqa: E402
 from clozemath.eval.prompts import DEFAULT_TEMPLATE  # noqa: E402
+from clozemath.tasks import answer_span, get_task  # noqa: E402
 from clozemath.model.load import load_model  # noqa: E402
 
 SCHEMES = ("greedy", "beam", "cot")
@@ -202,7 +202,7 @@ def ours(
         model, tokenizer, prompts, scheme, max_new_tokens=settings.max_new_tokens, stop=settings.stop,
         eos_token_ids=list(settings.eos_ids), prompt_attention=attention, batch_size=settings.batch_size,
         num_beams=settings.num_beams, cot_k=settings.cot_k, answer_span=partial(answer_span, "gsm8k"),
-        normalize_answer=comparable_answer("gsm8k"), engine=engine,
+        normalize_answer=get_task("gsm8k").answer_key, engine=engine,
     )
 
 

@@ -18,9 +18,9 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from clozemath.errors import ClozeMathError
+from clozemath.tasks import get_task
 
 Dataset = Literal["gsm8k", "math"]
-EvalDataset = Literal["gsm8k", "math", "gsm_symbolic", "gsm_p1", "gsm_p2"]
 Decoding = Literal["greedy", "beam", "cot"]
 AtLeastOne = Annotated[int, Field(ge=1)]
 """A size or a count of steps."""
@@ -189,7 +189,8 @@ class TrainConfig(_Strict):
 
 
 class EvalSetConfig(_Strict):
-    dataset: EvalDataset
+    dataset: str
+    """An evaluation set of the registry (`clozemath.tasks`): gsm8k, math, gsm_symbolic, gsm_p1, gsm_p2, ..."""
     split: str = "test"
     path: str | None = None
     """gsm8k, math, released gsm_p2: a JSONL file or a folder holding `<split>.jsonl`; generated GSM-Symbolic sets: the
@@ -203,6 +204,15 @@ class EvalSetConfig(_Strict):
     """gsm_p2: instantiate the p2 templates (`per_template`, `seed`) instead of reading Apple's released instances."""
     decodings: list[Decoding] | None = None
     """This set's decodings, a subset of `eval.decodings` (default: all of them); e.g. CoT-decoding on GSM8K only."""
+
+    @field_validator("dataset")
+    @classmethod
+    def _registered(cls, name: str) -> str:
+        try:
+            get_task(name)
+        except ClozeMathError as exc:
+            raise ValueError(str(exc)) from None
+        return name
 
 
 class EvalConfig(_Strict):
@@ -473,21 +483,42 @@ def _narrowed_axis(grid: GridConfig, axis: str, value: Any, source: Path | str) 
     return values
 
 
-def load_config(path: str | Path, overrides: list[str] = ()) -> ExperimentConfig | GridConfig:
-    """Load an experiment or a grid YAML with command-line overrides applied (see `_GRID_KEYS` for a grid's)."""
+@dataclass(frozen=True)
+class RunPlan:
+    """A config file as `clozemath run` runs it, parsed and validated once: the experiment or grid it states, and
+    every experiment of it (an experiment is a grid of one)."""
+
+    config: ExperimentConfig | GridConfig
+    experiments: list[ExperimentConfig]
+    root: Path
+    """The `configs/` folder its references resolve in."""
+
+    @property
+    def grid(self) -> GridConfig:
+        return as_grid(self.config)
+
+
+def load_plan(path: str | Path, overrides: list[str] = ()) -> RunPlan:
+    """Load an experiment or a grid YAML with command-line overrides applied (see `_GRID_KEYS` for a grid's), and
+    expand it into its experiments; a mistake anywhere is refused here, before anything starts."""
     path = Path(path)
     raw = read_yaml(path)
     root = configs_root(path)
     parsed = [parse_override(o) for o in overrides]
     if not is_grid(raw):
-        return experiment_from_dict(raw, root, path, parsed)
+        experiment = experiment_from_dict(raw, root, path, parsed)
+        return RunPlan(experiment, [experiment], root)
     grid = _validate(GridConfig, raw, path)
     check_conditions(grid, path)  # against the axes as written: `axes.*` overrides may narrow them
     grid.base = copy.deepcopy(grid.base)
     for key, value in parsed:
         _override_grid(grid, key, value, root, path)
-    expand_grid(grid, root, path)  # refuse a bad grid before anything starts
-    return grid
+    return RunPlan(grid, expand_grid(grid, root, path), root)
+
+
+def load_config(path: str | Path, overrides: list[str] = ()) -> ExperimentConfig | GridConfig:
+    """The experiment, or the grid, of a YAML file with overrides applied (validated as `load_plan` does)."""
+    return load_plan(path, overrides).config
 
 
 @dataclass(frozen=True)
@@ -589,6 +620,16 @@ def as_grid(config: ExperimentConfig | GridConfig) -> GridConfig:
     if isinstance(config, GridConfig):
         return config
     return GridConfig(name=config.name, base=config.model_dump())
+
+
+def to_wire(config: ExperimentConfig) -> dict[str, Any]:
+    """The experiment as plain JSON data, for where it crosses into another process (a Tune trial, Ray Train's
+    workers, the evaluation actors); `from_wire` reads it back."""
+    return config.model_dump(mode="json")
+
+
+def from_wire(data: dict[str, Any]) -> ExperimentConfig:
+    return ExperimentConfig.model_validate(data)
 
 
 def flatten(config: BaseModel | dict[str, Any], prefix: str = "") -> dict[str, Any]:

@@ -6,12 +6,11 @@ from __future__ import annotations
 import os
 import shutil
 import uuid
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import TextIO
 
-from clozemath.config import ExperimentConfig
 from clozemath.errors import ClozeMathError
 
 
@@ -77,27 +76,3 @@ def check_writable_folder(path: str | Path, what: str) -> None:
         raise ClozeMathError(f"{what}: cannot make the folder '{path}': '{existing}' is a file")
     if not os.access(existing, os.W_OK | os.X_OK):
         raise ClozeMathError(f"{what}: cannot write in '{existing}'")
-
-
-def check_run_outputs(experiments: Iterable[ExperimentConfig]) -> None:
-    """Every folder a run writes (its output folder, a local tracking store and its artifacts) can be written."""
-    for experiment in experiments:
-        check_writable_folder(experiment.train.output_dir, "train.output_dir")
-        if experiment.train.storage is not None and "://" not in experiment.train.storage:
-            check_writable_folder(experiment.train.storage, "train.storage")
-        tracking = experiment.tracking
-        for key, location in (("tracking.uri", tracking.uri), ("tracking.artifact_location", tracking.artifact_location)):
-            folder = _local_folder(location)
-            if folder is not None:
-                check_writable_folder(folder, f"{key} '{location}'")
-
-
-def _local_folder(location: str | None) -> Path | None:
-    """The folder a local store or artifact location writes in (a SQLite file's folder); None for a remote one."""
-    if location is None:
-        return None
-    if location.startswith("sqlite:///"):
-        return Path(location.removeprefix("sqlite:///")).parent
-    if location.startswith("file://"):
-        return Path(location.removeprefix("file://"))
-    return None if "://" in location else Path(location)

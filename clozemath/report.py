@@ -40,9 +40,27 @@ from clozemath import tracking
 from clozemath.config import TrackingConfig
 from clozemath.data.sources import read_jsonl
 from clozemath.errors import ClozeMathError
-from clozemath.eval.during_training import CURVE
 from clozemath.files import atomic_path, write_text_atomic
 from clozemath.intervals import BySeed, Difference, paired_difference
+from clozemath.records import (
+    ACCURACY,
+    CORRECT,
+    CURVE_PREFIX,
+    EVAL_PREFIX,
+    GRID_ROLE,
+    METHOD_TAG,
+    MODEL_TAG,
+    PARENT_TAG,
+    PREDICTIONS_ARTIFACTS,
+    ROLE_TAG,
+    SEED_TAG,
+    TOTAL,
+    TRAIN_SET_TAG,
+    TRIAL_TAG,
+    eval_metric,
+    parse_eval_metric,
+)
+from clozemath.tasks import get_task, task_names
 
 MODEL_NAMES = {
     "deepseek-math-7b": "DeepSeek-Math", "llama-3.1-8b": "Llama-3.1-8B", "llama-3.2-3b": "Llama-3.2-3B",
@@ -55,8 +73,10 @@ METHOD_NAMES = {
     "random_span": "W/o Equation masking",
 }
 ABLATIONS = ("it_prefixlm", "clozemath_causal", "it", "random_span")
-TRAIN_SETS = {"gsm8k": "GSM8K", "math": "MATH"}
-SYMBOLIC_SETS = {"gsm_symbolic": "GSM-Sym", "gsm_p1": "GSM-P1", "gsm_p2": "GSM-P2"}
+TRAIN_SETS = ("gsm8k", "math")
+"""The paper's training sets, in its tables' order."""
+SYMBOLIC_SETS = ("gsm_symbolic", "gsm_p1", "gsm_p2")
+"""Table 3's evaluation sets."""
 FIGURE_FILE = "accuracy_vs_steps.png"
 BASE_DECODING = "greedy"
 """Base models are decoded as lm-evaluation-harness decodes them; their accuracy is its GSM8K strict-match."""
@@ -65,8 +85,6 @@ REPLICATION_METHODS = ("base", "it", "mft", "clozemath", "it_prefixlm", "clozema
 REFERENCES = ("it", "base")
 """What each trained method is compared against."""
 DECODINGS = ("greedy", "beam", "cot")
-PREDICTIONS_ARTIFACTS = "eval/predictions"
-"""Where an evaluation logs its `<set>.jsonl` files among its run's artifacts (ray_jobs/evaluate.py)."""
 TRIALS_FILE = "trials.json"
 
 
@@ -122,14 +140,14 @@ def grid_runs(tracking_uri: str, experiment: str, parent_run_id: str | None = No
     if found is None:
         raise ClozeMathError(f"MLflow experiment '{experiment}' not found in {tracking.resolved_uri(tracking_uri)}")
     if parent_run_id is None:
-        parents = tracking.find_runs(TrackingConfig(uri=tracking_uri, experiment=experiment), {"role": "grid"})
+        parents = tracking.find_runs(TrackingConfig(uri=tracking_uri, experiment=experiment), {ROLE_TAG: GRID_ROLE})
         if not parents:
             raise ClozeMathError(f"MLflow experiment '{experiment}': no grid run in it (run `clozemath run` first)")
         parent = parents[0]
     else:
         parent = client.get_run(parent_run_id)
-    children = _all_runs(client, found.experiment_id, f"tags.`{tracking.PARENT_TAG}` = '{parent.info.run_id}'")
-    return parent, [_trial_result(run) for run in children if "model" in run.data.tags]
+    children = _all_runs(client, found.experiment_id, f"tags.`{PARENT_TAG}` = '{parent.info.run_id}'")
+    return parent, [_trial_result(run) for run in children if MODEL_TAG in run.data.tags]
 
 
 def _all_runs(client: MlflowClient, experiment_id: str, query: str) -> list[Run]:
@@ -145,10 +163,11 @@ def _all_runs(client: MlflowClient, experiment_id: str, query: str) -> list[Run]
 def _trial_result(run: Run) -> TrialResult:
     tags, params = run.data.tags, run.data.params
     steps, tokens = (params.get(f"train.planned_{name}") for name in ("steps", "tokens"))
-    train_set, seed = tags.get("train_set", ""), tags.get("seed", "0")
-    variant = _variant(tags.get("trial", ""), tags["model"], tags["method"], train_set)
+    model, method = tags[MODEL_TAG], tags[METHOD_TAG]
+    train_set, seed = tags.get(TRAIN_SET_TAG, ""), tags.get(SEED_TAG, "0")
+    variant = _variant(tags.get(TRIAL_TAG, ""), model, method, train_set)
     return TrialResult(
-        run.info.run_id, tags["model"], f"{tags['method']} ({variant})" if variant else tags["method"], train_set, seed,
+        run.info.run_id, model, f"{method} ({variant})" if variant else method, train_set, seed,
         dict(run.data.metrics), None if steps is None else int(steps), None if tokens is None else int(tokens),
         run.info.run_name or "", {k: v for k, v in tags.items() if not k.startswith("mlflow.")}, dict(params),
     )
@@ -189,7 +208,7 @@ def pooled_cell(results: list[TrialResult], model: str, method: str, train_set: 
     for r in results:
         if (r.model, r.method, r.train_set) != (model, method, train_set):
             continue
-        keys = [(f"eval/{s}/{decoding}/correct", f"eval/{s}/{decoding}/total") for s in sets]
+        keys = [(eval_metric(s, decoding, CORRECT), eval_metric(s, decoding, TOTAL)) for s in sets]
         if all(c in r.metrics and t in r.metrics for c, t in keys):
             total = sum(r.metrics[t] for _, t in keys)
             pooled.append(sum(r.metrics[c] for c, _ in keys) / total if total else 0.0)
@@ -206,13 +225,13 @@ def _columns_grouped(rows: Sequence[int], columns: int) -> list[list[tuple[int, 
 
 def table_overall(results: list[TrialResult], models: list[str], methods: list[str], decoding: str) -> Table:
     table = Table("Table 1: overall accuracy", ["Training set", "Method", *map(_model_name, models)], [], [])
-    for train_set, set_name in TRAIN_SETS.items():
+    for train_set in TRAIN_SETS:
         first = len(table.values)
         for method in (m for m in methods if m in ("base", "mft", "clozemath")):
             used = BASE_DECODING if method == "base" else decoding
-            row = [cell(results, model, method, train_set, f"eval/{train_set}/{used}/accuracy") for model in models]
+            row = [cell(results, model, method, train_set, eval_metric(train_set, used, ACCURACY)) for model in models]
             if any(value is not None for value in row):
-                table.labels.append([set_name, METHOD_NAMES[method]])
+                table.labels.append([set_title(train_set), METHOD_NAMES[method]])
                 table.values.append(row)
         table.groups += _columns_grouped(range(first, len(table.values)), len(models))
     return table
@@ -220,10 +239,10 @@ def table_overall(results: list[TrialResult], models: list[str], methods: list[s
 
 def table_cot(results: list[TrialResult], models: list[str], methods: list[str]) -> Table:
     shown = [m for m in methods if m != "base" and any(
-        cell(results, model, m, "gsm8k", "eval/gsm8k/cot/accuracy") is not None for model in models)]
+        cell(results, model, m, "gsm8k", eval_metric("gsm8k", "cot", ACCURACY)) is not None for model in models)]
     table = Table("Table 2: GSM8K, CoT-decoding", ["Model", *map(_method_name, shown)], [], [])
     for model in models:
-        row = [cell(results, model, method, "gsm8k", "eval/gsm8k/cot/accuracy") for method in shown]
+        row = [cell(results, model, method, "gsm8k", eval_metric("gsm8k", "cot", ACCURACY)) for method in shown]
         if any(value is not None for value in row):
             table.labels.append([_model_name(model)])
             table.values.append(row)
@@ -235,26 +254,26 @@ def table_symbolic(results: list[TrialResult], models: list[str], methods: list[
     header = ["Training set", "Evaluation", "Method", *map(_model_name, models)]
     table = Table("Table 3: GSM-Symbolic", header, [], [])
     evaluations: list[tuple[str, Callable[[str, str, str], float | None]]] = [
-        (name, lambda model, method, train_set, s=s: cell(
-            results, model, method, train_set, f"eval/{s}/{decoding}/accuracy"))
-        for s, name in SYMBOLIC_SETS.items()
+        (set_title(s), lambda model, method, train_set, s=s: cell(
+            results, model, method, train_set, eval_metric(s, decoding, ACCURACY)))
+        for s in SYMBOLIC_SETS
     ]
     evaluations.append(("Overall", lambda model, method, train_set: pooled_cell(
         results, model, method, train_set, list(SYMBOLIC_SETS), decoding)))
-    for train_set, set_name in TRAIN_SETS.items():
+    for train_set in TRAIN_SETS:
         for evaluation, measure in evaluations:
             first = len(table.values)
             for method in (m for m in methods if m != "base"):
                 row = [measure(model, method, train_set) for model in models]
                 if any(value is not None for value in row):
-                    table.labels.append([set_name, evaluation, _method_name(method)])
+                    table.labels.append([set_title(train_set), evaluation, _method_name(method)])
                     table.values.append(row)
             table.groups += _columns_grouped(range(first, len(table.values)), len(models))
     return table
 
 
 def table_ablations(results: list[TrialResult], models: list[str], methods: list[str], decoding: str) -> Table:
-    metric = f"eval/gsm8k/{decoding}/accuracy"
+    metric = eval_metric("gsm8k", decoding, ACCURACY)
     ablated = [m for m in models if any(cell(results, m, method, "gsm8k", metric) is not None for method in ABLATIONS)]
     columns = ablated or models
     table = Table("Table 4: ablations (GSM8K)", ["Method", *map(_model_name, columns)], [], [])
@@ -276,6 +295,11 @@ def paper_tables(results: list[TrialResult], decoding: str = "beam") -> list[Tab
         table_symbolic(results, models, methods, decoding),
         table_ablations(results, models, methods, decoding),
     ]
+
+
+def set_title(name: str) -> str:
+    """The evaluation set as tables name it (its registry title; an unknown set by its own name)."""
+    return get_task(name).title if name in task_names() else name
 
 
 def _model_name(model: str) -> str:
@@ -350,7 +374,7 @@ def compute_table(results: list[TrialResult]) -> str:
     lines = ["**Compute: steps and training tokens per trial**", "",
              "| Training set | Model | Method | Seed | Steps | Training tokens |",
              "| --- | --- | --- | --- | ---: | ---: |"]
-    lines += [f"| {TRAIN_SETS.get(r.train_set, r.train_set)} | {_model_name(r.model)} | {_method_name(r.method)} | "
+    lines += [f"| {set_title(r.train_set)} | {_model_name(r.model)} | {_method_name(r.method)} | "
               f"{r.seed} | {r.steps:,} | {'–' if r.tokens is None else f'{r.tokens:,}'} |" for r in trained]
     return "\n".join(lines)
 
@@ -361,7 +385,6 @@ def compute_table(results: list[TrialResult]) -> str:
 
 Column = tuple[str, str]
 """(eval set, decoding)."""
-EVAL_SET_NAMES = {**TRAIN_SETS, **SYMBOLIC_SETS}
 REPLICATION_NAMES = {**METHOD_NAMES, "it": "IT"}
 """Beside base, MFT and ClozeMath, `it` is the instruction-tuning baseline rather than Table 4's ablation."""
 
@@ -380,17 +403,18 @@ def _rank(name: str, preferred: Sequence[str]) -> tuple[int, str]:
 
 def _eval_columns(trials: list[TrialResult]) -> list[Column]:
     """Every (eval set, decoding) some trial has an accuracy of: the paper's sets first, greedy, beam, CoT first."""
-    found = {(parts[1], parts[2]) for r in trials for parts in (key.split("/") for key in r.metrics)
-             if len(parts) == 4 and parts[0] == "eval" and parts[3] == "accuracy"}
-    return sorted(found, key=lambda c: (_rank(c[0], list(EVAL_SET_NAMES)), _rank(c[1], DECODINGS)))
+    parsed = [parse_eval_metric(key) for r in trials for key in r.metrics]
+    found = {(m.set_name, m.decoding) for m in parsed
+             if m is not None and m.prefix == EVAL_PREFIX and m.stat == ACCURACY}
+    return sorted(found, key=lambda c: (_rank(c[0], [*TRAIN_SETS, *SYMBOLIC_SETS]), _rank(c[1], DECODINGS)))
 
 
 def _column_name(column: Column) -> str:
-    return f"{EVAL_SET_NAMES.get(column[0], column[0])} {column[1]}"
+    return f"{set_title(column[0])} {column[1]}"
 
 
 def _accuracy_metric(column: Column) -> str:
-    return f"eval/{column[0]}/{column[1]}/accuracy"
+    return eval_metric(column[0], column[1], ACCURACY)
 
 
 def _measured(trials: list[TrialResult], method: str, column: Column) -> list[TrialResult]:
@@ -419,7 +443,7 @@ def results_tables(results: list[TrialResult]) -> list[TextTable]:
         rows = [[_method_name(method, REPLICATION_NAMES),
                  *(_spread(_percents(_measured(trials, method, column), column)) for column in columns)]
                 for method in _ordered((r.method for r in trials), REPLICATION_METHODS)]
-        title = (f"Results: {_model_name(model)} trained on {TRAIN_SETS.get(train_set, train_set)}, "
+        title = (f"Results: {_model_name(model)} trained on {set_title(train_set)}, "
                  "accuracy (%), mean ± std over seeds (n)")
         tables.append(TextTable(title, ["Method", *map(_column_name, columns)], 1, rows))
     return tables
@@ -496,7 +520,7 @@ def comparison_tables(results: list[TrialResult], artifacts: PredictionArtifacts
                 rows += [_comparison_row(trials, method, reference, column, artifacts)
                          for reference in REFERENCES if reference in measured and reference != method]
         if rows:
-            title = (f"Comparisons: {_model_name(model)} trained on {TRAIN_SETS.get(train_set, train_set)}, "
+            title = (f"Comparisons: {_model_name(model)} trained on {set_title(train_set)}, "
                      "method - reference in accuracy points, 95% paired bootstrap interval over problems pooled "
                      "over seeds")
             tables.append(TextTable(title, header, 3, rows))
@@ -537,8 +561,9 @@ def accuracy_curves(tracking_uri: str, results: list[TrialResult], decoding: str
 def _curve_key(metrics: dict[str, float], decoding: str) -> str | None:
     """The run's GSM8K curve metric in `decoding` if it logged one, else the one it logged: evaluation during training
     decodes as the run's config says (greedy in the replication), whatever the report's tables use."""
-    logged = sorted(k for k in metrics if k.startswith(f"{CURVE}/gsm8k/") and k.endswith("/accuracy"))
-    preferred = f"{CURVE}/gsm8k/{decoding}/accuracy"
+    logged = sorted(k for k in metrics if (m := parse_eval_metric(k)) is not None
+                    and (m.prefix, m.set_name, m.stat) == (CURVE_PREFIX, "gsm8k", ACCURACY))
+    preferred = eval_metric("gsm8k", decoding, ACCURACY, CURVE_PREFIX)
     return preferred if preferred in logged else next(iter(logged), None)
 
 

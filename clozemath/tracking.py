@@ -1,19 +1,19 @@
 """MLflow tracking: one run per experiment (a child of its grid's run when there is one), the flattened config as
 params, metrics per step, artifacts (adapter, resolved config).
 
-Every function takes the tracking config or a run id explicitly (an `MlflowClient`, no global active run), so the
-same calls work from the driver, from a Ray Train callback in another process, or from a Tune trial. Metric names
-are stable: `train/loss`, `train/lr`, `train/tokens_per_s`, `train/pad_share` (see `TRAIN_METRICS`).
+A run is a `TrackedRun` (its store and id, no global active run: an `MlflowClient` per call), so the same calls
+work from the driver, from a Ray Train callback in another process, or from a Tune trial. Metric and tag names live
+in `clozemath.records`.
 """
 
 from __future__ import annotations
 
 import sqlite3
 import time
-from collections.abc import Mapping
-from contextlib import closing
+from collections.abc import Iterator, Mapping
+from contextlib import closing, contextmanager
+from dataclasses import dataclass
 from pathlib import Path
-from tempfile import TemporaryDirectory
 from typing import Any
 
 from mlflow import MlflowClient
@@ -22,9 +22,8 @@ from mlflow.exceptions import MlflowException
 from pydantic import BaseModel
 
 from clozemath.config import TrackingConfig, dump_yaml, flatten
+from clozemath.records import CONFIG_ARTIFACT, PARENT_TAG
 
-TRAIN_METRICS = ("train/loss", "train/lr", "train/tokens_per_s", "train/pad_share")
-PARENT_TAG = "mlflow.parentRunId"
 _BATCH = 100  # MLflow's limit of params per log_batch call
 _MAX_PARAM_LENGTH = 6000
 
@@ -84,51 +83,71 @@ def write_ahead_log(uri: str) -> None:
         pass
 
 
+@dataclass(frozen=True)
+class TrackedRun:
+    """One MLflow run: what is logged to it goes through here. Plain data (a store and a run id), so it travels to
+    other processes (a Ray Train controller callback, a Tune trial) and each call opens its own client. `uri` is
+    resolved where the run was started or reopened, so that a process in another folder reaches the same store."""
+
+    uri: str
+    run_id: str
+
+    def log_params(self, params: Mapping[str, Any]) -> None:
+        items = [Param(key, str(value)[:_MAX_PARAM_LENGTH]) for key, value in params.items()]
+        mlflow = client(self.uri)
+        for start in range(0, len(items), _BATCH):
+            mlflow.log_batch(self.run_id, params=items[start : start + _BATCH])
+
+    def log_config(self, config: BaseModel) -> None:
+        """The flattened config as params and the resolved config as `config.yaml`."""
+        self.log_params(flatten(config))
+        self.log_text(dump_yaml(config), CONFIG_ARTIFACT)
+
+    def log_metrics(self, step: int, metrics: Mapping[str, float]) -> None:
+        now = int(time.time() * 1000)
+        items = [Metric(key, float(value), now, step) for key, value in metrics.items()]
+        client(self.uri).log_batch(self.run_id, metrics=items)
+
+    def last_step(self, metric: str) -> int:
+        """The last step at which the run logged `metric` (0 if never)."""
+        return max((m.step for m in client(self.uri).get_metric_history(self.run_id, metric)), default=0)
+
+    def log_artifacts(self, folder: str | Path, artifact_path: str | None = None) -> None:
+        client(self.uri).log_artifacts(self.run_id, str(folder), artifact_path=artifact_path)
+
+    def log_text(self, text: str, artifact_file: str) -> None:
+        client(self.uri).log_text(self.run_id, text, artifact_file)
+
+    def end(self, succeeded: bool = True, status: str | None = None) -> None:
+        """End the run FINISHED or FAILED (`succeeded`), or with the given `status` (KILLED: interrupted)."""
+        client(self.uri).set_terminated(self.run_id, status=status or ("FINISHED" if succeeded else "FAILED"))
+
+    @contextmanager
+    def ended_on_exit(self) -> Iterator[TrackedRun]:
+        """The run, ended FINISHED when the block completes and FAILED when it raises (Ctrl-C included)."""
+        succeeded = False
+        try:
+            yield self
+            succeeded = True
+        finally:
+            self.end(succeeded)
+
+
 def start_run(
     tracking: TrackingConfig, name: str, parent_run_id: str | None = None, tags: Mapping[str, str] | None = None
-) -> str:
-    """Create a run (running) in the config's experiment; returns its id."""
+) -> TrackedRun:
+    """Create a run (running) in the config's experiment."""
     all_tags = dict(tags or {})
     if parent_run_id is not None:
         all_tags[PARENT_TAG] = parent_run_id
     run = client(tracking.uri).create_run(experiment_id(tracking), tags=all_tags, run_name=name)
-    return run.info.run_id
+    return TrackedRun(resolved_uri(tracking.uri), run.info.run_id)
 
 
-def end_run(uri: str, run_id: str, succeeded: bool = True, status: str | None = None) -> None:
-    """End a run FINISHED or FAILED (`succeeded`), or with the given `status` (KILLED: interrupted)."""
-    client(uri).set_terminated(run_id, status=status or ("FINISHED" if succeeded else "FAILED"))
-
-
-def log_params(uri: str, run_id: str, params: Mapping[str, Any]) -> None:
-    items = [Param(key, str(value)[:_MAX_PARAM_LENGTH]) for key, value in params.items()]
-    mlflow = client(uri)
-    for start in range(0, len(items), _BATCH):
-        mlflow.log_batch(run_id, params=items[start : start + _BATCH])
-
-
-def log_config(uri: str, run_id: str, config: BaseModel) -> None:
-    """The flattened config as params and the resolved config as `config.yaml`."""
-    log_params(uri, run_id, flatten(config))
-    with TemporaryDirectory() as folder:
-        path = Path(folder) / "config.yaml"
-        path.write_text(dump_yaml(config))
-        client(uri).log_artifact(run_id, str(path))
-
-
-def log_metrics(uri: str, run_id: str, step: int, metrics: Mapping[str, float]) -> None:
-    now = int(time.time() * 1000)
-    items = [Metric(key, float(value), now, step) for key, value in metrics.items()]
-    client(uri).log_batch(run_id, metrics=items)
-
-
-def last_step(uri: str, run_id: str, metric: str) -> int:
-    """The last step at which the run logged `metric` (0 if never)."""
-    return max((m.step for m in client(uri).get_metric_history(run_id, metric)), default=0)
-
-
-def log_artifacts(uri: str, run_id: str, folder: str | Path, artifact_path: str | None = None) -> None:
-    client(uri).log_artifacts(run_id, str(folder), artifact_path=artifact_path)
+def reopen_run(uri: str, run_id: str) -> TrackedRun:
+    """Mark a run running again (a trial resumed after its driver died logs on into the run it had)."""
+    client(uri).update_run(run_id, status=RunStatus.to_string(RunStatus.RUNNING))
+    return TrackedRun(resolved_uri(uri), run_id)
 
 
 def find_runs(tracking: TrackingConfig, tags: Mapping[str, str]) -> list[Run]:
@@ -140,8 +159,3 @@ def find_runs(tracking: TrackingConfig, tags: Mapping[str, str]) -> list[Run]:
     query = " and ".join(f"tags.`{key}` = '{value}'" for key, value in tags.items())
     newest_first = ["attributes.start_time DESC"]
     return list(mlflow.search_runs([experiment.experiment_id], filter_string=query, order_by=newest_first))
-
-
-def reopen_run(uri: str, run_id: str) -> None:
-    """Mark a run running again (a trial resumed after its driver died logs on into the run it had)."""
-    client(uri).update_run(run_id, status=RunStatus.to_string(RunStatus.RUNNING))

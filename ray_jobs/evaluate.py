@@ -16,31 +16,33 @@ import time
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
+from typing import Any
 
 import pyarrow as pa
 import ray
 from ray.data import ActorPoolStrategy, DataContext
 
 from clozemath import console
-from clozemath.config import ExperimentConfig
+from clozemath.config import ExperimentConfig, from_wire, to_wire
 from clozemath.data.sources import Problem
 from clozemath.errors import ClozeMathError
 from clozemath.files import write_text_atomic
-from clozemath.eval.evaluate import (
-    Prediction,
-    eval_folder,
-    eval_problems,
-    evaluate_batch,
-    load_evaluated_model,
-    metrics,
-    prompting,
-    resolve_adapter,
-    results_table,
-    write_predictions,
-)
+from clozemath.eval.evaluate import eval_problems, evaluate_batch, load_evaluated_model, prompting, resolve_adapter
+from clozemath.eval.predictions import Prediction, metrics, results_table, write_predictions
 from clozemath.eval.harness import FILTERS as HARNESS_FILTERS
 from clozemath.model.memory import share_gpu
-from clozemath.tracking import end_run, log_artifacts, log_config, log_metrics, start_run
+from clozemath.records import (
+    EVAL_DIR,
+    EVAL_SECONDS,
+    METRICS_FILE,
+    PREDICTIONS_DIR,
+    PROBLEMS_PER_S,
+    eval_folder,
+    eval_metric,
+    partial_predictions_file,
+    predictions_file,
+)
+from clozemath.tracking import TrackedRun, start_run
 from ray_jobs.cluster import init_ray, user_errors_surfaced
 
 CALLS_PER_BATCH = 4
@@ -62,12 +64,13 @@ SCHEMA = pa.schema([(field.name, _PREDICTION_TYPES[field.name]) for field in fie
 class Evaluator:
     """A Ray Data actor: one model (on this actor's GPU, else on CPU), every decoding of each batch of problems."""
 
-    def __init__(self, cfg: ExperimentConfig, adapter: Path | None, cpu_threads: int):
+    def __init__(self, experiment: dict[str, Any], adapter: Path | None, cpu_threads: int):
         import torch
 
         device = "cuda" if torch.cuda.is_available() else "cpu"
         if device == "cpu":
             torch.set_num_threads(cpu_threads)
+        cfg = from_wire(experiment)
         share_gpu(cfg.train.gpu_share)
         self.cfg = cfg
         self.decodings = {set_cfg.dataset: cfg.eval.decodings_of(set_cfg) for set_cfg in cfg.eval.sets}
@@ -103,7 +106,7 @@ def _actor_pool(cfg: ExperimentConfig, adapter: Path | None) -> dict[str, object
     else:
         threads = max(1, min(os.cpu_count() or 1, int(resources.get("CPU", 1)) - 1))
         pool = {"compute": ActorPoolStrategy(size=1), "num_cpus": threads}
-    return pool | {"fn_constructor_kwargs": {"cfg": cfg, "adapter": adapter, "cpu_threads": threads}}
+    return pool | {"fn_constructor_kwargs": {"experiment": to_wire(cfg), "adapter": adapter, "cpu_threads": threads}}
 
 
 @contextlib.contextmanager
@@ -146,18 +149,18 @@ class _SetProgress:
         done = len(self.predictions)
         unit = "problems" if len(self.decodings) == 1 else "predictions"
         accuracy = f"accuracy {correct / done:.1%}" if done else "accuracy -"
-        console.progress(f"{label}/eval/{self.name}", f"[{label}] eval {self.name}", done, self.expected,
+        console.progress(f"{label}/evaluation/{self.name}", f"[{label}] eval {self.name}", done, self.expected,
                          [accuracy], rate_unit=unit)
 
     def finish(self, folder: Path) -> dict[str, float]:
         """Write the predictions in order (decoding, then problem), drop the partial file; the set's metrics."""
         order = {problem.id: i for i, problem in enumerate(self.problems)}
         self.predictions.sort(key=lambda p: (self.decodings.index(p.decoding), order[p.id]))
-        write_predictions(folder / "predictions" / f"{self.name}.jsonl", self.predictions)
+        write_predictions(predictions_file(folder, self.name), self.predictions)
         self.partial.unlink(missing_ok=True)
         values = metrics(self.predictions)
         for decoding, seconds in self.seconds.items():
-            values[f"eval/{self.name}/{decoding}/problems_per_s"] = len(self.problems) / max(seconds, 1e-9)
+            values[eval_metric(self.name, decoding, PROBLEMS_PER_S)] = len(self.problems) / max(seconds, 1e-9)
         return values
 
 
@@ -171,7 +174,7 @@ def _sets(cfg: ExperimentConfig, folder: Path) -> dict[str, _SetProgress]:
         decodings = cfg.eval.decodings_of(set_cfg)
         sets[set_cfg.dataset] = _SetProgress(
             name=set_cfg.dataset, problems=eval_problems(set_cfg), decodings=decodings,
-            partial=folder / "predictions" / f"{set_cfg.dataset}.partial.jsonl", predictions=[],
+            partial=partial_predictions_file(folder, set_cfg.dataset), predictions=[],
             seconds=dict.fromkeys(decodings, 0.0),
         )
     return sets
@@ -208,13 +211,13 @@ def evaluate_on_ray(cfg: ExperimentConfig, adapter: Path | None, folder: Path) -
                 if len(progress.predictions) == progress.expected:
                     values.update(progress.finish(folder))
                     _write_metrics(folder, values)
-    values["eval/seconds"] = time.perf_counter() - started
+    values[EVAL_SECONDS] = time.perf_counter() - started
     _write_metrics(folder, values)
     return values
 
 
 def _write_metrics(folder: Path, values: dict[str, float]) -> None:
-    write_text_atomic(folder / "metrics.json", json.dumps(values, indent=1, sort_keys=True) + "\n")
+    write_text_atomic(folder / METRICS_FILE, json.dumps(values, indent=1, sort_keys=True) + "\n")
 
 
 @dataclass
@@ -227,38 +230,44 @@ class EvalResult:
 
 
 def run_evaluation(
-    cfg: ExperimentConfig, adapter_folder: str | Path | None = None, tracking_run_id: str | None = None, step: int = 0
+    cfg: ExperimentConfig,
+    adapter_folder: str | Path | None = None,
+    tracked_run: TrackedRun | None = None,
+    step: int = 0,
 ) -> EvalResult:
     """Evaluate `cfg`'s model on `eval.sets` x `eval.decodings` and log the results to MLflow.
 
     `adapter_folder`: the adapter to merge into the base model (default: `resolve_adapter(cfg)`, which gives none for
-    few-shot prompting). `tracking_run_id`: log into this run (a training run, a Tune trial's run) at `step`; else
-    a run `<name>/eval` of its own is made and ended. Joins Ray, or starts it locally, only when Ray is not up.
+    few-shot prompting). `tracked_run`: log into this run (a training run, a Tune trial's run) at `step`; else a run
+    `<name>/eval` of its own is made and ended. Joins Ray, or starts it locally, only when Ray is not up.
     """
     adapter = Path(adapter_folder) if adapter_folder is not None else resolve_adapter(cfg)
+    if tracked_run is not None:
+        return _evaluate_into(cfg, adapter, tracked_run, step)
+    run = start_run(cfg.tracking, f"{cfg.name}/eval")
+    with run.ended_on_exit():
+        run.log_config(cfg)
+        return _evaluate_into(cfg, adapter, run, step)
+
+
+def _evaluate_into(cfg: ExperimentConfig, adapter: Path | None, run: TrackedRun, step: int) -> EvalResult:
+    """Evaluate, log the metrics at `step`, and the evaluation folder as the run's `eval` artifacts (also after a
+    failure: the predictions made so far)."""
     folder = eval_folder(cfg)
-    uri = cfg.tracking.uri
-    run_id = tracking_run_id or start_run(cfg.tracking, f"{cfg.name}/eval")
-    succeeded = False
     try:
-        if tracking_run_id is None:
-            log_config(uri, run_id, cfg)
         init_ray()
         with user_errors_surfaced():
             values = evaluate_on_ray(cfg, adapter, folder)
-        log_metrics(uri, run_id, step, values)
-        succeeded = True
+        run.log_metrics(step, values)
     finally:
         if folder.is_dir():
-            log_artifacts(uri, run_id, folder, "eval")
-        if tracking_run_id is None:
-            end_run(uri, run_id, succeeded)
-    return EvalResult(values, folder, run_id)
+            run.log_artifacts(folder, EVAL_DIR)
+    return EvalResult(values, folder, run.run_id)
 
 
 def print_results(result: EvalResult, logs: Path | None = None, tracking_uri: str | None = None) -> None:
     """The results table, where the predictions and logs are, the MLflow run and how to browse it."""
-    lines = [results_table(result.metrics), f"predictions:  {result.folder / 'predictions'} (metrics.json beside)"]
+    lines = [results_table(result.metrics), f"predictions:  {result.folder / PREDICTIONS_DIR} ({METRICS_FILE} beside)"]
     if logs is not None:
         lines.append(f"logs:         {logs}")
     lines.append(f"MLflow:       run {result.run_id}")

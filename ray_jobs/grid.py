@@ -30,14 +30,42 @@ from ray import tune
 from ray.tune.integration.ray_train import TuneReportCallback
 
 from clozemath import console, tracking
-from clozemath.config import ExperimentConfig, GridConfig, TrackingConfig, configs_root, dump_yaml, expand_grid
+from clozemath.config import (
+    ExperimentConfig,
+    GridConfig,
+    RunPlan,
+    TrackingConfig,
+    dump_yaml,
+    from_wire,
+    to_wire,
+)
 from clozemath.data.sources import data_identity
 from clozemath.errors import ClozeMathError
-from clozemath.eval.during_training import CURVE
-from clozemath.eval.evaluate import eval_set_identity, results_table, run_folder
+from clozemath.eval.evaluate import eval_set_identity
+from clozemath.eval.predictions import results_table
 from clozemath.model.load import load_tokenizer
-from clozemath.train.loop import ADAPTER_DIR
+from clozemath.records import (
+    ADAPTER_DIR,
+    GRID_ARTIFACT,
+    GRID_KEY_TAG,
+    GRID_ROLE,
+    LOGS_DIR,
+    PARENT_TAG,
+    PREDICTIONS_ARTIFACTS,
+    ROLE_TAG,
+    TRIAL_TAG,
+    TUNE_DIR,
+    grid_tags,
+    headline_metric,
+    is_curve_metric,
+    is_eval_metric,
+    parse_eval_metric,
+    run_folder,
+    trial_tags,
+)
+from clozemath.tracking import TrackedRun
 from ray_jobs.cluster import init_ray, user_error
+from ray_jobs.logs import logged
 from ray_jobs.run import run_experiment, with_budget
 from ray_jobs.train import STEPS_KEY
 
@@ -50,7 +78,7 @@ class TuneProgress(TuneReportCallback):
     """
 
     def after_report(self, run_context: Any, metrics: list[dict[str, Any]], checkpoint: Any) -> None:
-        if checkpoint is not None or any(name.startswith(f"{CURVE}/") for name in metrics[0]):
+        if checkpoint is not None or any(map(is_curve_metric, metrics[0])):
             last_steps = [{name: value for name, value in m.items() if name != STEPS_KEY} for m in metrics]
             super().after_report(run_context, last_steps, checkpoint)
 
@@ -84,19 +112,15 @@ class TrialLines(tune.Callback):
 def headline_text(headline: str | None, metrics: dict[str, Any]) -> str:
     """`  gsm8k/beam 41.20%`: the headline accuracy, if measured."""
     value = metrics.get(headline or "")
-    measured = (headline or "").removeprefix("eval/").removesuffix("/accuracy")
-    return "" if value is None else f"  {measured} {value:.2%}"
+    return "" if value is None else f"  {parse_eval_metric(headline).measured} {value:.2%}"
 
 
 TUNE_CONTROLLER_LOGGER = "ray.tune.execution.tune_controller"
 """Where Tune logs a failed trial's traceback."""
 TUNE_ERROR_FILE = "error.txt"
-PREDICTIONS_DIR = Path("eval") / "predictions"
 TRIAL_RESOURCES = {"CPU": 1}
 """The trial function's own: Ray Train's workers, Ray Data's tasks and the evaluation actors ask for theirs."""
-TUNE_DIR = "tune"
 RUN_ID_KEY = "mlflow_run_id"
-GRID_TAG, GRID_KEY_TAG, ROLE_TAG, TRIAL_TAG = "grid", "grid_key", "role", "trial"
 
 
 @dataclass(frozen=True)
@@ -135,12 +159,26 @@ class GridOutcome:
 # The driver
 
 
-def run_grid(grid: GridConfig, root: Path | None = None, source: str | Path = "grid") -> GridOutcome:
+def run_command(plan: RunPlan) -> None:
+    """`clozemath run`: an experiment (a grid of one) or a grid, on Ray Tune; an interrupted grid resumes."""
+    logs = grid_folder(plan) / LOGS_DIR
+    with logged(logs):
+        outcome = run_grid(plan)
+    print_grid_outcome(outcome, logs)
+
+
+def grid_folder(plan: RunPlan) -> Path:
+    """`<train.output_dir>/<grid>`: an experiment's run folder, or the folder of a grid's trials' run folders."""
+    return Path(plan.experiments[0].train.output_dir).resolve() / plan.grid.name
+
+
+def run_grid(plan: RunPlan) -> GridOutcome:
     """Run (or resume) every trial of the grid on Ray Tune; returns how each ended (`print_grid_outcome` turns
-    failed trials into a one-line error). `root`: the `configs/` folder the grid's references resolve in."""
-    experiments = [with_absolute_paths(experiment) for experiment in expand_grid(grid, root, source)]
+    failed trials into a one-line error)."""
+    grid = plan.grid
+    experiments = [with_absolute_paths(experiment) for experiment in plan.experiments]
     check_models(experiments)
-    experiments = [with_budget(experiment, root or configs_root()) for experiment in experiments]
+    experiments = [with_budget(experiment, plan.root) for experiment in experiments]
     key = grid_key(experiments)
     tracking_cfg = experiments[0].tracking
     path = Path(experiments[0].train.output_dir) / TUNE_DIR / f"{_safe(grid.name)}-{key}"
@@ -148,12 +186,11 @@ def run_grid(grid: GridConfig, root: Path | None = None, source: str | Path = "g
     warn_local_store_on_a_cluster(tracking_cfg.uri)
     parent = parent_run(grid, tracking_cfg, key, len(experiments))
     restored = tune.Tuner.can_restore(str(path))
-    trials = {e.name: e.model_dump(mode="json") for e in experiments}  # the same on restore: the key says so
+    trials = {e.name: to_wire(e) for e in experiments}  # the same on restore: the key says so
     trainable = tune.with_resources(
-        tune.with_parameters(run_trial, trials=trials, grid=grid.name, parent_run_id=parent), TRIAL_RESOURCES
+        tune.with_parameters(run_trial, trials=trials, grid=grid.name, parent_run_id=parent.run_id), TRIAL_RESOURCES
     )
-    headlines = {e.name: f"eval/{e.eval.sets[0].dataset}/{e.eval.decodings_of(e.eval.sets[0])[0]}/accuracy"
-                 for e in experiments if e.eval.sets}
+    headlines = {e.name: headline_metric(e) for e in experiments if e.eval.sets}
     if restored:
         console.phase(f"[{grid.name}] resuming the grid in {path}")
         tuner = tune.Tuner.restore(str(path), trainable, resume_unfinished=True, resume_errored=True)
@@ -189,9 +226,11 @@ def run_grid(grid: GridConfig, root: Path | None = None, source: str | Path = "g
         end_interrupted(tracking_cfg, parent, stopped)
         raise KeyboardInterrupt
     folders = {e.name: run_folder(e) for e in experiments}
-    outcomes = [_with_run_id(_trial_outcome(result, headlines, folders), tracking_cfg, parent) for result in results]
-    tracking.end_run(tracking_cfg.uri, parent, succeeded=all(o.error is None for o in outcomes))
-    return GridOutcome(grid.name, parent, tracking_cfg.uri, tracking_cfg.experiment, path, outcomes, restored)
+    outcomes = [
+        _with_run_id(_trial_outcome(result, headlines, folders), tracking_cfg, parent.run_id) for result in results
+    ]
+    parent.end(succeeded=all(o.error is None for o in outcomes))
+    return GridOutcome(grid.name, parent.run_id, tracking_cfg.uri, tracking_cfg.experiment, path, outcomes, restored)
 
 
 def warn_local_store_on_a_cluster(uri: str) -> None:
@@ -203,15 +242,15 @@ def warn_local_store_on_a_cluster(uri: str) -> None:
                      "(`mlflow server`, then tracking.uri=http://<host>:<port>; see the README)")
 
 
-def end_interrupted(tracking_cfg: TrackingConfig, parent_run_id: str, stopped: Collection[str] = ()) -> None:
+def end_interrupted(tracking_cfg: TrackingConfig, parent: TrackedRun, stopped: Collection[str] = ()) -> None:
     """Mark the grid's run KILLED, and the trial runs the interruption cut short: those still RUNNING (a trial
     stopped by Tune may never end its run) and those of the `stopped` trials that ended FAILED (depending on when
     the signal lands, the trial's own cleanup ends its run first, as a failure)."""
-    for run in tracking.find_runs(tracking_cfg, {tracking.PARENT_TAG: parent_run_id}):
+    for run in tracking.find_runs(tracking_cfg, {PARENT_TAG: parent.run_id}):
         status = run.info.status
         if status == "RUNNING" or (status == "FAILED" and run.data.tags.get(TRIAL_TAG) in stopped):
-            tracking.end_run(tracking_cfg.uri, run.info.run_id, status="KILLED")
-    tracking.end_run(tracking_cfg.uri, parent_run_id, status="KILLED")
+            TrackedRun(parent.uri, run.info.run_id).end(status="KILLED")
+    parent.end(status="KILLED")
 
 
 def with_absolute_paths(config: ExperimentConfig) -> ExperimentConfig:
@@ -271,21 +310,17 @@ def concurrent_trials(grid: GridConfig, experiments: list[ExperimentConfig]) -> 
     return max(1, int(gpus / per_trial + 1e-9))
 
 
-def parent_run(grid: GridConfig, tracking_cfg: TrackingConfig, key: str, num_trials: int) -> str:
+def parent_run(grid: GridConfig, tracking_cfg: TrackingConfig, key: str, num_trials: int) -> TrackedRun:
     """The grid's MLflow run: the one an earlier run of the same config opened, else a new one."""
-    found = tracking.find_runs(tracking_cfg, {GRID_KEY_TAG: key, ROLE_TAG: "grid"})
+    found = tracking.find_runs(tracking_cfg, {GRID_KEY_TAG: key, ROLE_TAG: GRID_ROLE})
     if found:
-        run_id = found[0].info.run_id
-        tracking.reopen_run(tracking_cfg.uri, run_id)
-        return run_id
-    tags = {GRID_TAG: grid.name, GRID_KEY_TAG: key, ROLE_TAG: "grid"}
-    run_id = tracking.start_run(tracking_cfg, grid.name, tags=tags)
-    tracking.log_params(
-        tracking_cfg.uri, run_id,
-        {"grid.name": grid.name, "grid.key": key, "grid.trials": num_trials, "grid.axes": json.dumps(grid.axes)},
+        return tracking.reopen_run(tracking_cfg.uri, found[0].info.run_id)
+    run = tracking.start_run(tracking_cfg, grid.name, tags=grid_tags(grid.name, key))
+    run.log_params(
+        {"grid.name": grid.name, "grid.key": key, "grid.trials": num_trials, "grid.axes": json.dumps(grid.axes)}
     )
-    tracking.client(tracking_cfg.uri).log_text(run_id, dump_yaml(grid), "grid.yaml")
-    return run_id
+    run.log_text(dump_yaml(grid), GRID_ARTIFACT)
+    return run
 
 
 def trial_dirname(trial: Any) -> str:
@@ -312,7 +347,7 @@ def _with_run_id(outcome: TrialOutcome, tracking_cfg: TrackingConfig, parent_run
     """A trial that failed reported no run id: its run, found by its tags."""
     if outcome.run_id is not None:
         return outcome
-    found = tracking.find_runs(tracking_cfg, {tracking.PARENT_TAG: parent_run_id, TRIAL_TAG: outcome.name})
+    found = tracking.find_runs(tracking_cfg, {PARENT_TAG: parent_run_id, TRIAL_TAG: outcome.name})
     return replace(outcome, run_id=found[0].info.run_id) if found else outcome
 
 
@@ -365,12 +400,12 @@ def print_grid_outcome(outcome: GridOutcome, logs: Path | None = None) -> None:
 def _experiment_summary(trial: TrialOutcome, experiment: str) -> list[str]:
     """A single experiment's results table, adapter, predictions and MLflow run."""
     lines = []
-    if any(name.startswith("eval/") for name in trial.metrics):
+    if any(map(is_eval_metric, trial.metrics)):
         lines.append(results_table(trial.metrics))
     if trial.folder is not None and (trial.folder / ADAPTER_DIR).is_dir():
         lines.append(f"adapter:      {trial.folder / ADAPTER_DIR}")
-    if trial.folder is not None and (trial.folder / PREDICTIONS_DIR).is_dir():
-        lines.append(f"predictions:  {trial.folder / PREDICTIONS_DIR}")
+    if trial.folder is not None and (trial.folder / PREDICTIONS_ARTIFACTS).is_dir():
+        lines.append(f"predictions:  {trial.folder / PREDICTIONS_ARTIFACTS}")
     lines.append(f"MLflow:       run {trial.run_id or '-'} (experiment '{experiment}')")
     return lines
 
@@ -379,23 +414,11 @@ def _experiment_summary(trial: TrialOutcome, experiment: str) -> list[str]:
 # A trial
 
 
-def trial_tags(config: ExperimentConfig, grid: str) -> dict[str, str]:
-    return {
-        GRID_TAG: grid,
-        TRIAL_TAG: config.name,
-        ROLE_TAG: "trial",
-        "model": config.model.name,
-        "method": config.method.name,
-        "train_set": config.data.dataset,
-        "seed": str(config.train.seed),
-    }
-
-
 def run_trial(settings: dict[str, Any], trials: dict[str, dict[str, Any]], grid: str, parent_run_id: str) -> None:
     """Tune's function trainable: one point of the grid (`settings["trial"]`, a key of `trials`), end to end, in its
     child run of `parent_run_id`."""
-    config = ExperimentConfig.model_validate(trials[settings["trial"]])
-    earlier = tracking.find_runs(config.tracking, {tracking.PARENT_TAG: parent_run_id, TRIAL_TAG: config.name})
+    config = from_wire(trials[settings["trial"]])
+    earlier = tracking.find_runs(config.tracking, {PARENT_TAG: parent_run_id, TRIAL_TAG: config.name})
     if earlier and earlier[0].info.status == "FINISHED":  # done before the driver died: nothing to redo
         tune.report({**earlier[0].data.metrics, RUN_ID_KEY: earlier[0].info.run_id})
         return

@@ -13,11 +13,8 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from clozemath import console
+from clozemath.records import DRIVER_LOG, WORKERS_LOG
 
-LOGS_DIR = "logs"
-"""In a run's folder."""
-DRIVER_LOG = "driver.log"
-WORKERS_LOG = "workers.log"
 QUIET_WORKERS_ENV = {"RAY_DATA_DISABLE_PROGRESS_BARS": "1", "HF_HUB_DISABLE_PROGRESS_BARS": "1", "TQDM_DISABLE": "1"}
 """The libraries' own switches for their bars (Ray Data's, one per operator redrawn every second; the Hugging Face
 hub's downloads; any tqdm, such as transformers' GGUF de-quantizing), which would fill the workers' log with

@@ -1,4 +1,5 @@
-"""Ray Data preprocessing: problems -> samples (flat_map) -> balanced -> token ids (map_batches, actor pool).
+"""Ray Data preprocessing: problems -> samples (flat_map) -> balanced -> token ids (map_batches, actor pool), each
+step one of `clozemath.data.prepare`'s (which `clozemath prepare` runs in its own process).
 
 The token ids are written as Parquet under `<cache root>/<key>/`, where the key hashes everything they depend on:
 the problems themselves, the method, the data settings that shape a sample, the tokenizer's settings and the
@@ -25,10 +26,12 @@ import ray
 import ray.data
 
 from clozemath.config import ExperimentConfig, MethodConfig, ModelConfig
-from clozemath.data import objectives, segment, sources, tokenize
-from clozemath.data.objectives import Sample, TokenOffsets, balance, build_samples, lm_repeats
+from clozemath.data import objectives, prepare, samples, segment, sources, tokenize
+from clozemath.data.objectives import TokenOffsets, lm_repeats
+from clozemath.data.prepare import SENTINELS, SampleEncoder, balanced_copies, needs_offsets, problem_samples
+from clozemath.data.samples import Sample
 from clozemath.data.sources import Problem, load_problems
-from clozemath.data.tokenize import encode_samples, install_special_tokens, num_sentinels_needed, token_offsets
+from clozemath.data.tokenize import token_offsets
 from clozemath.model.load import load_tokenizer
 from ray_jobs.cluster import init_ray
 
@@ -72,7 +75,7 @@ def _sha256(*parts: str | bytes) -> str:
 
 def code_version() -> str:
     """The source of every module that decides what a sample's token ids are."""
-    modules = (sources, segment, objectives, tokenize, inspect.getmodule(code_version))
+    modules = (sources, segment, samples, objectives, tokenize, prepare, inspect.getmodule(code_version))
     return _sha256(*(inspect.getsource(module) for module in modules))
 
 
@@ -106,33 +109,24 @@ def _offsets_of_tokenizer(tokenizer_dir: str) -> TokenOffsets:
 def samples_of_problem(
     row: dict[str, Any], method: MethodConfig, prompt_template: str, seed: int, tokenizer_dir: str, max_length: int
 ) -> list[dict[str, Any]]:
-    offsets = _offsets_of_tokenizer(tokenizer_dir) if "random_span" in method.objectives else None
-    samples = build_samples(Problem(**row), method, prompt_template, seed, offsets, max_length)
-    return [{**s.to_dict(), "sentinels": num_sentinels_needed([s])} for s in samples]
-
-
-def balanced_copies(row: dict[str, Any], repeats: float, seed: int) -> list[dict[str, Any]]:
-    sample = Sample(**row)
-    return [s.to_dict() for s in balance([sample], repeats, seed)]
+    offsets = _offsets_of_tokenizer(tokenizer_dir) if needs_offsets(method) else None
+    return problem_samples(row, method, prompt_template, seed, max_length, offsets)
 
 
 class EncodeSamples:
-    """Token ids of a batch of samples; each actor loads the tokenizer once (from the copy the driver saved)."""
+    """`SampleEncoder` on a Ray Data batch; each actor loads the tokenizer once (from the copy the driver saved)."""
 
     def __init__(self, tokenizer_dir: str, eos_token: str | None, num_sentinels: int, max_length: int) -> None:
         from transformers import AutoTokenizer
 
-        self.tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
-        self.specials = install_special_tokens(self.tokenizer, num_sentinels, eos_token)
-        self.max_length = max_length
+        self.encoder = SampleEncoder(AutoTokenizer.from_pretrained(tokenizer_dir), eos_token, num_sentinels, max_length)
 
     def __call__(self, batch: dict[str, Any]) -> pa.Table:
         samples = [
             Sample(str(p), str(k), str(x), str(y))
             for p, k, x, y in zip(batch["problem_id"], batch["kind"], batch["prefix"], batch["target"])
         ]
-        kept = [(s, e) for s, e in zip(samples, encode_samples(samples, self.tokenizer, self.specials, self.max_length))
-                if e is not None]
+        kept = [(s, e) for s, e in zip(samples, self.encoder.encode(samples)) if e is not None]
         return pa.table({
             "kind": pa.array([s.kind for s, _ in kept], pa.string()),
             "input_ids": pa.array([e["input_ids"] for _, e in kept], pa.list_(pa.int32())),
@@ -158,17 +152,17 @@ def _build(config: ExperimentConfig, problems: list[Problem], folder: Path) -> d
     problems_ds = ray.data.from_items(
         [p.to_dict() for p in problems], override_num_blocks=math.ceil(len(problems) / PROBLEMS_PER_BLOCK)
     )
-    samples = problems_ds.flat_map(
+    unbalanced = problems_ds.flat_map(
         samples_of_problem,
         fn_kwargs={
             "method": config.method, "prompt_template": config.data.prompt_template, "seed": config.data.seed,
             "tokenizer_dir": str(folder / TOKENIZER_DIR), "max_length": config.data.max_length,
         },
     ).materialize()
-    stats = samples.select_columns(["kind", "sentinels"]).to_pandas()  # two small columns: one pass, no shuffle
-    num_sentinels = int(stats["sentinels"].max()) if len(stats) else 0
+    stats = unbalanced.select_columns(["kind", SENTINELS]).to_pandas()  # two small columns: one pass, no shuffle
+    num_sentinels = int(stats[SENTINELS].max()) if len(stats) else 0
     repeats = lm_repeats(_kind_counts(stats["kind"]), config.method.lm_share)
-    balanced = samples.drop_columns(["sentinels"]).flat_map(
+    balanced = unbalanced.flat_map(
         balanced_copies, fn_kwargs={"repeats": repeats, "seed": config.data.seed}
     ).materialize()
     encoded = balanced.map_batches(

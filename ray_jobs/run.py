@@ -1,7 +1,7 @@
 """`clozemath run CONFIG`: one experiment end to end on Ray (preprocess, train, adapter, evaluation, MLflow).
 
-`run_experiment` is the unit a grid repeats: it joins whatever Ray is up (a Tune trial's) and can log as the child
-of a grid's MLflow run. `run_command` runs any config as a grid (`ray_jobs.grid`): an experiment is a grid of one.
+`run_experiment` is the unit a grid repeats (`ray_jobs.grid`, which runs any config: an experiment is a grid of one):
+it joins whatever Ray is up (a Tune trial's) and can log as the child of a grid's MLflow run.
 """
 
 from __future__ import annotations
@@ -13,17 +13,13 @@ from pathlib import Path
 from ray.train import UserCallback
 
 from clozemath import console, tracking
-from clozemath.config import ExperimentConfig, GridConfig, as_grid, configs_root, expand_grid, load_method
-from clozemath.eval.evaluate import run_folder
+from clozemath.config import ExperimentConfig, load_method
+from clozemath.records import ADAPTER_DIR, CACHE_DIR, run_folder
 from clozemath.train.budget import Footprint, matched_epochs, planned_tokens
 from ray_jobs.cluster import init_ray, user_errors_surfaced
 from ray_jobs.evaluate import run_evaluation
-from ray_jobs.logs import LOGS_DIR, logged
 from ray_jobs.preprocess import Prepared, preprocess
 from ray_jobs.train import fit, packs
-
-CACHE_DIR = "cache"
-
 
 @dataclass(frozen=True)
 class RunOutcome:
@@ -51,35 +47,29 @@ def run_experiment(
     `train_run_name`, `train_callbacks`: see `ray_jobs.train.fit`."""
     prepared = _prepare(config) if config.method.trains else None
     init_ray()
-    uri = config.tracking.uri
     if run_id is None:
-        run_id = tracking.start_run(config.tracking, config.name, parent_run_id, tags)
+        run = tracking.start_run(config.tracking, config.name, parent_run_id, tags)
     else:
-        tracking.reopen_run(uri, run_id)
-    succeeded = False
-    try:
-        tracking.log_config(uri, run_id, config)
+        run = tracking.reopen_run(config.tracking.uri, run_id)
+    with run.ended_on_exit():
+        run.log_config(config)
         adapter, steps = None, 0
         if prepared is not None:
             footprint = Footprint(prepared.num_rows, prepared.num_tokens)
-            data_params = {
+            run.log_params({
                 "data.num_samples": prepared.num_rows, "data.num_sentinels": prepared.num_sentinels,
                 "train.planned_tokens": planned_tokens(footprint, config.train),
-            }
-            tracking.log_params(uri, run_id, data_params)
+            })
             with user_errors_surfaced():
                 adapter, steps = fit(
-                    config, prepared, run_folder(config).resolve(), run_id, train_run_name, train_callbacks
+                    config, prepared, run_folder(config).resolve(), run, train_run_name, train_callbacks
                 )
-            tracking.log_params(uri, run_id, {"train.planned_steps": steps})
-            tracking.log_artifacts(uri, run_id, adapter, "adapter")
+            run.log_params({"train.planned_steps": steps})
+            run.log_artifacts(adapter, ADAPTER_DIR)
         eval_metrics = {}
         if config.eval.sets:
-            eval_metrics = run_evaluation(config, adapter, tracking_run_id=run_id, step=steps).metrics
-        succeeded = True
-    finally:
-        tracking.end_run(uri, run_id, succeeded)
-    return RunOutcome(run_id=run_id, adapter=adapter, prepared=prepared, eval_metrics=eval_metrics)
+            eval_metrics = run_evaluation(config, adapter, tracked_run=run, step=steps).metrics
+    return RunOutcome(run_id=run.run_id, adapter=adapter, prepared=prepared, eval_metrics=eval_metrics)
 
 
 def _footprint(config: ExperimentConfig) -> Footprint:
@@ -111,20 +101,3 @@ def _prepare(config: ExperimentConfig) -> Prepared:
         f"{'from the cache' if prepared.from_cache else 'prepared afresh'}"
     )
     return prepared
-
-
-def run_command(config: ExperimentConfig | GridConfig, config_path: str) -> None:
-    """`clozemath run`: an experiment (a grid of one) or a grid, on Ray Tune; an interrupted grid resumes."""
-    from ray_jobs.grid import print_grid_outcome, run_grid
-
-    grid = as_grid(config)
-    root = configs_root(Path(config_path))
-    logs = grid_folder(grid, root, config_path) / LOGS_DIR
-    with logged(logs):
-        outcome = run_grid(grid, root, source=config_path)
-    print_grid_outcome(outcome, logs)
-
-
-def grid_folder(grid: GridConfig, root: Path, source: str) -> Path:
-    """`<train.output_dir>/<grid>`: an experiment's run folder, or the folder of a grid's trials' run folders."""
-    return Path(expand_grid(grid, root, source)[0].train.output_dir).resolve() / grid.name

@@ -33,12 +33,23 @@ from ray.train import (
 )
 from ray.train.torch import TorchTrainer
 
-from clozemath import console, tracking
-from clozemath.config import ExperimentConfig
+from clozemath import console
+from clozemath.config import ExperimentConfig, from_wire, to_wire
 from clozemath.errors import ClozeMathError
 from clozemath.files import copy_folder_atomic
-from clozemath.eval.during_training import CURVE, evaluate_step, step_evaluation
-from clozemath.train.loop import ADAPTER_DIR, StepMetrics, all_ranks_sum, eager_inference, plan_steps
+from clozemath.eval.during_training import evaluate_step, step_evaluation
+from clozemath.records import (
+    ACCURACY,
+    ADAPTER_DIR,
+    RAY_TRAIN_DIR,
+    TRAIN_METRICS,
+    is_curve_metric,
+    is_step_metric,
+    parse_eval_metric,
+    train_metric,
+)
+from clozemath.tracking import TrackedRun
+from clozemath.train.loop import StepMetrics, all_ranks_sum, eager_inference, plan_steps
 from ray_jobs.preprocess import Prepared
 
 KEEP_CHECKPOINTS = 1
@@ -63,7 +74,7 @@ def train_worker(settings: dict[str, Any]) -> None:
 
     # DeepSpeed's gloo path calls torch.distributed functions torch has deprecated: nothing a user can act on.
     warnings.filterwarnings("ignore", message=r"`torch\.distributed\.\w+` is deprecated", category=FutureWarning)
-    config = ExperimentConfig.model_validate(settings["experiment"])
+    config = from_wire(settings["experiment"])
     device = ray.train.torch.get_device()
     share_gpu(config.train.gpu_share)
     if device.type == "cpu":  # Ray gives a 1-CPU worker one thread; on CPU the node's cores are the accelerator
@@ -89,7 +100,7 @@ def train_worker(settings: dict[str, Any]) -> None:
                 )
         pending.append(values)
         due = metrics.step % config.train.report_every == 0 or metrics.step == metrics.total_steps
-        if checkpoint is not None or due or any(name.startswith(f"{CURVE}/") for name in values):
+        if checkpoint is not None or due or any(map(is_curve_metric, values)):
             ray.train.report(
                 {**values, STEPS_KEY: list(pending)},
                 checkpoint=Checkpoint.from_directory(checkpoint) if checkpoint else None,
@@ -116,27 +127,25 @@ class ForwardMetrics(UserCallback):
     Each step is logged once: a run resumed from its checkpoint (after a worker failed, or in a trial started
     again) trains the steps after that checkpoint again, and those already in the run are not logged twice."""
 
-    def __init__(self, tracking_uri: str, run_id: str, label: str) -> None:
-        self.tracking_uri = tracking_uri
-        self.run_id = run_id
+    def __init__(self, run: TrackedRun, label: str) -> None:
+        self.run = run
         self.label = label
-        self.logged_through = tracking.last_step(tracking_uri, run_id, tracking.TRAIN_METRICS[0])
+        self.logged_through = run.last_step(TRAIN_METRICS[0])
 
     def after_report(self, run_context: Any, metrics: list[dict[str, Any]], checkpoint: Checkpoint | None) -> None:
         reported = metrics[0]
         for step in reported[STEPS_KEY]:
             if step["step"] > self.logged_through:
-                logged = {name: value for name, value in step.items() if name.startswith(("train/", f"{CURVE}/"))}
-                tracking.log_metrics(self.tracking_uri, self.run_id, step["step"], logged)
+                logged = {name: value for name, value in step.items() if is_step_metric(name)}
+                self.run.log_metrics(step["step"], logged)
                 self.logged_through = step["step"]
-        values = {name: value for name, value in reported.items() if name.startswith(("train/", f"{CURVE}/"))}
-        accuracies = [
-            f"{name.removeprefix(f'{CURVE}/').removesuffix('/accuracy')} {value:.1%}"
-            for name, value in values.items() if name.startswith(f"{CURVE}/") and name.endswith("/accuracy")
-        ]
+        values = {name: value for name, value in reported.items() if is_step_metric(name)}
+        curve = {parse_eval_metric(name): value for name, value in values.items() if is_curve_metric(name)}
+        accuracies = [f"{metric.measured} {value:.1%}" for metric, value in curve.items() if metric.stat == ACCURACY]
         console.progress(
             f"{self.label}/train", f"[{self.label}] training", reported["step"], reported["total_steps"],
-            [f"loss {values['train/loss']:.4f}", f"{values['train/tokens_per_s']:.0f} tok/s", *accuracies],
+            [f"loss {values[train_metric('loss')]:.4f}", f"{values[train_metric('tokens_per_s')]:.0f} tok/s",
+             *accuracies],
         )
 
 
@@ -168,7 +177,7 @@ def fit(
     config: ExperimentConfig,
     prepared: Prepared,
     run_folder: Path,
-    run_id: str,
+    run: TrackedRun,
     run_name: str | None = None,
     callbacks: Sequence[UserCallback] = (),
 ) -> tuple[Path, int]:
@@ -185,17 +194,17 @@ def fit(
     )
     trainer = TorchTrainer(
         train_worker,
-        train_loop_config={"experiment": config.model_dump(), "num_sentinels": prepared.num_sentinels},
+        train_loop_config={"experiment": to_wire(config), "num_sentinels": prepared.num_sentinels},
         scaling_config=ScalingConfig(
             num_workers=config.train.num_workers, use_gpu=gpu,
             resources_per_worker={"GPU": config.train.gpu_share} if gpu else None,
         ),
         run_config=RunConfig(
             name=run_name or time.strftime("train-%Y%m%d-%H%M%S"),
-            storage_path=config.train.storage or str(run_folder / "ray"),
+            storage_path=config.train.storage or str(run_folder / RAY_TRAIN_DIR),
             failure_config=FailureConfig(max_failures=config.train.max_failures),
             checkpoint_config=CheckpointConfig(num_to_keep=KEEP_CHECKPOINTS),
-            callbacks=[ForwardMetrics(tracking.resolved_uri(config.tracking.uri), run_id, config.name), *callbacks],
+            callbacks=[ForwardMetrics(run, config.name), *callbacks],
             logging_config=LoggingConfig(log_level="WARNING"),  # our progress line replaces Ray's per-report logs
         ),
         datasets={"train": prepared.dataset()},

@@ -14,7 +14,9 @@ import pytest
 from clozemath.data.sources import load_problems
 from clozemath.errors import ClozeMathError
 from clozemath.eval import answers
-from clozemath.eval.answers import answer_span, grade, last_boxed, normalize_math_answer
+from clozemath.data.gold import last_boxed
+from clozemath.eval.answers import normalize_math_answer
+from clozemath.tasks import answer_span, grade
 
 SAMPLE = 150
 # math-verify rejects `\\left (` with a space and units written `\\text {...}`: the normalized fallback covers those.

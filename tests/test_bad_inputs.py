@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from clozemath.cli import main
+from clozemath_cli import main
 
 GSM8K_TRAIN = Path(os.environ["CLOZEMATH_DATA_DIR"], "gsm8k", "train.jsonl")
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"

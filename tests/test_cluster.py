@@ -24,7 +24,7 @@ import ray
 from ray import cloudpickle
 from ray.train import UserCallback
 
-from clozemath import tracking
+from clozemath import records, tracking
 from clozemath.config import ExperimentConfig, TrackingConfig, load_config
 from ray_jobs.cluster import runtime_env
 from ray_jobs.run import run_experiment
@@ -82,25 +82,25 @@ def tracking_server(server_folder: Path) -> Iterator[str]:
 def log_like_a_trial(uri: str, experiment: str, parent: str, index: int, folder: str) -> str:
     """What a trial logs: its child run, the four training metrics at every step, an artifact, the end."""
     config = TrackingConfig(uri=uri, experiment=experiment)
-    run_id = tracking.start_run(config, f"trial-{index}", parent, {"role": "trial", "trial": str(index)})
+    run = tracking.start_run(config, f"trial-{index}", parent, {"role": "trial", "trial": str(index)})
     for step in range(1, STEPS + 1):
-        tracking.log_metrics(uri, run_id, step, {name: index + step / 1000 for name in METRICS})
+        run.log_metrics(step, {name: index + step / 1000 for name in METRICS})
     artifact = Path(folder) / f"trial-{index}"
     artifact.mkdir()
     (artifact / "predictions.jsonl").write_text(f'{{"trial": {index}}}\n')
-    tracking.log_artifacts(uri, run_id, artifact, "eval")
-    tracking.end_run(uri, run_id)
-    return run_id
+    run.log_artifacts(artifact, "eval")
+    run.end()
+    return run.run_id
 
 
 def assert_trials_at_once_are_all_found(uri: str, tmp_path: Path) -> None:
     config = TrackingConfig(uri=uri, experiment="concurrent")
-    parent = tracking.start_run(config, "grid", tags={"role": "grid"})
+    parent = tracking.start_run(config, "grid", tags={"role": "grid"}).run_id
     with ProcessPoolExecutor(TRIALS) as pool:
         futures = [pool.submit(log_like_a_trial, uri, "concurrent", parent, i, str(tmp_path)) for i in range(TRIALS)]
         run_ids = [future.result(timeout=300) for future in futures]
     client = tracking.client(uri)
-    found = tracking.find_runs(config, {tracking.PARENT_TAG: parent})
+    found = tracking.find_runs(config, {records.PARENT_TAG: parent})
     assert sorted(run.info.run_id for run in found) == sorted(run_ids)
     for index, run_id in enumerate(run_ids):
         assert client.get_run(run_id).info.status == "FINISHED"

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from clozemath import console, tracking
-from clozemath.cli import build_parser, parse_args
+from clozemath_cli import build_parser, parse_args
 from clozemath.config import TrackingConfig
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -144,7 +144,7 @@ def run_smoke(tmp_path: Path, *overrides: str) -> tuple[int, list[str]]:
     """`clozemath run` on the smoke experiment in a fresh process (its own Ray); its console, stdout and stderr as
     one stream."""
     env = {key: value for key, value in os.environ.items() if key != "RAY_ADDRESS"}
-    command = [sys.executable, "-m", "clozemath.cli", "run", SMOKE, f"train.output_dir={tmp_path / 'runs'}",
+    command = [sys.executable, "-m", "clozemath_cli", "run", SMOKE, f"train.output_dir={tmp_path / 'runs'}",
                f"tracking.uri=sqlite:///{tmp_path / 'mlruns.db'}", *overrides]
     done = subprocess.run(command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                           timeout=900)

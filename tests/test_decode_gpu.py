@@ -13,10 +13,10 @@ import torch
 
 from clozemath.config import ModelConfig, read_yaml
 from clozemath.data.sources import load_problems
-from clozemath.eval.answers import answer_span
 from clozemath.eval.decode import decode
-from clozemath.eval.evaluate import Prompting, build_prompts, comparable_answer
+from clozemath.eval.evaluate import Prompting, build_prompts
 from clozemath.eval.prompts import DEFAULT_TEMPLATE
+from clozemath.tasks import answer_span, get_task
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 ROOT = Path(__file__).resolve().parents[1]
@@ -51,7 +51,7 @@ def test_graphs_give_the_tokens_of_the_same_steps_run_eagerly(loaded, prompts, s
         return decode(
             loaded.model, loaded.tokenizer, prompts, scheme, max_new_tokens=128, prompt_attention=attention,
             batch_size=16, num_beams=5, cot_k=9, answer_span=partial(answer_span, "gsm8k"),
-            normalize_answer=comparable_answer("gsm8k"), engine=engine,
+            normalize_answer=get_task("gsm8k").answer_key, engine=engine,
         )
 
     graphs, static = run("graphs"), run("static")

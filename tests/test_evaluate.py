@@ -12,29 +12,19 @@ import pytest
 from pydantic import ValidationError
 import torch
 
-from clozemath.cli import main
+from clozemath_cli import main
 from clozemath.config import EvalSetConfig, load_config
 from clozemath.data.objectives import build_samples
 from clozemath.data.sources import load_problems
 from clozemath.data.tokenize import encode_sample
 from clozemath.errors import ClozeMathError
-from clozemath.eval.answers import grade
-from clozemath.eval.evaluate import (
-    Prompting,
-    build_prompts,
-    eval_problems,
-    evaluate_batch,
-    metrics,
-    prompting,
-    read_predictions,
-    resolve_adapter,
-    results_table,
-    write_predictions,
-)
+from clozemath.eval.evaluate import Prompting, build_prompts, eval_problems, evaluate_batch, prompting, resolve_adapter
+from clozemath.eval.predictions import metrics, read_predictions, results_table, write_predictions
 from clozemath.eval.harness import STRICT_MATCH, harness_verdicts
 from clozemath.eval.prompts import GSM8K_STOP
 from clozemath.eval.decode import decode
 from clozemath.model.load import load_model, save_adapter
+from clozemath.tasks import grade
 
 ROOT = Path(__file__).resolve().parents[1]
 SMOKE = ROOT / "configs" / "experiments" / "smoke.yaml"

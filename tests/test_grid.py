@@ -25,8 +25,8 @@ from mlflow.entities import Run
 from mlflow.exceptions import MlflowException
 from sqlalchemy.exc import OperationalError
 
-from clozemath import tracking
-from clozemath.cli import main
+from clozemath import records, tracking
+from clozemath_cli import main
 from clozemath.config import GridConfig, TrackingConfig, expand_grid, flatten, load_config
 from clozemath.errors import ClozeMathError
 import ray_jobs.grid
@@ -72,7 +72,7 @@ def assert_grid_tracked(config: TrackingConfig, trials: list[str], planned: int 
     assert sorted(runs) == sorted(trials)
     for name, run in runs.items():
         tags = run.data.tags
-        assert run.info.status == "FINISHED" and tags[tracking.PARENT_TAG] == parent.info.run_id
+        assert run.info.status == "FINISHED" and tags[records.PARENT_TAG] == parent.info.run_id
         point = f"model={tags['model']},method={tags['method']},dataset={tags['train_set']},seed={tags['seed']}"
         assert name == f"smoke-grid/{point}"
         artifacts = {a.path for a in client.list_artifacts(run.info.run_id)}
@@ -114,7 +114,7 @@ def smoke_grid(tmp_path_factory: pytest.TempPathFactory) -> tuple[subprocess.Com
     with ray_head(tmp_path_factory.mktemp("head")) as (address, env):
         job = subprocess.run(
             [str(RAY), "job", "submit", "--address", address, "--working-dir", str(ROOT), "--",
-             sys.executable, "-m", "clozemath.cli", "run", "configs/grids/smoke.yaml", *overrides],
+             sys.executable, "-m", "clozemath_cli", "run", "configs/grids/smoke.yaml", *overrides],
             env=env, capture_output=True, text=True, timeout=1200,
         )
     grid = load_config(SMOKE, overrides)
@@ -247,7 +247,7 @@ def test_an_interrupted_or_killed_driver_resumes_the_grid_without_redoing_finish
     config = tracking_of(tmp_path)
     overrides = [str(SMOKE), "axes.model=[tiny-llama]", *SLICE, *store(tmp_path),
                  f"train.max_steps={INTERRUPTED_STEPS}"]
-    python = [sys.executable, "-m", "clozemath.cli", "run", *overrides]
+    python = [sys.executable, "-m", "clozemath_cli", "run", *overrides]
     env = {key: value for key, value in os.environ.items() if key != "RAY_ADDRESS"}
     base, trained = (f"smoke-grid/model=tiny-llama,method={m},dataset=gsm8k,seed=0" for m in ("base", "clozemath"))
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from clozemath.cli import main
+from clozemath_cli import main
 from clozemath.config import GridConfig, as_grid, expand_grid, load_config
 from clozemath.errors import ClozeMathError
 
@@ -197,7 +197,7 @@ def test_nonsense_values_of_an_experiment_are_refused(overrides: list[str], mess
 def _run_without_heavy_imports(argv: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
     """`clozemath` in a fresh interpreter that reports, after the command, whether Ray, torch or transformers came."""
     script = (
-        "import sys; from clozemath.cli import main; code = main(sys.argv[1:]); "
+        "import sys; from clozemath_cli import main; code = main(sys.argv[1:]); "
         "print(sorted(m for m in ('ray', 'torch', 'transformers', 'mlflow') if m in sys.modules)); sys.exit(code)"
     )
     env = {**os.environ, "PYTHONPATH": str(ROOT)}

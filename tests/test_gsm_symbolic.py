@@ -12,8 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from clozemath.cli import main
+from clozemath_cli import main
 from clozemath.data import gsm_symbolic
+from clozemath.data.gsm_symbolic import sampler as gsm_sampler
+from clozemath.data.gsm_symbolic import template as gsm_template
+from clozemath.data.gsm_symbolic import values as gsm_values
 from clozemath.data.gsm_symbolic import Template, generate, instances, load_template, templates_folder
 from clozemath.data.sources import load_problems
 from clozemath.errors import ClozeMathError
@@ -98,7 +101,7 @@ def test_a_template_fix_makes_the_solution_and_answer_agree() -> None:
 
 
 def test_every_template_fix_applies_to_a_released_template() -> None:
-    for key, fix in gsm_symbolic.TEMPLATE_FIXES.items():
+    for key, fix in gsm_template.TEMPLATE_FIXES.items():
         template = load_template(template_path(*key.split("/")))
         if fix.answer:
             assert template.answer.source == fix.answer and "(fixed by clozemath)" in template.answer.where, key
@@ -223,7 +226,7 @@ def test_a_file_that_is_not_a_template_is_refused(tmp_path: Path) -> None:
 
 def test_the_evaluator_computes_exactly(tmp_path: Path) -> None:
     template = load_template(write_template(tmp_path))
-    expression = gsm_symbolic._expression("int(0.1 * 3 * 10) + 7/2 + 2**-1 + round(2/3, 2)", [], "test")
+    expression = gsm_template._expression("int(0.1 * 3 * 10) + 7/2 + 2**-1 + round(2/3, 2)", [], "test")
     assert expression.evaluate({}) == Fraction(3) + Fraction(7, 2) + Fraction(1, 2) + Fraction(67, 100)
     assert template.answer.evaluate({"y": 42, "d": 3, "t": 10}) == 140
     with pytest.raises(ZeroDivisionError):
@@ -277,13 +280,13 @@ def test_numbers_are_bounded_whatever_the_chain_of_operations(
     tmp_path: Path, question: str | None, answer: str | None
 ) -> None:
     path = write_template(tmp_path, question=question, answer=answer)
-    with pytest.raises(ClozeMathError, match=f"a number of more than {gsm_symbolic.MAX_NUMBER_BITS} bits") as raised:
+    with pytest.raises(ClozeMathError, match=f"a number of more than {gsm_values.MAX_NUMBER_BITS} bits") as raised:
         generate(load_template(path), 1, seed=0)
     assert str(raised.value).startswith(str(path)) and "\n" not in str(raised.value)
 
 
 def test_costly_conditions_that_never_hold_end_at_the_time_limit(tmp_path: Path, monkeypatch) -> None:
-    monkeypatch.setattr(gsm_symbolic, "MAX_SECONDS", 1.0)
+    monkeypatch.setattr(gsm_sampler, "MAX_SECONDS", 1.0)
     never = "- len(list(range(t * 10000 + sample([0, 1])))) < t"  # drawn at random: never tabulated, never holds
     path = write_template(tmp_path, question=with_line(BASE["question_annotated"], "- is_int(y/d)", never))
     started = time.monotonic()

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from clozemath.cli import main
+from clozemath_cli import main
 from clozemath.config import DataConfig, MethodConfig, ModelConfig, RandomSpanConfig, SpanShape, load_config
 from clozemath.data.objectives import (
     Sample,

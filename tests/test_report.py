@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from clozemath import tracking
-from clozemath.cli import main
+from clozemath_cli import main
 from clozemath.config import TrackingConfig
 from clozemath.errors import ClozeMathError
 from clozemath.report import accuracy_curves, grid_runs, paper_tables, to_markdown
@@ -35,7 +35,7 @@ TOTALS = {"gsm8k": 100, "math": 50, "gsm_symbolic": 40, "gsm_p1": 40, "gsm_p2": 
 
 def log_trial(config: TrackingConfig, parent: str, model: str, method: str, train_set: str, seed: str) -> None:
     tags = {"model": model, "method": method, "train_set": train_set, "seed": seed, "role": "trial"}
-    run_id = tracking.start_run(config, f"g/{model},{method},{train_set},{seed}", parent, tags)
+    run = tracking.start_run(config, f"g/{model},{method},{train_set},{seed}", parent, tags)
     sets = [train_set, "gsm_symbolic", "gsm_p1", "gsm_p2"] if method in ("mft", "clozemath") else [train_set]
     values: dict[str, float] = {}
     for eval_set in sets:
@@ -47,20 +47,20 @@ def log_trial(config: TrackingConfig, parent: str, model: str, method: str, trai
             total = TOTALS[eval_set]
             values |= {f"{key}/accuracy": value, f"{key}/correct": round(value * total), f"{key}/total": total}
     if method != "base":
-        tracking.log_metrics(config.uri, run_id, 10, {"curve/gsm8k/beam/accuracy": 0.1 * int(seed)})
+        run.log_metrics(10, {"curve/gsm8k/beam/accuracy": 0.1 * int(seed)})
         steps = STEPS[method]
-        tracking.log_params(config.uri, run_id, {"train.planned_steps": steps, "train.planned_tokens": 1000 * steps})
-    tracking.log_metrics(config.uri, run_id, 20, values)
-    tracking.end_run(config.uri, run_id)
+        run.log_params({"train.planned_steps": steps, "train.planned_tokens": 1000 * steps})
+    run.log_metrics(20, values)
+    run.end()
 
 
 @pytest.fixture(scope="module")
 def store(tmp_path_factory: pytest.TempPathFactory) -> TrackingConfig:
     folder = tmp_path_factory.mktemp("report")
     config = TrackingConfig(uri=f"sqlite:///{folder / 'mlruns.db'}", experiment="paper")
-    older = tracking.start_run(config, "older", tags={"role": "grid"})
+    older = tracking.start_run(config, "older", tags={"role": "grid"}).run_id
     log_trial(config, older, "llama-3.2-1b", "clozemath", "gsm8k", "0")
-    parent = tracking.start_run(config, "paper", tags={"role": "grid"})
+    parent = tracking.start_run(config, "paper", tags={"role": "grid"}).run_id
     for model in ("deepseek-math-7b", "llama-3.2-1b"):
         for train_set in ("gsm8k", "math"):
             log_trial(config, parent, model, "base", train_set, "0")

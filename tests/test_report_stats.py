@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from clozemath import tracking
-from clozemath.cli import main
+from clozemath_cli import main
 from clozemath.config import TrackingConfig
 from clozemath.intervals import paired_difference, seed_pairs
 
@@ -124,8 +124,8 @@ NO_PREDICTIONS = 0.35
 
 def log_trial(config: TrackingConfig, parent: str, method: str, seed: str, folder: Path) -> None:
     tags = {"model": "smollm2-135m", "method": method, "train_set": "gsm8k", "seed": seed, "role": "trial"}
-    run_id = tracking.start_run(config, f"replication/{method},{seed}", parent, tags)
-    tracking.log_params(config.uri, run_id, {"train.lr": 3e-4})
+    run = tracking.start_run(config, f"replication/{method},{seed}", parent, tags)
+    run.log_params({"train.lr": 3e-4})
     if method == "random_span":
         accuracy = NO_PREDICTIONS
     else:
@@ -141,20 +141,20 @@ def log_trial(config: TrackingConfig, parent: str, method: str, seed: str, folde
         predictions = folder / method / seed / "predictions"
         predictions.mkdir(parents=True)
         (predictions / "gsm8k.jsonl").write_text("".join(json.dumps(row, ensure_ascii=False) + "\n" for row in rows))
-        tracking.log_artifacts(config.uri, run_id, predictions.parent, "eval")  # as ray_jobs/evaluate.py logs them
+        run.log_artifacts(predictions.parent, "eval")  # as ray_jobs/evaluate.py logs them
         accuracy = right / PROBLEMS
-    tracking.log_metrics(config.uri, run_id, 10, {
+    run.log_metrics(10, {
         "eval/gsm8k/greedy/accuracy": accuracy, "eval/gsm8k/greedy/correct": round(accuracy * PROBLEMS),
         "eval/gsm8k/greedy/total": PROBLEMS,
     })
-    tracking.end_run(config.uri, run_id)
+    run.end()
 
 
 @pytest.fixture(scope="module")
 def store(tmp_path_factory: pytest.TempPathFactory) -> TrackingConfig:
     folder = tmp_path_factory.mktemp("replication")
     config = TrackingConfig(uri=f"sqlite:///{folder / 'mlruns.db'}", experiment="replication")
-    parent = tracking.start_run(config, "replication", tags={"role": "grid"})
+    parent = tracking.start_run(config, "replication", tags={"role": "grid"}).run_id
     log_trial(config, parent, "base", "0", folder)
     for method in ("it", "mft", "clozemath", "random_span"):
         for seed in OFFSETS:
@@ -245,14 +245,14 @@ def test_latex_spells_the_spread_and_the_differences(store: TrackingConfig, tmp_
 def test_trials_that_differ_in_another_axis_are_not_pooled_as_seeds(tmp_path: Path, capsys) -> None:
     """A learning-rate sweep (`axes: {method: [it], train.lr: [...]}`, one seed): a row per rate, none pooled."""
     config = TrackingConfig(uri=f"sqlite:///{tmp_path / 'mlruns.db'}", experiment="sweep")
-    parent = tracking.start_run(config, "sweep", tags={"role": "grid"})
+    parent = tracking.start_run(config, "sweep", tags={"role": "grid"}).run_id
     for lr, accuracy in (("0.0001", 0.1), ("0.001", 0.3)):
         trial = f"sweep/method=it,lr={lr}"
         tags = {"model": "smollm2-135m", "method": "it", "train_set": "gsm8k", "seed": "0", "role": "trial",
                 "trial": trial}
-        run_id = tracking.start_run(config, trial, parent, tags)
-        tracking.log_metrics(config.uri, run_id, 1, {"eval/gsm8k/greedy/accuracy": accuracy})
-        tracking.end_run(config.uri, run_id)
+        run = tracking.start_run(config, trial, parent, tags)
+        run.log_metrics(1, {"eval/gsm8k/greedy/accuracy": accuracy})
+        run.end()
     main(["report", "--experiment", "sweep", "--tracking-uri", config.uri, "--out", str(tmp_path / "out")])
     text = capsys.readouterr().out
     assert cells(text, "IT (lr=0.0001)") == ["10.00 (1)"] and cells(text, "IT (lr=0.001)") == ["30.00 (1)"]

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from clozemath.cli import main
+from clozemath_cli import main
 from clozemath.errors import ClozeMathError
-from clozemath.eval.evaluate import Prediction, read_predictions, score_predictions, write_predictions
+from clozemath.eval.predictions import Prediction, read_predictions, score_predictions, write_predictions
 
 
 def _prediction(id: str, dataset: str, decoding: str, generation: str, gold: str, correct: bool) -> Prediction:

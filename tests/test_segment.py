@@ -9,7 +9,7 @@ from functools import cache
 
 import pytest
 
-from clozemath.cli import main
+from clozemath_cli import main
 from clozemath.data.segment import Segment, clean_solution, equation_units, segment_solution
 from clozemath.data.sources import Problem, load_problems, local_file
 from clozemath.errors import ClozeMathError

@@ -10,7 +10,7 @@ import torch
 from tokenizers import Tokenizer, models, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerBase, PreTrainedTokenizerFast
 
-from clozemath.cli import main
+from clozemath_cli import main
 from clozemath.config import DataConfig, MethodConfig, ModelConfig
 from clozemath.data.objectives import Sample, build_samples, dataset_samples
 from clozemath.data.sources import load_problems

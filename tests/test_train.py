@@ -15,8 +15,8 @@ from peft import get_peft_model, get_peft_model_state_dict
 from safetensors.torch import load_file
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from clozemath import tracking
-from clozemath.cli import main
+from clozemath import records, tracking
+from clozemath_cli import main
 from clozemath.config import ExperimentConfig, MethodConfig, ModelConfig, TrainConfig, flatten, load_config
 from clozemath.data.tokenize import EOS, MASK, SEP, SpecialTokens, collate
 from clozemath.errors import ClozeMathError
@@ -325,6 +325,21 @@ def test_preprocess_is_cached(workdir: Path, ray_session: None) -> None:
     assert not third.from_cache and third.folder != first.folder
 
 
+@pytest.mark.slow
+def test_prepare_and_the_run_make_the_same_token_ids(workdir: Path, ray_session: None) -> None:
+    """`clozemath prepare` runs the run's preprocessing steps in its own process: for the same config, the same token
+    ids, kinds and sentinels (random spans, drawn over the tokenizer's offsets on Ray's workers, included)."""
+    config = smoke_config(workdir, "method=random_span")
+    run = preprocess(config, workdir / "runs" / "cache")
+    shown = prepare_data(config)
+    kept = [(sample, row) for sample, row in zip(shown.samples, shown.encoded) if row is not None]
+    as_tuples = lambda ids, labels, cut: (tuple(ids), tuple(labels), int(cut))  # noqa: E731
+    ran = Counter(as_tuples(r["input_ids"], r["labels"], r["prefix_len"]) for r in run.dataset().take_all())
+    assert ran == Counter(as_tuples(row["input_ids"], row["labels"], row["prefix_len"]) for _, row in kept)
+    assert run.kinds == dict(Counter(sample.kind for sample, _ in kept)) and set(run.kinds) == {"lm", "random_span"}
+    assert run.num_sentinels == shown.summary(config.data.max_length)["sentinels_needed"]
+
+
 def test_ray_train_collects_reports_briskly_unless_told_otherwise(monkeypatch: pytest.MonkeyPatch) -> None:
     """Ray Train's 2 s default poll would make every step last 2 s (measured: 2.08 s a step of the smoke config)."""
     monkeypatch.delenv(TRAIN_POLL_ENV_VAR, raising=False)
@@ -364,7 +379,7 @@ def test_zero2_run_learns_and_is_tracked(workdir: Path, ray_session: None) -> No
     assert run.info.status == "FINISHED"
     expected = {key: str(value) for key, value in flatten(config).items()}
     assert {key: run.data.params[key] for key in expected} == expected
-    for name in tracking.TRAIN_METRICS:
+    for name in records.TRAIN_METRICS:
         assert len(client.get_metric_history(outcome.run_id, name)) == 8, name
     artifacts = {info.path for info in client.list_artifacts(outcome.run_id)}
     assert {"config.yaml", "adapter", "eval"} <= artifacts

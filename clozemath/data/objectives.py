@@ -25,7 +25,6 @@ import math
 import random
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import asdict, dataclass
 from typing import Literal
 
 import torch
@@ -33,26 +32,9 @@ import torch
 from clozemath.config import DataConfig, MethodConfig, RandomSpanConfig, SpanShape
 from clozemath.data.segment import Segment, equation_units, segment_solution, without_final_answer
 from clozemath.data.sources import Problem
+from clozemath.data.samples import INFILLING_KINDS, Sample, SampleKind
 from clozemath.data.tokenize import EOS, IGNORE_INDEX, SEP, sentinel
 from clozemath.errors import ClozeMathError
-
-SampleKind = Literal["lm", "cloze", "random_span"]
-INFILLING_KINDS: tuple[SampleKind, ...] = ("cloze", "random_span")
-
-
-@dataclass(frozen=True)
-class Sample:
-    """Prefix and target as text, special tokens written by name: `<SEP>`, `<M_0>`, `<mask>`, `<EOS>`."""
-
-    problem_id: str
-    kind: SampleKind
-    prefix: str
-    target: str
-
-    def to_dict(self) -> dict[str, str]:
-        """A row for Ray Data (`Sample(**row)` reads it back)."""
-        return asdict(self)
-
 
 Piece = tuple[str, bool]
 """A stretch of the solution and whether it is masked; a sample's pieces joined give back the solution."""

@@ -1,4 +1,5 @@
-"""A run's training data on one machine: problems -> balanced samples -> token ids; `clozemath prepare` shows it."""
+"""A run's training data: the preprocessing steps (problems -> samples -> balanced copies -> token ids) that
+`ray_jobs.preprocess` runs on Ray Data, and the same steps on one machine, which `clozemath prepare` shows."""
 
 from __future__ import annotations
 
@@ -11,9 +12,10 @@ from typing import Any, Literal, TextIO
 
 from transformers import PreTrainedTokenizerBase
 
-from clozemath.config import ExperimentConfig
-from clozemath.data.objectives import Sample, dataset_samples
-from clozemath.data.sources import load_problems
+from clozemath.config import ExperimentConfig, MethodConfig
+from clozemath.data.objectives import TokenOffsets, balance, build_samples, lm_repeats
+from clozemath.data.samples import Sample
+from clozemath.data.sources import Problem, load_problems
 from clozemath.data.tokenize import (
     SpecialTokens,
     decode_with_names,
@@ -22,7 +24,57 @@ from clozemath.data.tokenize import (
     num_sentinels_needed,
     token_offsets,
 )
+from clozemath.errors import ClozeMathError
 from clozemath.model.load import load_tokenizer
+
+# --------------------------------------------------------------------------------------------------------------
+# The steps: `ray_jobs.preprocess` maps them over Ray Data, `prepare_data` runs them here, so what `clozemath
+# prepare` shows is what a run trains on. Rows are plain dicts (Ray Data's rows).
+
+SENTINELS = "sentinels"
+"""The column `problem_samples` adds: the sentinels a sample needs (their maximum sizes the special tokens)."""
+
+
+def problem_samples(
+    row: dict[str, Any], method: MethodConfig, prompt_template: str, seed: int, max_length: int,
+    offsets: TokenOffsets | None,
+) -> list[dict[str, Any]]:
+    """Step 1 (a flat map over problems): a problem's samples, unbalanced, each with the sentinels it needs.
+    `offsets`: the tokenizer's, for methods that draw random spans over tokens (else None)."""
+    if seed is None:
+        raise ClozeMathError("data.seed is unset (an experiment sets it from train.seed)")
+    samples = build_samples(Problem(**row), method, prompt_template, seed, offsets, max_length)
+    return [{**sample.to_dict(), SENTINELS: num_sentinels_needed([sample])} for sample in samples]
+
+
+def needs_offsets(method: MethodConfig) -> bool:
+    return "random_span" in method.objectives
+
+
+def balanced_copies(row: dict[str, Any], repeats: float, seed: int) -> list[dict[str, Any]]:
+    """Step 2 (a flat map over samples): the sample's copies (an LM sample's `lm_copies`; one of any other).
+    `repeats`: `lm_repeats` of the kinds of all samples."""
+    sample = Sample(**{key: value for key, value in row.items() if key != SENTINELS})
+    return [copy.to_dict() for copy in balance([sample], repeats, seed)]
+
+
+class SampleEncoder:
+    """Step 3 (a map over batches of samples): token ids, with the special tokens installed once per encoder."""
+
+    def __init__(
+        self, tokenizer: PreTrainedTokenizerBase, eos_token: str | None, num_sentinels: int, max_length: int
+    ) -> None:
+        self.tokenizer = tokenizer
+        self.specials = install_special_tokens(tokenizer, num_sentinels, eos_token)
+        self.max_length = max_length
+
+    def encode(self, samples: list[Sample]) -> list[dict[str, Any] | None]:
+        """`encode_sample`'s result for each sample; None where it is longer than `max_length`."""
+        return encode_samples(samples, self.tokenizer, self.specials, self.max_length)
+
+
+# --------------------------------------------------------------------------------------------------------------
+# The steps in this process (`clozemath prepare`)
 
 
 @dataclass
@@ -50,14 +102,22 @@ class PreparedData:
 
 
 def prepare_data(config: ExperimentConfig, limit: int | None = None) -> PreparedData:
-    """Load the problems, build and balance the method's samples, install the special tokens, tokenize."""
-    data = config.data
+    """The run's preprocessing steps on this machine: problems -> samples -> balanced copies -> token ids."""
+    data, method = config.data, config.method
     problems = load_problems(data.dataset, data.split, data.path, limit if limit is not None else data.limit)
     tokenizer = load_tokenizer(config.model)
-    samples = dataset_samples(problems, config.method, data, token_offsets(tokenizer))
-    specials = install_special_tokens(tokenizer, num_sentinels_needed(samples), config.model.eos_token)
-    encoded = encode_samples(samples, tokenizer, specials, data.max_length)
-    return PreparedData(len(problems), samples, encoded, tokenizer, specials)
+    offsets = token_offsets(tokenizer) if needs_offsets(method) else None
+    rows = [
+        sample for problem in problems
+        for sample in problem_samples(
+            problem.to_dict(), method, data.prompt_template, data.seed, data.max_length, offsets
+        )
+    ]
+    repeats = lm_repeats(Counter(row["kind"] for row in rows), method.lm_share)
+    samples = [Sample(**copy) for row in rows for copy in balanced_copies(row, repeats, data.seed)]
+    encoder = SampleEncoder(tokenizer, config.model.eos_token, max((row[SENTINELS] for row in rows), default=0),
+                            data.max_length)
+    return PreparedData(len(problems), samples, encoder.encode(samples), tokenizer, encoder.specials)
 
 
 def _shown(prepared: PreparedData, show: int) -> list[dict[str, Any]]:

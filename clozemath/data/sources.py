@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from clozemath.errors import ClozeMathError
-from clozemath.eval.answers import gsm8k_gold, last_boxed
+from clozemath.data.gold import gsm8k_gold, last_boxed
 
 DATA_DIR_ENV = "CLOZEMATH_DATA_DIR"
 

@@ -6,15 +6,13 @@ import re
 from collections.abc import Callable, Iterable, Sequence
 from itertools import chain
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from transformers import PreTrainedTokenizerBase
 
+from clozemath.data.samples import Sample
 from clozemath.errors import ClozeMathError
-
-if TYPE_CHECKING:
-    from clozemath.data.objectives import Sample
 
 SEP = "<SEP>"
 MASK = "<mask>"

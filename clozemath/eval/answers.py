@@ -1,9 +1,10 @@
-"""Answer extraction and grading.
+"""Answer extraction and grading rules, for any dataset; each dataset picks its own (`clozemath.tasks`).
 
-GSM8K-like sets (gsm8k, gsm_symbolic, gsm_p1, gsm_p2): the number after `####` (rule `strict`), else the last number
-of the generation (`flexible`), equal to the gold within 1e-4. MATH: the content of the last `\\boxed{}` (`boxed`;
-else the Minerva few-shot format's `The final answer is $...$`, `final_answer`), equal to the gold by math-verify
-(gold first, under a hard timeout) or, failing that, by the MATH paper's normalized string equality.
+Numeric answers (GSM8K-like sets): the number after `####` (rule `strict`), else the last number of the generation
+(`flexible`), equal to the gold within `NUMERIC_TOLERANCE`. LaTeX answers (MATH): the content of the last
+`\\boxed{}` (`boxed`; else the Minerva few-shot format's `The final answer is $...$`, `final_answer`), equal to the
+gold by math-verify (gold first, under a hard timeout) or, failing that, by the MATH paper's normalized string
+equality.
 """
 
 from __future__ import annotations
@@ -13,15 +14,16 @@ import re
 from dataclasses import dataclass
 from fractions import Fraction
 
+from clozemath.data.gold import NUMERIC_TOLERANCE, boxed_span
 from clozemath.errors import ClozeMathError
 from clozemath.eval.mathverify import verify_latex
 
-NUMERIC_DATASETS = ("gsm8k", "gsm_symbolic", "gsm_p1", "gsm_p2")
-DATASETS = (*NUMERIC_DATASETS, "math")
-NUMERIC_TOLERANCE = 1e-4
 MATH_VERIFY_TIMEOUT_S = 5.0
 
 logger = logging.getLogger(__name__)
+
+Found = tuple[tuple[int, int], str]
+"""Where an answer is in a generation (character offsets `[start, end)`) and the rule that found it."""
 
 
 @dataclass(frozen=True)
@@ -31,41 +33,41 @@ class Graded:
     rule: str  # how the answer was found: strict | flexible | boxed | final_answer | none
 
 
-def grade(dataset: str, generation: str, gold: str, *, timeout_s: float = MATH_VERIFY_TIMEOUT_S) -> Graded:
-    """Extract the answer of `generation` and compare it with `gold` (the dataset's gold answer string)."""
-    found = _find_answer(dataset, generation)
-    gold_number = None if dataset == "math" else _gold_number(gold)
+def first_turn(text: str, marker: str) -> str:
+    """`text` up to where it starts a new turn of the prompt format (a line opening with `marker`, such as
+    `\nQuestion:`): a model that does not stop after its answer goes on with a problem of its own, whose numbers are
+    not its answer (the harness's stop sequences cut there too)."""
+    end = text.find(marker)
+    return text if end < 0 else text[:end]
+
+
+def graded_number(found: Found | None, generation: str, gold: str) -> Graded:
+    """A numeric answer against a numeric gold: equal within `NUMERIC_TOLERANCE` (a gold that is no number is an
+    error, found answer or not)."""
+    gold_number = _gold_number(gold)
     if found is None:
         return Graded(None, False, "none")
     (start, end), rule = found
-    if gold_number is None:
-        extracted = generation[start:end]
-        return Graded(extracted, math_answers_equal(gold, extracted, timeout_s=timeout_s), rule)
     extracted = _clean_number(generation[start:end])
     return Graded(extracted, abs(float(extracted) - gold_number) <= NUMERIC_TOLERANCE, rule)
 
 
-def answer_span(dataset: str, text: str) -> tuple[int, int] | None:
-    """Character offsets `[start, end)` in `text` of the answer `grade` extracts (the number; the boxed content)."""
-    found = _find_answer(dataset, text)
-    return None if found is None else found[0]
+def graded_latex(found: Found | None, generation: str, gold: str, timeout_s: float = MATH_VERIFY_TIMEOUT_S) -> Graded:
+    """A LaTeX answer against a LaTeX gold: `math_answers_equal`."""
+    if found is None:
+        return Graded(None, False, "none")
+    (start, end), rule = found
+    extracted = generation[start:end]
+    return Graded(extracted, math_answers_equal(gold, extracted, timeout_s=timeout_s), rule)
 
 
-def _find_answer(dataset: str, text: str) -> tuple[tuple[int, int], str] | None:
-    if dataset == "math":
-        return _math_answer(first_turn(dataset, text))
-    if dataset in NUMERIC_DATASETS:
-        return _numeric_answer(first_turn(dataset, text))
-    raise ClozeMathError(f"unknown dataset '{dataset}' for grading (known: {', '.join(DATASETS)})")
-
-
-def first_turn(dataset: str, text: str) -> str:
-    """`text` up to where it starts a new turn of the prompt format (a line opening `Question:`, or `Problem:` for
-    MATH): a model that does not stop after its answer goes on with a problem of its own, whose numbers are not its
-    answer (the harness's stop sequences cut there too)."""
-    marker = "\nProblem:" if dataset == "math" else "\nQuestion:"
-    end = text.find(marker)
-    return text if end < 0 else text[:end]
+def number_key(text: str) -> str:
+    """The key under which CoT-decoding sums the confidence of equal numeric answers (`1,000` = `1000.0`)."""
+    cleaned = text.replace(",", "").replace("$", "").strip().rstrip(".")
+    try:
+        return str(Fraction(cleaned))
+    except (ValueError, ZeroDivisionError):
+        return cleaned
 
 
 # --- GSM8K-like: numbers -----------------------------------------------------------------------------------------
@@ -81,7 +83,8 @@ _NUMBER_RE = re.compile(_NUMBER)
 _STRICT_RE = re.compile(rf"####\s*(?:\$\s*)?({_NUMBER})")  # no two `\s*` side by side: linear in spaces
 
 
-def _numeric_answer(text: str) -> tuple[tuple[int, int], str] | None:
+def numeric_answer(text: str) -> Found | None:
+    """The number after `####` (`strict`), else the last number (`flexible`)."""
     strict = _STRICT_RE.search(text)
     if strict:
         return strict.span(1), "strict"
@@ -104,42 +107,13 @@ def _gold_number(gold: str) -> float:
 
 # --- MATH: LaTeX answers -----------------------------------------------------------------------------------------
 
-_BOX_OPENERS = ("\\boxed", "\\fbox")
-_BARE_BOX_ARGUMENT_RE = re.compile(r" +([^\s$]+)")
 _MINERVA_RE = re.compile(r"final answer is\s*\$(?P<answer>[^\n]+?)\$", re.IGNORECASE)
 
 
-def _boxed_span(text: str) -> tuple[int, int] | None:
-    """Offsets of the content of the last `\\boxed{...}` (or `\\fbox{...}`, or `\\boxed 5`) in `text`."""
-    start = max(text.rfind(opener) for opener in _BOX_OPENERS)
-    if start < 0:
-        return None
-    opener = next(o for o in _BOX_OPENERS if text.startswith(o, start))
-    i = start + len(opener)
-    if text.startswith(" ", i):  # `\boxed 5`: the argument runs to the next `$` or space
-        match = _BARE_BOX_ARGUMENT_RE.match(text, i)
-        return match.span(1) if match else None
-    if not text.startswith("{", i):
-        return None
-    depth = 0
-    for j in range(i, len(text)):
-        if text[j] == "{":
-            depth += 1
-        elif text[j] == "}":
-            depth -= 1
-            if depth == 0:
-                return i + 1, j
-    return None
-
-
-def last_boxed(text: str) -> str | None:
-    """Content of the last `\\boxed{...}` (or `\\fbox{...}`, or `\\boxed 5`) in `text`, nested braces handled."""
-    span = _boxed_span(text)
-    return None if span is None else text[span[0] : span[1]]
-
-
-def _math_answer(text: str) -> tuple[tuple[int, int], str] | None:
-    boxed = _boxed_span(text)
+def latex_answer(text: str) -> Found | None:
+    """The last `\\boxed{}`'s content (`boxed`), else the Minerva format's `The final answer is $...$`
+    (`final_answer`)."""
+    boxed = boxed_span(text)
     if boxed is not None:
         return boxed, "boxed"
     last = None
@@ -201,11 +175,3 @@ def _canonical_number(s: str) -> str:
         return f"{sign}\\frac{{{abs(value.numerator)}}}{{{value.denominator}}}"
     ratio = _INT_RATIO_RE.fullmatch(s)
     return f"\\frac{{{ratio[1]}}}{{{ratio[2]}}}" if ratio else s
-
-
-def gsm8k_gold(solution: str) -> str:
-    """The number after `####`, commas removed."""
-    _, sep, tail = solution.rpartition("####")
-    if not sep:
-        raise ValueError("no '####' answer line")
-    return tail.strip().replace(",", "")

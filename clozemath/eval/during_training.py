@@ -20,13 +20,12 @@ from clozemath.config import ExperimentConfig
 from clozemath.data.sources import Problem
 from clozemath.eval.decode import Engine
 from clozemath.eval.evaluate import eval_problems, evaluate_batch, prompting
+from clozemath.records import CURVE_PREFIX, tally_metrics
 
 if TYPE_CHECKING:
     from clozemath.model.load import Loaded
 
 SumOverRanks = Callable[[list[float]], list[float]]
-CURVE = "curve"
-"""The metrics' prefix: `curve/<set>/<decoding>/accuracy`, apart from the final evaluation's `eval/...`."""
 
 
 @dataclass(frozen=True)
@@ -82,5 +81,4 @@ def evaluate_step(
         model.train()
     counts = [float(sum(p.correct for p in predictions)), float(len(predictions))]
     correct, total = counts if lockstep else sum_over_ranks(counts)
-    key = f"{CURVE}/{evaluation.set_name}/{evaluation.decoding}"
-    return {f"{key}/accuracy": correct / total if total else 0.0, f"{key}/correct": correct, f"{key}/total": total}
+    return tally_metrics(evaluation.set_name, evaluation.decoding, correct, total, prefix=CURVE_PREFIX)

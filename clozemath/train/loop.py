@@ -38,14 +38,13 @@ from clozemath.errors import ClozeMathError
 from clozemath.model.attention import attention_inputs
 from clozemath.model.load import save_adapter
 from clozemath.model.memory import usable_bytes
+from clozemath.records import ADAPTER_DIR, train_metric
 from clozemath.train.packing import auto_pack_tokens, epoch_packs, packs_needed
 
 CHECKPOINT_TAG = "state"
 """DeepSpeed's tag (sub-folder) for the engine state inside a checkpoint folder."""
 LENGTH_WINDOW = 32
 """Micro-batches whose rows are sorted by length together (`train.group_by_length`)."""
-ADAPTER_DIR = "adapter"
-"""Sub-folder of the last checkpoint holding the adapter (`clozemath.model.load.save_adapter`'s files)."""
 
 
 class InjectedFailure(RuntimeError):
@@ -73,7 +72,7 @@ class StepMetrics:
         return {
             "step": values.pop("step"),
             "total_steps": values.pop("total_steps"),
-            **{f"train/{name}": value for name, value in values.items()},
+            **{train_metric(name): value for name, value in values.items()},
         }
 
 

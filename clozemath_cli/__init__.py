@@ -1,4 +1,6 @@
-"""The `clozemath` command. Each subcommand parses its arguments here and calls one function elsewhere."""
+"""The `clozemath` command. Each subcommand parses its arguments here and calls one function elsewhere: in
+`clozemath` (the science, Ray-free) or in `ray_jobs` (the commands that start Ray jobs). It sits above both, outside
+the `clozemath` package, which never imports Ray. Run it as `clozemath ...` or `python -m clozemath_cli ...`."""
 
 from __future__ import annotations
 
@@ -6,7 +8,6 @@ import argparse
 import shlex
 import sys
 from collections.abc import Callable, Sequence
-from pathlib import Path
 
 from clozemath import console
 from clozemath.errors import ClozeMathError
@@ -66,16 +67,16 @@ def _add_run(commands: argparse._SubParsersAction) -> None:
 
 
 def _run(args: argparse.Namespace) -> int | None:
-    from clozemath.config import as_grid, configs_root, expand_grid, load_config
-    from clozemath.files import check_run_outputs
+    from clozemath.config import load_plan
+    from clozemath.records import check_run_outputs
 
-    config = load_config(args.config, args.overrides)  # a mistake is reported in a second, before Ray is imported
-    check_run_outputs(expand_grid(as_grid(config), configs_root(Path(args.config)), args.config))
+    plan = load_plan(args.config, args.overrides)  # a mistake is reported in a second, before Ray is imported
+    check_run_outputs(plan.experiments)
 
-    from ray_jobs.run import run_command
+    from ray_jobs.grid import run_command
 
     try:
-        run_command(config, args.config)
+        run_command(plan)
     except KeyboardInterrupt:
         resume = shlex.join(["clozemath", "run", args.config, *args.overrides])
         print(f"clozemath: interrupted; the grid resumes where it stopped with: {resume}", file=sys.stderr)
@@ -90,7 +91,7 @@ def _add_score(commands: argparse._SubParsersAction) -> None:
 
 
 def _score(args: argparse.Namespace) -> None:
-    from clozemath.eval.evaluate import print_score
+    from clozemath.eval.predictions import print_score
 
     print_score(args.predictions, as_json=args.json)
 
@@ -108,7 +109,7 @@ def _add_eval(commands: argparse._SubParsersAction) -> None:
 def _eval(args: argparse.Namespace) -> None:
     from clozemath.config import GridConfig, load_config
     from clozemath.eval.evaluate import resolve_adapter
-    from clozemath.files import check_run_outputs
+    from clozemath.records import check_run_outputs
 
     cfg = load_config(args.config, args.overrides)
     if isinstance(cfg, GridConfig):
@@ -116,9 +117,9 @@ def _eval(args: argparse.Namespace) -> None:
     check_run_outputs([cfg])
     adapter = resolve_adapter(cfg)  # a missing adapter fails here, before Ray starts
 
-    from clozemath.eval.evaluate import run_folder
+    from clozemath.records import LOGS_DIR, run_folder
     from ray_jobs.evaluate import print_results, run_evaluation
-    from ray_jobs.logs import LOGS_DIR, logged
+    from ray_jobs.logs import logged
 
     logs = run_folder(cfg).resolve() / LOGS_DIR
     with logged(logs):
@@ -213,6 +214,3 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("clozemath: interrupted", file=sys.stderr)
         return 130
 
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,0 +1,23 @@
+"""A training sample as text: what the objectives make and the tokenizer encodes."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Literal
+
+SampleKind = Literal["lm", "cloze", "random_span"]
+INFILLING_KINDS: tuple[SampleKind, ...] = ("cloze", "random_span")
+
+
+@dataclass(frozen=True)
+class Sample:
+    """Prefix and target as text, special tokens written by name: `<SEP>`, `<M_0>`, `<mask>`, `<EOS>`."""
+
+    problem_id: str
+    kind: SampleKind
+    prefix: str
+    target: str
+
+    def to_dict(self) -> dict[str, str]:
+        """A row for Ray Data (`Sample(**row)` reads it back)."""
+        return asdict(self)

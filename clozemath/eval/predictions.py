@@ -1,0 +1,213 @@
+"""Predictions: the record every evaluation writes (JSONL, one `Prediction` a line), read back, regraded, scored
+(`clozemath score`), and turned into metrics and the results table."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter, defaultdict
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass, fields, replace
+from pathlib import Path
+from typing import Any
+
+from clozemath.data.sources import read_jsonl
+from clozemath.errors import ClozeMathError
+from clozemath.eval.harness import STRICT_MATCH, filtered_answer, harness_verdicts
+from clozemath.files import atomic_writer
+from clozemath.records import CUT_SHARE, EVAL_PREFIX, eval_metric, parse_eval_metric, tally_metrics
+from clozemath.tasks import get_task
+
+
+@dataclass(frozen=True)
+class Prediction:
+    id: str
+    dataset: str
+    decoding: str
+    prompt: str
+    generation: str
+    extracted: str | None
+    gold: str
+    correct: bool
+    confidence: float | None
+    harness: dict[str, bool] | None = None
+    """Few-shot GSM8K-like predictions (base models): lm-evaluation-harness's verdict per answer filter (strict-match,
+    flexible-extract), `extracted` and `correct` being strict-match's; None where clozemath's rules grade."""
+    finish_reason: str | None = None
+    """eos, stop (a stop string) or length (cut at `max_new_tokens`); None in files written before it was recorded."""
+    generated_tokens: int | None = None
+    """Tokens generated, end-of-sequence excluded."""
+
+
+_FIELD_TYPES: dict[str, tuple[type, ...]] = {
+    "id": (str,), "dataset": (str,), "decoding": (str,), "prompt": (str,), "generation": (str,),
+    "extracted": (str, type(None)), "gold": (str,), "correct": (bool,), "confidence": (int, float, type(None)),
+    "harness": (dict, type(None)),
+    "finish_reason": (str, type(None)), "generated_tokens": (int, type(None)),
+}
+_REQUIRED = ("id", "dataset", "generation", "gold")  # the rest default: `score` regrades from these
+_DEFAULTS: dict[str, Any] = {
+    "decoding": "", "prompt": "", "extracted": None, "correct": False, "confidence": None, "harness": None,
+    "finish_reason": None, "generated_tokens": None,
+}
+CUT_WARNING_SHARE = 0.2
+"""The results table warns when more than this share of a set's generations ran to `max_new_tokens`."""
+
+
+def _has_type(value: Any, allowed: tuple[type, ...]) -> bool:
+    return bool in allowed if isinstance(value, bool) else isinstance(value, allowed)  # JSON true is no number
+
+
+def _prediction(row: dict[str, Any], where: str) -> Prediction:
+    values = {}
+    for field in fields(Prediction):
+        if field.name not in row:
+            if field.name in _REQUIRED:
+                raise ClozeMathError(f"{where}: missing field '{field.name}'")
+            values[field.name] = _DEFAULTS[field.name]
+            continue
+        value = row[field.name]
+        if not _has_type(value, _FIELD_TYPES[field.name]):
+            raise ClozeMathError(f"{where}: field '{field.name}' has the wrong type ({type(value).__name__})")
+        values[field.name] = value
+    try:
+        get_task(values["dataset"])
+    except ClozeMathError as exc:
+        raise ClozeMathError(f"{where}: {exc}") from None
+    return Prediction(**values)
+
+
+def read_predictions(path: str | Path) -> list[Prediction]:
+    file = Path(path)
+    if not file.is_file():
+        raise ClozeMathError(f"{file}: no such predictions file")
+    predictions = [_prediction(row, where) for where, row in read_jsonl(file)]
+    if not predictions:
+        raise ClozeMathError(f"{file}: no predictions in it (an empty file)")
+    return predictions
+
+
+def write_predictions(path: str | Path, predictions: Iterable[Prediction], append: bool = False) -> None:
+    """Write the predictions file whole (atomically), or `append` to a partial one as predictions stream in."""
+    file = Path(path)
+    file.parent.mkdir(parents=True, exist_ok=True)
+    with file.open("a", encoding="utf-8") if append else atomic_writer(file) as handle:
+        for prediction in predictions:
+            handle.write(json.dumps(asdict(prediction), ensure_ascii=False) + "\n")
+
+
+@dataclass(frozen=True)
+class Verdict:
+    extracted: str | None
+    correct: bool
+    harness: dict[str, bool] | None
+
+
+def grade_generation(dataset: str, generation: str, gold: str, harness: bool) -> Verdict:
+    """clozemath's grading, or (`harness`, for few-shot GSM8K-like sets) the harness's filters, strict-match first."""
+    task = get_task(dataset)
+    if harness and task.harness_filters:
+        verdicts = harness_verdicts(generation, gold)
+        return Verdict(filtered_answer(STRICT_MATCH, generation), verdicts[STRICT_MATCH], verdicts)
+    graded = task.grade(generation, gold)
+    return Verdict(graded.extracted, graded.correct, None)
+
+
+def regrade(predictions: list[Prediction]) -> list[Prediction]:
+    """The predictions with `extracted`, `correct` (and the harness's verdicts, where it graded) recomputed from
+    `generation` and `gold`."""
+    regraded = []
+    for prediction in predictions:
+        by_harness = prediction.harness is not None
+        try:
+            verdict = grade_generation(prediction.dataset, prediction.generation, prediction.gold, by_harness)
+        except ClozeMathError as exc:
+            raise ClozeMathError(f"prediction '{prediction.id}': {exc}") from None
+        regraded.append(
+            replace(prediction, extracted=verdict.extracted, correct=verdict.correct, harness=verdict.harness)
+        )
+    return regraded
+
+
+def _tally(correct: int, total: int) -> dict[str, float | int]:
+    return {"accuracy": correct / total if total else 0.0, "correct": correct, "total": total}
+
+
+def score_predictions(predictions: list[Prediction]) -> dict[str, Any]:
+    """`{"overall": tally, "groups": {"<dataset>/<decoding>": tally}}`, a tally being accuracy, correct, total;
+    a group without a decoding is named by its dataset alone."""
+    counts: dict[str, list[int]] = defaultdict(lambda: [0, 0])
+    for prediction in predictions:
+        key = f"{prediction.dataset}/{prediction.decoding}" if prediction.decoding else prediction.dataset
+        counts[key][0] += prediction.correct
+        counts[key][1] += 1
+    correct = sum(c for c, _ in counts.values())
+    return {
+        "overall": _tally(correct, len(predictions)),
+        "groups": {key: _tally(c, n) for key, (c, n) in sorted(counts.items())},
+    }
+
+
+def print_score(path: str | Path, as_json: bool = False) -> None:
+    """Regrade a predictions file and print its accuracy (the `clozemath score` command)."""
+    predictions = read_predictions(path)
+    regraded = regrade(predictions)
+    scores = score_predictions(regraded)
+    scores["changed"] = sum(old.correct != new.correct for old, new in zip(predictions, regraded))
+    if as_json:
+        print(json.dumps(scores, indent=2))
+        return
+    width = max([len("overall"), *map(len, scores["groups"])])
+    print(f"{'set':<{width}}  {'correct':>7}  {'total':>6}  accuracy")
+    for key, tally in [*scores["groups"].items(), ("overall", scores["overall"])]:
+        print(f"{key:<{width}}  {tally['correct']:>7}  {tally['total']:>6}  {100 * tally['accuracy']:7.2f}%")
+    print(f"regraded {len(predictions)} predictions: {scores['changed']} verdicts changed")
+
+
+def metrics(predictions: Iterable[Prediction]) -> dict[str, float]:
+    """`eval/<set>/<decoding>/accuracy`, `.../correct`, `.../total` for every set (dataset) and decoding present;
+    `.../cut_share`, the share of generations cut at `max_new_tokens` (of those that record why they ended); where the
+    harness graded, also its filters' accuracies, `.../strict-match` and `.../flexible-extract`."""
+    counts: dict[tuple[str, str], list[int]] = defaultdict(lambda: [0, 0, 0, 0])  # correct, total, cut, recorded
+    by_filter: dict[tuple[str, str], Counter[str]] = defaultdict(Counter)
+    for prediction in predictions:
+        tally = counts[(prediction.dataset, prediction.decoding)]
+        tally[0] += prediction.correct
+        tally[1] += 1
+        by_filter[(prediction.dataset, prediction.decoding)].update(prediction.harness or {})
+        tally[2] += prediction.finish_reason == "length"
+        tally[3] += prediction.finish_reason is not None
+    out: dict[str, float] = {}
+    for (dataset, decoding), (correct, total, cut, recorded) in sorted(counts.items()):
+        out.update(tally_metrics(dataset, decoding, correct, total))
+        for name, hits in by_filter[(dataset, decoding)].items():
+            out[eval_metric(dataset, decoding, name)] = hits / total
+        if recorded:
+            out[eval_metric(dataset, decoding, CUT_SHARE)] = cut / recorded
+    return out
+
+
+def results_table(values: dict[str, float]) -> str:
+    """A markdown table of `eval/<set>/<decoding>/...` metrics: set, decoding, correct, total, accuracy, the share cut
+    at max_new_tokens and problems/s (where measured); then a warning line for each set and decoding with more than
+    `CUT_WARNING_SHARE` of its generations cut."""
+    groups: dict[tuple[str, str], dict[str, float]] = defaultdict(dict)
+    for key, value in values.items():
+        metric = parse_eval_metric(key)
+        if metric is not None and metric.prefix == EVAL_PREFIX:
+            groups[(metric.set_name, metric.decoding)][metric.stat] = value
+    lines = ["| set | decoding | correct | total | accuracy | cut at max_new_tokens | problems/s |",
+             "| --- | --- | ---: | ---: | ---: | ---: | ---: |"]
+    warnings = []
+    for (dataset, decoding), group in sorted(groups.items()):
+        speed = f"{group['problems_per_s']:.2f}" if "problems_per_s" in group else "-"
+        cut = f"{100 * group['cut_share']:.1f}%" if "cut_share" in group else "-"
+        lines.append(
+            f"| {dataset} | {decoding} | {int(group['correct'])} | {int(group['total'])} | "
+            f"{100 * group['accuracy']:.2f}% | {cut} | {speed} |"
+        )
+        if group.get("cut_share", 0.0) > CUT_WARNING_SHARE:
+            warnings.append(
+                f"warning: {dataset}/{decoding}: {cut} of the generations ran to max_new_tokens (a model that loops, "
+                "or eval.max_new_tokens too small)"
+            )
+    return "\n".join(lines + warnings)

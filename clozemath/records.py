@@ -1,0 +1,183 @@
+"""The names a run leaves behind, in one place: its folder's layout, its MLflow metric keys and tags.
+
+Writers (training, evaluation, the grid) and readers (the summary, `clozemath report`) go through this module, so
+that a name cannot drift between them. Committed results and users' MLflow stores depend on every string here:
+change none of them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+from clozemath.config import ExperimentConfig
+from clozemath.files import check_writable_folder
+
+# --------------------------------------------------------------------------------------------------------------
+# The run folder: `<train.output_dir>/<experiment name>/` and its neighbours under `train.output_dir`
+
+ADAPTER_DIR = "adapter"
+"""The LoRA adapter and special-token rows: in the run folder, in every checkpoint, among the MLflow artifacts."""
+EVAL_DIR = "eval"
+"""`predictions/<set>.jsonl` and `metrics.json` (also the MLflow artifact folder)."""
+PREDICTIONS_DIR = "predictions"
+METRICS_FILE = "metrics.json"
+LOGS_DIR = "logs"
+"""The log files of the command that ran: what its own process printed, and what Ray's workers printed."""
+DRIVER_LOG, WORKERS_LOG = "driver.log", "workers.log"
+RAY_TRAIN_DIR = "ray"
+"""Ray Train's runs and checkpoints, unless `train.storage` puts them elsewhere."""
+CACHE_DIR = "cache"
+"""Under `train.output_dir`: preprocessed token ids, shared by the runs that make the same ones."""
+TUNE_DIR = "tune"
+"""Under `train.output_dir`: the grids' Tune experiments."""
+PREDICTIONS_ARTIFACTS = f"{EVAL_DIR}/{PREDICTIONS_DIR}"
+"""Where a run's predictions files are among its MLflow artifacts."""
+CONFIG_ARTIFACT = "config.yaml"
+GRID_ARTIFACT = "grid.yaml"
+
+
+def run_folder(cfg: ExperimentConfig) -> Path:
+    """`<train.output_dir>/<experiment name>`: the run's output folder."""
+    return Path(cfg.train.output_dir) / cfg.name
+
+
+def eval_folder(cfg: ExperimentConfig) -> Path:
+    return run_folder(cfg) / EVAL_DIR
+
+
+def check_run_outputs(experiments: Iterable[ExperimentConfig]) -> None:
+    """Every folder a run writes (its output folder, a local tracking store and its artifacts) can be written."""
+    for experiment in experiments:
+        check_writable_folder(experiment.train.output_dir, "train.output_dir")
+        if experiment.train.storage is not None and "://" not in experiment.train.storage:
+            check_writable_folder(experiment.train.storage, "train.storage")
+        tracking = experiment.tracking
+        locations = (("tracking.uri", tracking.uri), ("tracking.artifact_location", tracking.artifact_location))
+        for key, location in locations:
+            folder = _local_folder(location)
+            if folder is not None:
+                check_writable_folder(folder, f"{key} '{location}'")
+
+
+def _local_folder(location: str | None) -> Path | None:
+    """The folder a local store or artifact location writes in (a SQLite file's folder); None for a remote one."""
+    if location is None:
+        return None
+    if location.startswith("sqlite:///"):
+        return Path(location.removeprefix("sqlite:///")).parent
+    if location.startswith("file://"):
+        return Path(location.removeprefix("file://"))
+    return None if "://" in location else Path(location)
+
+
+def predictions_file(eval_dir: Path, set_name: str) -> Path:
+    return eval_dir / PREDICTIONS_DIR / f"{set_name}.jsonl"
+
+
+def partial_predictions_file(eval_dir: Path, set_name: str) -> Path:
+    """Predictions appended as they stream in, before the set is complete."""
+    return eval_dir / PREDICTIONS_DIR / f"{set_name}.partial.jsonl"
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Metric keys
+
+TRAIN_METRICS = ("train/loss", "train/lr", "train/tokens_per_s", "train/pad_share")
+TRAIN_PREFIX = "train"
+EVAL_PREFIX = "eval"
+"""`eval/<set>/<decoding>/<stat>`: an evaluation after (or without) training."""
+CURVE_PREFIX = "curve"
+"""`curve/<set>/<decoding>/<stat>`: an evaluation during training, one point per `eval.every_steps`."""
+EVAL_SECONDS = f"{EVAL_PREFIX}/seconds"
+ACCURACY, CORRECT, TOTAL = "accuracy", "correct", "total"
+CUT_SHARE, PROBLEMS_PER_S = "cut_share", "problems_per_s"
+
+
+def train_metric(name: str) -> str:
+    return f"{TRAIN_PREFIX}/{name}"
+
+
+def eval_metric(set_name: str, decoding: str, stat: str, prefix: str = EVAL_PREFIX) -> str:
+    return f"{prefix}/{set_name}/{decoding}/{stat}"
+
+
+@dataclass(frozen=True)
+class EvalMetric:
+    prefix: str
+    set_name: str
+    decoding: str
+    stat: str
+
+    @property
+    def measured(self) -> str:
+        """`gsm8k/beam`: what it measured, as the console names it."""
+        return f"{self.set_name}/{self.decoding}"
+
+
+def is_eval_metric(key: str) -> bool:
+    return key.startswith(f"{EVAL_PREFIX}/")
+
+
+def is_curve_metric(key: str) -> bool:
+    return key.startswith(f"{CURVE_PREFIX}/")
+
+
+def is_step_metric(key: str) -> bool:
+    """A metric logged at every training step, or at a step that evaluated during training."""
+    return key.startswith((f"{TRAIN_PREFIX}/", f"{CURVE_PREFIX}/"))
+
+
+def parse_eval_metric(key: str) -> EvalMetric | None:
+    """The parts of an `eval/...` or `curve/...` key; None for any other metric."""
+    parts = key.split("/")
+    if len(parts) != 4 or parts[0] not in (EVAL_PREFIX, CURVE_PREFIX):
+        return None
+    return EvalMetric(*parts)
+
+
+def tally_metrics(
+    set_name: str, decoding: str, correct: float, total: float, prefix: str = EVAL_PREFIX
+) -> dict[str, float]:
+    """Accuracy, correct and total of one set and decoding."""
+    return {
+        eval_metric(set_name, decoding, ACCURACY, prefix): correct / total if total else 0.0,
+        eval_metric(set_name, decoding, CORRECT, prefix): correct,
+        eval_metric(set_name, decoding, TOTAL, prefix): total,
+    }
+
+
+def headline_metric(cfg: ExperimentConfig) -> str | None:
+    """The accuracy shown first: the first evaluation set's, with its first decoding (None without sets)."""
+    if not cfg.eval.sets:
+        return None
+    first = cfg.eval.sets[0]
+    return eval_metric(first.dataset, cfg.eval.decodings_of(first)[0], ACCURACY)
+
+
+# --------------------------------------------------------------------------------------------------------------
+# MLflow tags
+
+PARENT_TAG = "mlflow.parentRunId"
+ROLE_TAG = "role"
+GRID_ROLE, TRIAL_ROLE = "grid", "trial"
+GRID_TAG, GRID_KEY_TAG, TRIAL_TAG = "grid", "grid_key", "trial"
+MODEL_TAG, METHOD_TAG, TRAIN_SET_TAG, SEED_TAG = "model", "method", "train_set", "seed"
+
+
+def trial_tags(config: ExperimentConfig, grid: str) -> dict[str, str]:
+    """A grid trial's run: which grid, which point, and the labels `clozemath report` groups by."""
+    return {
+        GRID_TAG: grid,
+        TRIAL_TAG: config.name,
+        ROLE_TAG: TRIAL_ROLE,
+        MODEL_TAG: config.model.name,
+        METHOD_TAG: config.method.name,
+        TRAIN_SET_TAG: config.data.dataset,
+        SEED_TAG: str(config.train.seed),
+    }
+
+
+def grid_tags(grid: str, key: str) -> dict[str, str]:
+    return {GRID_TAG: grid, GRID_KEY_TAG: key, ROLE_TAG: GRID_ROLE}

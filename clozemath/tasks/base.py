@@ -1,0 +1,55 @@
+"""What a dataset family tells the rest of the code: its problems, how its answers are found and graded, how a
+base model is prompted for it."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Protocol
+
+from clozemath.data.sources import Problem
+from clozemath.eval.answers import MATH_VERIFY_TIMEOUT_S, Found, Graded
+
+
+class EvalSource(Protocol):
+    """Where an evaluation set's problems come from (`clozemath.config.EvalSetConfig` is one)."""
+
+    split: str
+    path: str | None
+    per_template: int
+    seed: int
+    generate: bool
+
+
+@dataclass(frozen=True)
+class Task:
+    """One evaluation set. Register it in `clozemath.tasks` and every command can evaluate, grade and report it."""
+
+    name: str
+    """As configs (`eval.sets[].dataset`), predictions files and metric keys name it."""
+    title: str
+    """As the report's tables name it."""
+    problems: Callable[[EvalSource], list[Problem]]
+    """All the set's problems, in a fixed order (a subset is drawn from them)."""
+    identity: Callable[[EvalSource], str]
+    """Where the problems come from and a fingerprint of their content (a grid restores only on the same data)."""
+    find_answer: Callable[[str], Found | None]
+    judge: Callable[[Found | None, str, str, float], Graded]
+    """(found answer, generation, gold, math-verify timeout) -> verdict."""
+    answer_key: Callable[[str], str]
+    """The key under which CoT-decoding sums the confidence of equal answers."""
+    few_shot_prompt: Callable[[Problem], str]
+    """A base model's prompt, as lm-evaluation-harness builds it."""
+    stop: tuple[str, ...]
+    """Where a few-shot generation stops."""
+    harness_filters: bool = False
+    """Few-shot predictions graded by lm-evaluation-harness's `gsm8k` answer filters (strict-match first)."""
+
+    def grade(self, generation: str, gold: str, *, timeout_s: float = MATH_VERIFY_TIMEOUT_S) -> Graded:
+        """Extract the answer of `generation` and compare it with `gold`."""
+        return self.judge(self.find_answer(generation), generation, gold, timeout_s)
+
+    def answer_span(self, text: str) -> tuple[int, int] | None:
+        """Character offsets `[start, end)` in `text` of the answer `grade` extracts."""
+        found = self.find_answer(text)
+        return None if found is None else found[0]
