@@ -10,7 +10,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from transformers import AutoTokenizer, DynamicCache, LlamaConfig, LlamaForCausalLM
+from transformers import AutoTokenizer, DynamicCache, Gemma3ForCausalLM, Gemma3TextConfig, LlamaConfig, LlamaForCausalLM
 
 from clozemath.eval.decode import AUTO_MAX_ROWS, ModelShape, auto_batch_size, bytes_per_prompt, decode
 from clozemath.eval.prompts import finetuned_prompt
@@ -217,6 +217,22 @@ def test_bidirectional_prompt_equals_full_prefix_lm_passes(model, tokenizer, eng
     for step, logits in enumerate(recorder.logits):  # the prompt pass, then one cached step per token
         torch.testing.assert_close(logits, full[:, width - steps - 1 + step], atol=1e-4, rtol=1e-4)
     assert not torch.allclose(recorder.logits[0], causal_first, atol=1e-3)  # the prompt really was bidirectional
+
+
+def test_a_sliding_window_model_past_its_window_decodes_with_the_eager_engine(tokenizer):
+    """Gemma 3's sliding-window layers keep a static cache of the window only; the static engine's mask spans every
+    slot and broke there (a size mismatch in attention). Past the window a batch falls back to the eager engine."""
+    torch.manual_seed(0)
+    config = Gemma3TextConfig(
+        vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
+        num_key_value_heads=1, head_dim=16, sliding_window=16, layer_types=["sliding_attention", "full_attention"],
+        max_position_embeddings=256, attn_implementation="sdpa",
+    )
+    gemma = Gemma3ForCausalLM(config).eval()
+    eager = decode(gemma, tokenizer, PROMPTS, max_new_tokens=NEW, engine="eager")
+    with pytest.warns(UserWarning, match="sliding-window layers holds 16 tokens"):
+        static = decode(gemma, tokenizer, PROMPTS, max_new_tokens=NEW, engine="static")
+    assert [g.token_ids for g in static] == [g.token_ids for g in eager] and all(len(g.token_ids) for g in eager)
 
 
 def test_bidirectional_needs_an_additive_mask_implementation(model, tokenizer):

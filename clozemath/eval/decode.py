@@ -199,6 +199,16 @@ def _slots(width: int, max_new_tokens: int) -> int:
     return -(-(width + max_new_tokens) // _CACHE_ALIGN) * _CACHE_ALIGN
 
 
+def _sliding_window(model: Any) -> int | None:
+    """The window of a model with sliding-window layers (Gemma 3), None for one without. transformers caps those
+    layers' static cache at the window, and the static engine's one mask spans every slot: past the window it breaks
+    (checked with transformers 5.17)."""
+    config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+    if "sliding_attention" not in (getattr(config, "layer_types", None) or ()):
+        return None
+    return getattr(config, "sliding_window", None)
+
+
 def _grouped_decode_attention(
     module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
     attention_mask: torch.Tensor, scaling: float, **_: Any,
@@ -706,11 +716,23 @@ def decode(
     copies = {"greedy": 1, "beam": num_beams, "cot": cot_k}[scheme]
     size = _batch_size(batch_size, model, encoded, max_new_tokens, copies)
 
+    window = _sliding_window(model)
+
+    def engine_for(indices: list[int]) -> Engine:
+        width = max(len(encoded[i]) for i in indices)
+        if engine == "eager" or window is None or _slots(width, max_new_tokens) <= window:
+            return engine
+        warnings.warn(f"decode: the static cache of the model's sliding-window layers holds {window} tokens; "
+                      "batches longer than that decode with the eager engine")
+        return "eager"
+
     def decode_batch(indices: list[int]) -> list[Generation]:
+        batch_engine = engine_for(indices)
         eager, logits = _prefill(model, [encoded[i] for i in indices], pad_id, prompt_attention)
         if copies > 1:
             eager.repeat(copies)
-        batch = eager if engine == "eager" else _StaticBatch(eager, max_new_tokens, graphs=engine == "graphs")
+        static = batch_engine != "eager"
+        batch = _StaticBatch(eager, max_new_tokens, graphs=batch_engine == "graphs") if static else eager
         del eager
         if scheme == "greedy":
             return _greedy(batch, logits, backend, stops)
