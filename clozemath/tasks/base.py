@@ -7,7 +7,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
-from clozemath.data.sources import Problem
+from clozemath.data.sources import Problem, data_identity, load_problems
 from clozemath.eval.answers import MATH_VERIFY_TIMEOUT_S, Found, Graded
 
 
@@ -53,3 +53,16 @@ class Task:
         """Character offsets `[start, end)` in `text` of the answer `grade` extracts."""
         found = self.find_answer(text)
         return None if found is None else found[0]
+
+
+@dataclass(frozen=True)
+class StoredDataset:
+    """`problems` and `identity` of a set that `clozemath.data.sources` loads by name (GSM8K, MATH)."""
+
+    name: str
+
+    def problems(self, source: EvalSource) -> list[Problem]:
+        return load_problems(self.name, source.split, source.path)
+
+    def identity(self, source: EvalSource) -> str:
+        return data_identity(self.name, source.split, source.path)

@@ -9,10 +9,10 @@ from __future__ import annotations
 
 from functools import cache
 
-from clozemath.data.sources import Problem, data_identity, load_problems
+from clozemath.data.sources import Problem, load_problems
 from clozemath.eval.answers import Found, Graded, first_turn, graded_number, number_key, numeric_answer
 from clozemath.eval.prompts import GSM8K_STOP, gsm8k_few_shot, gsm8k_shots
-from clozemath.tasks.base import EvalSource, Task
+from clozemath.tasks.base import StoredDataset, Task
 
 NEXT_TURN = "\nQuestion:"
 """Where a generation that goes on past its answer starts a problem of its own."""
@@ -43,15 +43,10 @@ def few_shot_prompt(problem: Problem) -> str:
     return gsm8k_few_shot(problem.question, gsm8k_shots(_train(), _harness_document(problem)))
 
 
-def problems(source: EvalSource) -> list[Problem]:
-    return load_problems("gsm8k", source.split, source.path)
-
-
-def identity(source: EvalSource) -> str:
-    return data_identity("gsm8k", source.split, source.path)
-
+_STORED = StoredDataset("gsm8k")
 
 GSM8K = Task(
-    name="gsm8k", title="GSM8K", problems=problems, identity=identity, find_answer=find_answer, judge=judge,
-    answer_key=number_key, few_shot_prompt=few_shot_prompt, stop=GSM8K_STOP, harness_filters=True,
+    name="gsm8k", title="GSM8K", problems=_STORED.problems, identity=_STORED.identity,
+    find_answer=find_answer, judge=judge, answer_key=number_key, few_shot_prompt=few_shot_prompt, stop=GSM8K_STOP,
+    harness_filters=True,
 )

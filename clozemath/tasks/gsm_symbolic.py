@@ -10,8 +10,8 @@ from __future__ import annotations
 from dataclasses import replace
 
 from clozemath.data.gsm_symbolic import Variant, instances, templates_folder
-from clozemath.data.sources import Problem, data_identity, fingerprint, load_problems
-from clozemath.tasks.base import EvalSource, Task
+from clozemath.data.sources import Problem, fingerprint
+from clozemath.tasks.base import EvalSource, StoredDataset, Task
 from clozemath.tasks.gsm8k import GSM8K
 
 
@@ -21,14 +21,16 @@ def _released(name: str, source: EvalSource) -> bool:
 
 
 def _variant_set(name: str, title: str, variant: Variant) -> Task:
+    released = StoredDataset(name)
+
     def problems(source: EvalSource) -> list[Problem]:
         if _released(name, source):
-            return load_problems(name, source.split, source.path)
+            return released.problems(source)
         return instances(variant, source.per_template, source.seed, source.path)
 
     def identity(source: EvalSource) -> str:
         if _released(name, source):
-            return data_identity(name, source.split, source.path)
+            return released.identity(source)
         folder = templates_folder(variant, source.path)
         return f"{folder.resolve()} {fingerprint(sorted(folder.glob('*.json')))}"
 

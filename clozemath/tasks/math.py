@@ -7,10 +7,10 @@ Minerva format, as lm-evaluation-harness's `minerva_math` tasks prompt them.
 
 from __future__ import annotations
 
-from clozemath.data.sources import Problem, data_identity, load_problems
+from clozemath.data.sources import Problem
 from clozemath.eval.answers import Found, Graded, first_turn, graded_latex, latex_answer, normalize_math_answer
 from clozemath.eval.prompts import MINERVA_MATH_STOP, minerva_math_few_shot
-from clozemath.tasks.base import EvalSource, Task
+from clozemath.tasks.base import StoredDataset, Task
 
 NEXT_TURN = "\nProblem:"
 """Where a generation that goes on past its answer starts a problem of its own."""
@@ -28,15 +28,10 @@ def few_shot_prompt(problem: Problem) -> str:
     return minerva_math_few_shot(problem.question)
 
 
-def problems(source: EvalSource) -> list[Problem]:
-    return load_problems("math", source.split, source.path)
-
-
-def identity(source: EvalSource) -> str:
-    return data_identity("math", source.split, source.path)
-
+_STORED = StoredDataset("math")
 
 MATH = Task(
-    name="math", title="MATH", problems=problems, identity=identity, find_answer=find_answer, judge=judge,
-    answer_key=normalize_math_answer, few_shot_prompt=few_shot_prompt, stop=MINERVA_MATH_STOP,
+    name="math", title="MATH", problems=_STORED.problems, identity=_STORED.identity,
+    find_answer=find_answer, judge=judge, answer_key=normalize_math_answer, few_shot_prompt=few_shot_prompt,
+    stop=MINERVA_MATH_STOP,
 )
