@@ -21,7 +21,7 @@ MFU counts 4N FLOPs a token for LoRA (forward and input gradients of every weigh
     python bench/train_throughput.py --data gsm8k --modes hf-causal,hf-causal-compiled,packed --out bench/results/x.md
     python bench/train_throughput.py --model tiny-llama --steps 3 --warmup 1 --seq 64   # a CPU smoke run
 
-`--profile DIR` also writes, per mode, the 30 costliest operations of 3 steps (torch.profiler) and how busy the GPU
+`--compile`, `--pack-tokens` and `--fused-loss` set the packed mode's `train.*` settings. `--profile DIR` also writes, per mode, the 30 costliest operations of 3 steps (torch.profiler) and how busy the GPU
 was; `--lora-dropout`, `--no-special-rows` change the setup (to find where the time goes).
 
 Needs torch, transformers, peft, deepspeed and this repository (no ray, mlflow or datasets).
@@ -86,6 +86,7 @@ def experiment(model: ModelConfig, mode: str, args: argparse.Namespace) -> Exper
     attention = "causal" if mode.endswith("causal") or mode.startswith("hf-causal") else "prefix_lm"
     implementation = "flex_attention" if mode.endswith("flex") else "sdpa"
     packing = {"pack_tokens": args.pack_tokens, "compile": args.compile} if mode == "packed" else {"pack_tokens": None}
+    packing["fused_loss"] = args.fused_loss
     return ExperimentConfig(
         name=f"bench-{mode}",
         model=model if mode == "packed" else model.model_copy(update={"attn_implementation": implementation}),
@@ -260,6 +261,9 @@ def main() -> None:
                         help="packed mode's train.pack_tokens (default: %(default)s)")
     parser.add_argument("--compile", type=lambda v: v if v == "auto" else v == "on", default="auto",
                         help="packed mode's train.compile: auto, on or off (default: %(default)s)")
+    parser.add_argument("--fused-loss", type=lambda v: v if v == "auto" else v == "on", default="auto",
+                        help="ours: train.fused_loss (liger-kernel's fused linear + cross-entropy): auto, on or off "
+                             "(default: %(default)s)")
     parser.add_argument("--no-cudnn-sdpa", action="store_true",
                         help="keep sdpa off cuDNN (which builds a new plan for every new shape of a padded batch)")
     parser.add_argument("--modes", default=",".join(MODES), help="comma-separated (default: %(default)s)")

@@ -176,7 +176,13 @@ class TrainConfig(_Strict):
     apply). auto: on a GPU, sized to its memory beside the model (`clozemath.train.packing`); on CPU, no packing.
     None: one sample a row, `micro_batch_size` rows padded to the longest."""
     compile: bool | Literal["auto"] = "auto"
-    """Compile each decoder layer (torch.compile, fixed shapes). auto: when packing on a GPU under ZeRO-2."""
+    """Compile each decoder layer (torch.compile, fixed shapes), attention through FlexAttention's block-sparse
+    document masks. auto: when packing on a GPU under ZeRO-2 and the run trains enough tokens to pay back the
+    compilation (`clozemath.train.loop.COMPILE_PAYS_OFF_TOKENS`); otherwise packed rows of at most
+    `EAGER_PACK_TOKENS` through sdpa with dense masks, which starts at once."""
+    fused_loss: bool | Literal["auto"] = "auto"
+    """The output layer and cross-entropy fused and chunked (liger-kernel's Triton kernel: no float32 logits over the
+    vocabulary in memory). auto: on a GPU when liger-kernel is installed (`pip install 'clozemath[gpu]'`)."""
     report_every: AtLeastOne = 10
     """Steps between the workers' reports to Ray Train (a checkpoint or an evaluation reports at once); every step's
     metrics still reach MLflow."""

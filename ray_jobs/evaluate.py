@@ -199,6 +199,8 @@ def evaluate_on_ray(cfg: ExperimentConfig, adapter: Path | None, folder: Path) -
     console.phase(f"[{cfg.name}] evaluating: " + ", ".join(
         f"{name} ({len(progress.problems)} problems, {'/'.join(progress.decodings)})" for name, progress in sets.items()
     ))
+    for progress in sets.values():
+        progress.show(cfg.name)  # the bars' clocks start now: a rate counts the whole evaluation, model loading too
     with _without_ray_progress_bars():
         for batch in dataset.iter_batches(batch_size=None, batch_format="pyarrow"):
             rows = batch.to_pylist()

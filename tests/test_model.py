@@ -152,7 +152,7 @@ def test_smollm2_gguf_loads_with_added_special_tokens() -> None:
     assert tokenizer.eos_token == "<|im_end|>" and specials.ids[EOS] == tokenizer.eos_token_id
     assert base.generation_config.eos_token_id == tokenizer.eos_token_id
     embedding = base.get_input_embeddings().weight
-    assert embedding.shape[0] == len(tokenizer) > 49152
+    assert len(tokenizer) > 49152 and embedding.shape[0] == -(-len(tokenizer) // 64) * 64  # aligned rows
     assert embedding.dtype == torch.float32
     # tied (SmolLM2 shares the matrix): peft ties the output layer to the embedding's trainable rows
     assert base.get_output_embeddings().token_adapter.tied_adapter is base.get_input_embeddings().token_adapter
@@ -164,7 +164,7 @@ def test_smollm2_gguf_loads_with_added_special_tokens() -> None:
     assert specials.ids["<M_0>"] in ids[0].tolist() and specials.ids[SEP] == ids[0, -1].item()
     with torch.no_grad():
         logits = loaded.model.eval()(ids).logits
-    assert logits.shape == (1, ids.shape[1], len(tokenizer)) and torch.isfinite(logits).all()
+    assert logits.shape == (1, ids.shape[1], embedding.shape[0]) and torch.isfinite(logits).all()
 
 
 @pytest.mark.parametrize(
@@ -189,3 +189,30 @@ def test_missing_models_give_one_line_errors(
     message = str(error.value)
     assert culprit in message and "\n" not in message
     assert error.value.__suppress_context__ or error.value.__context__ is None  # no chained traceback
+
+
+@pytest.mark.parametrize("scheme", ["greedy", "beam", "cot"])
+def test_the_rows_that_align_the_vocabulary_are_never_decoded(scheme: str) -> None:
+    """The matrices grow to a multiple of 64 rows (fast matrix products); the rows past the tokenizer are made the
+    likeliest tokens here, and neither our decoding nor transformers' generate may pick them."""
+    from clozemath.eval.decode import decode
+
+    loaded = load_model(tiny_config(tied=False), NUM_SENTINELS, training=False)
+    model, tokenizer = loaded.model, loaded.tokenizer
+    rows = model.get_output_embeddings().weight.shape[0]
+    assert rows % 64 == 0 and len(tokenizer) < rows < len(tokenizer) + 64
+    assert model.generation_config.suppress_tokens == list(range(len(tokenizer), rows))
+    with torch.no_grad():
+        model.get_output_embeddings().weight[len(tokenizer):] = 50.0 * torch.randn(rows - len(tokenizer), 64)
+        padding_wins = model(torch.tensor([[1, 2, 3]])).logits[0, -1].argmax() >= len(tokenizer)
+    assert padding_wins
+
+    prompts = ["What is 2 + 3?", "Twelve eggs"]
+    ours = decode(model, tokenizer, prompts, scheme, max_new_tokens=6, answer_span=lambda text: None)
+    assert all(0 <= token < len(tokenizer) for generation in ours for token in generation.token_ids)
+    if scheme == "greedy":
+        inputs = tokenizer(prompts, padding=True, padding_side="left", return_tensors="pt")
+        out = model.generate(**inputs, do_sample=False, max_new_tokens=6, pad_token_id=tokenizer.pad_token_id)
+        eos = tokenizer.eos_token_id
+        theirs = [row[: row.index(eos)] if eos in row else row for row in out[:, inputs.input_ids.shape[1]:].tolist()]
+        assert [g.token_ids for g in ours] == theirs

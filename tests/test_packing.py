@@ -8,11 +8,22 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from clozemath.config import DataConfig, ExperimentConfig, MethodConfig, ModelConfig
+from clozemath.config import DataConfig, ExperimentConfig, MethodConfig, ModelConfig, TrainConfig
 from clozemath.data.prepare import prepare_data
 from clozemath.data.tokenize import IGNORE_INDEX, collate, collate_packs
 from clozemath.errors import ClozeMathError
-from clozemath.train.loop import TargetLoss, model_inputs, train
+from clozemath.train.loop import (
+    COMPILE_PAYS_OFF_TOKENS,
+    EAGER_PACK_TOKENS,
+    Layout,
+    Plan,
+    TargetLoss,
+    model_inputs,
+    plan_line,
+    should_compile,
+    train,
+    training_layout,
+)
 from clozemath.train.packing import (
     BLOCK,
     MAX_PACK_TOKENS,
@@ -175,3 +186,44 @@ def test_resume_is_exact_with_packing(tmp_path: Path) -> None:
     assert [m.loss for m in resumed.metrics] == pytest.approx(losses[3:], rel=1e-5)
     for name, value in trainable_state(engine).items():
         torch.testing.assert_close(value, final[name], rtol=1e-5, atol=1e-6)
+
+
+def test_only_a_run_long_enough_to_pay_the_compilation_back_compiles() -> None:
+    cuda, cpu = torch.device("cuda"), torch.device("cpu")  # device objects only: nothing runs on them
+    auto = TrainConfig()
+    short = Plan(micro_batches_per_epoch=86, total_steps=86, warmup_steps=9)  # the quickstart: 86 x 4,096 = 0.35M tokens
+    long = Plan(micro_batches_per_epoch=460, total_steps=1380, warmup_steps=42)  # 3 epochs of 16,384: 22.6M tokens
+    assert short.total_steps * 4096 < COMPILE_PAYS_OFF_TOKENS < long.total_steps * 16_384
+    assert not should_compile(auto, 4096, short, cuda)
+    assert should_compile(auto, 16_384, long, cuda)
+    assert not should_compile(auto, 16_384, long, cpu)
+    assert not should_compile(auto, None, long, cuda)  # padded micro-batches change shape every step
+    assert not should_compile(TrainConfig(zero_stage=3), 16_384, long, cuda)
+    assert should_compile(TrainConfig(compile=True), 4096, short, cuda)
+    assert not should_compile(TrainConfig(compile=False), 16_384, long, cuda)
+
+    line = plan_line(Layout(4096, False, short), auto)
+    assert line.startswith("86 steps of 1 packed rows of 4,096 tokens, not compiled (0.4M tokens")
+    assert "train.compile=true forces it" in line
+    assert "compiles the decoder layers" in plan_line(Layout(16_384, True, long), auto)
+
+
+def test_a_short_packed_run_on_flex_attention_moves_to_sdpa_in_rows_of_at_most_4096(monkeypatch) -> None:
+    """The layout a short run gets on a GPU (the GPU is only named: the sizes are what the memory would allow)."""
+    import clozemath.train.loop as loop
+
+    monkeypatch.setattr(loop, "pack_budget", lambda train, model, lengths: 16_384)
+    monkeypatch.setattr(loop, "all_ranks_reduce", lambda value, op, device: value)
+    model = tiny_peft_model()
+    model.config._attn_implementation = "flex_attention"  # what loading for training on a GPU chose
+    lengths = random_lengths(2000)
+    layout = training_layout(experiment("prefix_lm"), model, lengths, torch.device("cuda"))
+    assert (layout.budget, layout.compiled) == (EAGER_PACK_TOKENS, False)
+    assert layout.plan.micro_batches_per_epoch == packs_needed(lengths, EAGER_PACK_TOKENS)
+    assert model.config._attn_implementation == "sdpa"
+
+    model.config._attn_implementation = "flex_attention"
+    forced = experiment("prefix_lm", compile=True, pack_tokens="auto")
+    layout = training_layout(forced, model, lengths, torch.device("cuda"))
+    assert (layout.budget, layout.compiled) == (16_384, True)
+    assert model.config._attn_implementation == "flex_attention"

@@ -436,3 +436,27 @@ def test_plan_refusals_are_user_errors() -> None:
         check_plan(experiment(num_workers=2, micro_batch_size=8), prepared)
     with pytest.raises(ClozeMathError, match="fail_at_step"):
         check_plan(experiment(micro_batch_size=1, checkpoint_every=4, fail_at_step=3), prepared)
+
+
+def test_the_output_matrix_holds_the_trained_special_token_rows() -> None:
+    """What the fused loss multiplies by: the output layer's matrix as the layer applies it (tied to the embedding,
+    peft's trainable rows written over the frozen ones)."""
+    from clozemath.train.loop import output_matrix
+
+    output = tiny_peft_model(tied=True).get_base_model().get_output_embeddings()
+    with torch.no_grad():
+        for delta in output.token_adapter.trainable_tokens_delta.parameters():
+            delta.add_(1.0)
+    hidden = torch.randn(5, 64)
+    matrix = output_matrix(output)
+    assert torch.allclose(output(hidden), hidden @ matrix.T, atol=1e-5)
+    assert not torch.equal(matrix[1:3], output.token_adapter.base_layer.weight[1:3])
+    assert matrix.requires_grad  # the special-token rows learn through it
+
+
+def test_the_fused_loss_is_refused_in_one_line_where_it_cannot_run() -> None:
+    from clozemath.train.loop import use_fused_loss
+
+    assert not use_fused_loss(TrainConfig(), torch.device("cpu"))  # auto: off on CPU
+    with pytest.raises(ClozeMathError, match=r"^train.fused_loss=true needs (liger-kernel|a GPU)"):
+        use_fused_loss(TrainConfig(fused_loss=True), torch.device("cpu"))

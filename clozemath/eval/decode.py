@@ -80,6 +80,16 @@ class _Stops:
     eos_ids: frozenset[int]
     strings: tuple[str, ...]
     max_new_tokens: int
+    vocab: int
+    """Ids the tokenizer has; the model's rows past them only align its matrices (`load.VOCAB_MULTIPLE`)."""
+
+
+def _without_padding(scores: torch.Tensor, stops: _Stops) -> torch.Tensor:
+    """`scores` with the ids past the tokenizer's vocabulary ruled out (in place), where transformers' generate rules
+    them out too (`generation_config.suppress_tokens`): after beam search's log-softmax, before a greedy choice."""
+    if scores.shape[-1] > stops.vocab:
+        scores[..., stops.vocab :] = -math.inf
+    return scores
 
 
 def _first_stop(text: str, stops: Sequence[str]) -> int | None:
@@ -369,8 +379,8 @@ def _continue_greedily(
                 slots = [slots[slot] for slot in live]
             chunk, margin_chunk = [], []
         logits = batch.step(tokens)
-        tokens = logits.argmax(dim=-1)
         margins = _top2_margin(logits) if margins is not None else None
+        tokens = _without_padding(logits, stops).argmax(dim=-1)
         produced += 1
         chunk.append(tokens)
         margin_chunk.append(margins)
@@ -378,7 +388,7 @@ def _continue_greedily(
 
 def _greedy(batch: _Batch, logits: torch.Tensor, backend: Any, stops: _Stops) -> list[Generation]:
     rows = [_Row(_TextStream(backend, stops.strings)) for _ in range(logits.shape[0])]
-    _continue_greedily(batch, logits.argmax(dim=-1), rows, stops, margins=None)
+    _continue_greedily(batch, _without_padding(logits, stops).argmax(dim=-1), rows, stops, margins=None)
     return [row.generation() for row in rows]
 
 
@@ -430,8 +440,9 @@ def _cot(
 ) -> list[Generation]:
     """`batch` holds each prompt's rows `k` times, copies adjacent; `logits` are the prompts' [prompts, vocab]."""
     prompts = logits.shape[0]
-    first_tokens = logits.topk(k, dim=-1).indices.flatten()  # prompt-major: row p * k + j is prompt p's branch j
     first_margins = _top2_margin(logits).repeat_interleave(k)
+    # prompt-major: row p * k + j is prompt p's branch j
+    first_tokens = _without_padding(logits, stops).topk(k, dim=-1).indices.flatten()
     rows = [_Row(_TextStream(backend, stops.strings), margins=[]) for _ in range(prompts * k)]
     _continue_greedily(batch, first_tokens, rows, stops, first_margins)
     branches = [_branch(row, answer_span) for row in rows]
@@ -477,7 +488,7 @@ def _beam(
     in_top = torch.arange(kept, device=device) < beams
     window = max(map(len, stops.strings), default=0) + 2  # tokens: each spells at least one character
     sync_every = 1 if stops.strings else batch.sync_every
-    log_probs = logits.float().log_softmax(dim=-1).repeat_interleave(beams, dim=0)
+    log_probs = _without_padding(logits.float().log_softmax(dim=-1), stops).repeat_interleave(beams, dim=0)
     running = torch.zeros((items, beams, max_new), dtype=torch.long, device=device)
     running_scores = torch.full((items, beams), _NEG, device=device)
     running_scores[:, 0] = 0.0
@@ -489,7 +500,7 @@ def _beam(
     results: list[Generation | None] = [None] * items
     for t in range(max_new):
         if t > 0:
-            log_probs = batch.step(running[:, :, t - 1].flatten()).float().log_softmax(dim=-1)
+            log_probs = _without_padding(batch.step(running[:, :, t - 1].flatten()).float().log_softmax(dim=-1), stops)
         vocab = log_probs.shape[-1]
         scores = (log_probs.view(len(live_items), beams, vocab) + running_scores[:, :, None]).flatten(1)
         candidate_scores, flat = scores.topk(kept, dim=1)
@@ -704,7 +715,7 @@ def decode(
     backend = getattr(tokenizer, "backend_tokenizer", None)
     if backend is None:
         raise ClozeMathError(f"decode: {type(tokenizer).__name__} is not a fast (tokenizers) tokenizer")
-    stops = _Stops(_eos_ids(model, tokenizer, eos_token_ids), tuple(stop), max_new_tokens)
+    stops = _Stops(_eos_ids(model, tokenizer, eos_token_ids), tuple(stop), max_new_tokens, vocab=len(tokenizer))
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else min(stops.eos_ids)
 
     if not prompts:

@@ -36,6 +36,10 @@ SPECIALS_FILE = "special_tokens.json"
 SEED = 0
 """Seed of random weights (a `random_init` model unless its settings carry `seed`, rows added to a vocabulary):
 training and reloading must build the same base."""
+VOCAB_MULTIPLE = 64
+"""The embedding and output matrices grow to a multiple of this many rows when tokens are added: a row count off
+a multiple of 8 puts the output layer's matrix products (a training step's largest) on cuBLAS's slow unaligned
+kernels. Decoding never picks the rows past the tokenizer (`generation_config.suppress_tokens`)."""
 
 
 def resolve_location(spec: str) -> str:
@@ -129,7 +133,7 @@ def _random_model(cfg: ModelConfig, tokenizer: PreTrainedTokenizerBase, attn_imp
     settings = dict(cfg.random_init or {})
     seed = int(settings.pop("seed", SEED))
     config = LlamaConfig(
-        vocab_size=len(tokenizer),
+        vocab_size=aligned_vocabulary(len(tokenizer)),
         bos_token_id=tokenizer.bos_token_id,
         eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id,
@@ -162,14 +166,21 @@ def _fit_vocabulary(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) 
         return
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(SEED)
-        model.resize_token_embeddings(len(tokenizer), mean_resizing=True)
+        model.resize_token_embeddings(len(tokenizer), mean_resizing=True, pad_to_multiple_of=VOCAB_MULTIPLE)
+
+
+def aligned_vocabulary(tokens: int) -> int:
+    return -(-tokens // VOCAB_MULTIPLE) * VOCAB_MULTIPLE
 
 
 def _use_tokenizer_ids(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> None:
-    """Generation stops at the tokenizer's end-of-sequence token (which `eos_token` may have changed) and pads with its pad."""
+    """Generation stops at the tokenizer's end-of-sequence token (which `eos_token` may have changed), pads with its
+    pad and never picks an id the tokenizer lacks (the rows that align the matrices)."""
     for config in (model.config, model.generation_config):
         config.eos_token_id = tokenizer.eos_token_id
         config.pad_token_id = tokenizer.pad_token_id
+    padding = range(len(tokenizer), model.get_output_embeddings().weight.shape[0])
+    model.generation_config.suppress_tokens = list(padding) or None
 
 
 def embeddings_are_tied(model: PreTrainedModel) -> bool:

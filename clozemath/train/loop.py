@@ -39,7 +39,7 @@ from clozemath.model.attention import attention_inputs
 from clozemath.model.load import save_adapter
 from clozemath.model.memory import usable_bytes
 from clozemath.records import ADAPTER_DIR, train_metric
-from clozemath.train.packing import auto_pack_tokens, epoch_packs, packs_needed
+from clozemath.train.packing import BLOCK, auto_pack_tokens, epoch_packs, packs_needed
 
 CHECKPOINT_TAG = "state"
 """DeepSpeed's tag (sub-folder) for the engine state inside a checkpoint folder."""
@@ -170,17 +170,50 @@ class TargetLoss(torch.nn.Module):
     mean cross-entropy over target tokens that `model(..., labels=...)` returns.
     """
 
-    def __init__(self, model: torch.nn.Module):
+    def __init__(self, model: torch.nn.Module, fused: bool = False):
         super().__init__()
         self.model = model
+        self.fused = fused
+        """liger-kernel's fused linear + cross-entropy (Triton, GPU only): the logits are made and dropped chunk by
+        chunk, never all at once in float32."""
 
     def forward(self, input_ids: torch.Tensor, labels: torch.Tensor, **masks: Any) -> torch.Tensor:
         causal_lm = self.model.get_base_model() if hasattr(self.model, "get_base_model") else self.model
         hidden = causal_lm.get_decoder()(input_ids=input_ids, use_cache=False, **masks).last_hidden_state
         targets = labels[:, 1:]
         predicting = targets != IGNORE_INDEX
-        logits = causal_lm.get_output_embeddings()(hidden[:, :-1][predicting])
+        output = causal_lm.get_output_embeddings()
+        if self.fused:
+            from liger_kernel.transformers.functional import liger_fused_linear_cross_entropy
+
+            return liger_fused_linear_cross_entropy(hidden[:, :-1][predicting], output_matrix(output),
+                                                    targets[predicting], bias=getattr(output, "bias", None))
+        logits = output(hidden[:, :-1][predicting])
         return torch.nn.functional.cross_entropy(logits.float(), targets[predicting])
+
+
+def output_matrix(output: torch.nn.Module) -> torch.Tensor:
+    """The output layer's matrix as the layer applies it: peft's trainable special-token rows (an output layer tied to
+    the embedding) written over the frozen ones."""
+    tokens = getattr(output, "token_adapter", None)
+    if tokens is None or tokens.merged or tokens.disable_adapters or not tokens.active_adapters:
+        return output.weight
+    return tokens.get_merged_weights(tokens.active_adapters)
+
+
+def use_fused_loss(train: TrainConfig, device: torch.device) -> bool:
+    """`train.fused_loss`; auto: on a GPU when liger-kernel is installed."""
+    try:
+        import liger_kernel  # noqa: F401
+    except ImportError:
+        if train.fused_loss is True:
+            raise ClozeMathError("train.fused_loss=true needs liger-kernel: pip install 'clozemath[gpu]'") from None
+        return False
+    if train.fused_loss == "auto":
+        return device.type == "cuda"
+    if train.fused_loss and device.type != "cuda":
+        raise ClozeMathError("train.fused_loss=true needs a GPU (liger-kernel's kernels are Triton's)")
+    return train.fused_loss
 
 
 def build_engine(model: torch.nn.Module, train: TrainConfig, total_steps: int, warmup_steps: int) -> Any:
@@ -190,10 +223,11 @@ def build_engine(model: torch.nn.Module, train: TrainConfig, total_steps: int, w
     from transformers import get_cosine_schedule_with_warmup
 
     trainable = [p for p in model.parameters() if p.requires_grad]
-    fused = trainable[0].device.type == "cuda"  # one kernel for the whole update instead of one per tensor
-    optimizer = torch.optim.AdamW(trainable, lr=train.lr, weight_decay=train.weight_decay, fused=fused)
+    device = trainable[0].device
+    # fused AdamW: one kernel for the whole update instead of one per tensor
+    optimizer = torch.optim.AdamW(trainable, lr=train.lr, weight_decay=train.weight_decay, fused=device.type == "cuda")
     engine, _, _, _ = deepspeed.initialize(
-        model=TargetLoss(model),
+        model=TargetLoss(model, fused=use_fused_loss(train, device)),
         optimizer=optimizer,
         lr_scheduler=lambda opt: get_cosine_schedule_with_warmup(opt, warmup_steps, total_steps),
         config=deepspeed_config(train, bf16=next(model.parameters()).dtype == torch.bfloat16),
@@ -296,19 +330,67 @@ def model_inputs(
     return {"input_ids": batch["input_ids"], "labels": batch["labels"], **masks}
 
 
-def plan_line(plan: Plan, train: TrainConfig, budget: int | None, compiled: bool) -> str:
-    """What the steps will be, said before the first: a compiled first step is silent for minutes on a cold cache."""
-    rows = f"packed rows of {budget:,} tokens" if budget is not None else f"micro-batches of {train.micro_batch_size}"
-    text = f"{plan.total_steps:,} steps of {train.grad_accum} {rows}"
-    return text + ("; the first step compiles the decoder layers (minutes on a cold cache)" if compiled else "")
+COMPILE_PAYS_OFF_TOKENS = 2_000_000
+"""`train.compile: auto` compiles a worker's run of at least this many tokens. Compiling the decoder layers and
+FlexAttention's kernels costs 10 s to 4 minutes (bench/results/train_throughput_session4.md); below this a run is
+over sooner uncompiled, in rows of `EAGER_PACK_TOKENS` through sdpa. Measured break-even: ~1.3M tokens for
+SmolLM2-135M (H200: 65.7k tokens/s compiled after a 56 s first step, 18.5k uncompiled), 2.5M-6M for the Llama-3.2-1B
+shape (H100: 26k compiled, 12.8k uncompiled, 40-230 s of compiling)."""
+EAGER_PACK_TOKENS = 4096
+"""`train.pack_tokens: auto` caps an uncompiled row here: sdpa's dense mask spans all L x L pairs of a row, so a longer
+row spends more on attention across samples it then masks out."""
 
 
-def should_compile(train: TrainConfig, budget: int | None, device: torch.device) -> bool:
+@dataclass(frozen=True)
+class Layout:
+    """How one worker's steps are shaped: packed rows of `budget` tokens (None: padded micro-batches), and whether the
+    decoder layers are compiled (FlexAttention's block-sparse document masks) or run eagerly (dense masks, sdpa)."""
+
+    budget: int | None
+    compiled: bool
+    plan: Plan
+
+
+def training_layout(config: ExperimentConfig, model: torch.nn.Module, lengths: Sequence[int], device: torch.device) -> Layout:
+    """Row size, compilation and the steps they give; the same on every rank and on every restart (a function of the
+    rows' lengths, the config and the GPU's memory). An uncompiled packed run on FlexAttention (chosen when the model
+    was loaded for training) moves to sdpa: FlexAttention run eagerly compiles its own kernels all the same."""
+    train = config.train
+    budget = pack_budget(train, model, lengths)
+    plan = plan_steps(micro_batches_per_epoch(lengths, train, budget, device), train)
+    compiled = should_compile(train, budget, plan, device)
+    if budget is None or compiled:
+        return Layout(budget, compiled, plan)
+    if config.model.attn_implementation == "auto" and model.config._attn_implementation == "flex_attention":
+        model.set_attn_implementation("sdpa")
+    if train.pack_tokens == "auto" and budget > EAGER_PACK_TOKENS:
+        budget = max(EAGER_PACK_TOKENS, -(-max(lengths, default=1) // BLOCK) * BLOCK)
+        plan = plan_steps(micro_batches_per_epoch(lengths, train, budget, device), train)
+    return Layout(budget, compiled, plan)
+
+
+def should_compile(train: TrainConfig, budget: int | None, plan: Plan, device: torch.device) -> bool:
     """`train.compile`; auto: packed rows (one shape) on a GPU under ZeRO-2 (ZeRO-3 gathers each layer's weights
-    in module hooks, which a compiled layer would trace)."""
+    in module hooks, which a compiled layer would trace), for a run long enough to pay the compilation back."""
     if train.compile != "auto":
         return train.compile
-    return device.type == "cuda" and budget is not None and train.zero_stage == 2
+    if device.type != "cuda" or budget is None or train.zero_stage != 2:
+        return False
+    return plan.total_steps * train.grad_accum * budget >= COMPILE_PAYS_OFF_TOKENS
+
+
+def plan_line(layout: Layout, train: TrainConfig) -> str:
+    """What the steps will be, said before the first: a compiled first step is silent for minutes on a cold cache."""
+    plan, budget = layout.plan, layout.budget
+    rows = f"packed rows of {budget:,} tokens" if budget is not None else f"micro-batches of {train.micro_batch_size}"
+    text = f"{plan.total_steps:,} steps of {train.grad_accum} {rows}"
+    if layout.compiled:
+        return text + "; the first step compiles the decoder layers (minutes on a cold cache)"
+    if budget is not None and train.compile == "auto" and train.zero_stage == 2:
+        tokens = plan.total_steps * train.grad_accum * budget
+        return text + (f", not compiled ({tokens / 1e6:.1f}M tokens; compiling pays back past "
+                       f"{COMPILE_PAYS_OFF_TOKENS / 1e6:.0f}M: train.compile=true forces it)")
+    return text
 
 
 def decoder_layers(model: torch.nn.Module) -> torch.nn.ModuleList:
@@ -434,13 +516,12 @@ def train(
     init_distributed(device)
     rank = dist.get_rank()
     lengths = [len(row["input_ids"]) for row in rows]
-    budget = pack_budget(train_cfg, model, lengths)
-    plan = plan_steps(micro_batches_per_epoch(lengths, train_cfg, budget, device), train_cfg)
-    compiled = should_compile(train_cfg, budget, device)
-    if compiled:
+    layout = training_layout(config, model, lengths, device)
+    plan, budget = layout.plan, layout.budget
+    if layout.compiled:
         compile_decoder_layers(model)
     if rank == 0:
-        console.phase(f"[{config.name}] training: {plan_line(plan, train_cfg, budget, compiled)}")
+        console.phase(f"[{config.name}] training: {plan_line(layout, train_cfg)}")
     engine = build_engine(model, train_cfg, plan.total_steps, plan.warmup_steps)
     step, next_micro_batch = load_checkpoint(engine, resume_from, plan) if resume_from is not None else (0, 0)
     batches = micro_batch_rows(lengths, plan, train_cfg, budget, seed=train_cfg.seed * 1009 + rank, start=next_micro_batch)
