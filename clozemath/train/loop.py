@@ -332,7 +332,7 @@ def model_inputs(
 
 COMPILE_PAYS_OFF_TOKENS = 2_000_000
 """`train.compile: auto` compiles a worker's run of at least this many tokens. Compiling the decoder layers and
-FlexAttention's kernels costs 10 s to 4 minutes (bench/results/train_throughput_session4.md); below this a run is
+FlexAttention's kernels costs 10 s to 4 minutes (bench/results/train_throughput_profile_h100_h200.md); below this a run is
 over sooner uncompiled, in rows of `EAGER_PACK_TOKENS` through sdpa. Measured break-even: ~1.3M tokens for
 SmolLM2-135M (H200: 65.7k tokens/s compiled after a 56 s first step, 18.5k uncompiled), 2.5M-6M for the Llama-3.2-1B
 shape (H100: 26k compiled, 12.8k uncompiled, 40-230 s of compiling)."""
