@@ -21,8 +21,9 @@ MFU counts 4N FLOPs a token for LoRA (forward and input gradients of every weigh
     python bench/train_throughput.py --data gsm8k --modes hf-causal,hf-causal-compiled,packed --out bench/results/x.md
     python bench/train_throughput.py --model tiny-llama --steps 3 --warmup 1 --seq 64   # a CPU smoke run
 
-`--compile`, `--pack-tokens` and `--fused-loss` set the packed mode's `train.*` settings. `--profile DIR` also writes, per mode, the 30 costliest operations of 3 steps (torch.profiler) and how busy the GPU
-was; `--lora-dropout`, `--no-special-rows` change the setup (to find where the time goes).
+`--compile`, `--pack-tokens` and `--fused-loss` set the packed mode's `train.*` settings. `--profile DIR` also
+writes, per mode, the 30 costliest operations of 3 steps (torch.profiler) and how busy the GPU was;
+`--lora-dropout`, `--no-special-rows` change the setup (to find where the time goes).
 
 Needs torch, transformers, peft, deepspeed and this repository (no ray, mlflow or datasets).
 """

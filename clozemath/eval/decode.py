@@ -500,7 +500,8 @@ def _beam(
     results: list[Generation | None] = [None] * items
     for t in range(max_new):
         if t > 0:
-            log_probs = _without_padding(batch.step(running[:, :, t - 1].flatten()).float().log_softmax(dim=-1), stops)
+            log_probs = batch.step(running[:, :, t - 1].flatten()).float().log_softmax(dim=-1)
+            log_probs = _without_padding(log_probs, stops)
         vocab = log_probs.shape[-1]
         scores = (log_probs.view(len(live_items), beams, vocab) + running_scores[:, :, None]).flatten(1)
         candidate_scores, flat = scores.topk(kept, dim=1)

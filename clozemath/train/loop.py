@@ -225,7 +225,9 @@ def build_engine(model: torch.nn.Module, train: TrainConfig, total_steps: int, w
     trainable = [p for p in model.parameters() if p.requires_grad]
     device = trainable[0].device
     # fused AdamW: one kernel for the whole update instead of one per tensor
-    optimizer = torch.optim.AdamW(trainable, lr=train.lr, weight_decay=train.weight_decay, fused=device.type == "cuda")
+    optimizer = torch.optim.AdamW(
+        trainable, lr=train.lr, weight_decay=train.weight_decay, fused=device.type == "cuda"
+    )
     engine, _, _, _ = deepspeed.initialize(
         model=TargetLoss(model, fused=use_fused_loss(train, device)),
         optimizer=optimizer,
@@ -332,10 +334,10 @@ def model_inputs(
 
 COMPILE_PAYS_OFF_TOKENS = 2_000_000
 """`train.compile: auto` compiles a worker's run of at least this many tokens. Compiling the decoder layers and
-FlexAttention's kernels costs 10 s to 4 minutes (bench/results/train_throughput_profile_h100_h200.md); below this a run is
-over sooner uncompiled, in rows of `EAGER_PACK_TOKENS` through sdpa. Measured break-even: ~1.3M tokens for
-SmolLM2-135M (H200: 65.7k tokens/s compiled after a 56 s first step, 18.5k uncompiled), 2.5M-6M for the Llama-3.2-1B
-shape (H100: 26k compiled, 12.8k uncompiled, 40-230 s of compiling)."""
+FlexAttention's kernels costs 10 s to 4 minutes (bench/results/train_throughput_profile_h100_h200.md); below
+this a run is over sooner uncompiled, in rows of `EAGER_PACK_TOKENS` through sdpa. Measured break-even: ~1.3M
+tokens for SmolLM2-135M (H200: 65.7k tokens/s compiled after a 56 s first step, 18.5k uncompiled), 2.5M-6M for the
+Llama-3.2-1B shape (H100: 26k compiled, 12.8k uncompiled, 40-230 s of compiling)."""
 EAGER_PACK_TOKENS = 4096
 """`train.pack_tokens: auto` caps an uncompiled row here: sdpa's dense mask spans all L x L pairs of a row, so a longer
 row spends more on attention across samples it then masks out."""
@@ -351,7 +353,9 @@ class Layout:
     plan: Plan
 
 
-def training_layout(config: ExperimentConfig, model: torch.nn.Module, lengths: Sequence[int], device: torch.device) -> Layout:
+def training_layout(
+    config: ExperimentConfig, model: torch.nn.Module, lengths: Sequence[int], device: torch.device
+) -> Layout:
     """Row size, compilation and the steps they give; the same on every rank and on every restart (a function of the
     rows' lengths, the config and the GPU's memory). An uncompiled packed run on FlexAttention (chosen when the model
     was loaded for training) moves to sdpa: FlexAttention run eagerly compiles its own kernels all the same."""
