@@ -122,7 +122,8 @@ def run_hf(config: ExperimentConfig, rows: list[dict[str, Any]], sentinels: int,
     """The plain loop: `model(input_ids, attention_mask, labels).loss`, backward, fused AdamW; consecutive rows of the
     (shuffled) samples in micro-batches padded to the longest."""
     loaded = load_model(config.model, num_sentinels=sentinels, device=device)
-    model = torch.compile(loaded.model) if config.name.endswith("-compiled") else loaded.model
+    # dynamic shapes: padded micro-batches change length every step (static shapes recompile for each new one)
+    model = torch.compile(loaded.model, dynamic=True) if config.name.endswith("-compiled") else loaded.model
     trainable = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(trainable, lr=5e-5, fused=device.type == "cuda")
     batch_size = config.train.micro_batch_size
@@ -247,7 +248,7 @@ def table(
     return "\n".join(lines)
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="llama-3.2-1b-random", help="a name in configs/models (default: %(default)s)")
     parser.add_argument("--path", help="override the model config's path (e.g. where the SmolLM2 GGUF lies)")
@@ -273,7 +274,7 @@ def main() -> None:
     parser.add_argument("--lora-dropout", type=float, help="default: the model config's")
     parser.add_argument("--no-special-rows", action="store_true", help="LoRA alone, no trainable special-token rows")
     parser.add_argument("--zero-stage", type=int, choices=(2, 3), default=2, help="ours (default: %(default)s)")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
 
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if args.no_cudnn_sdpa:
@@ -308,7 +309,8 @@ def main() -> None:
         if args.out:
             Path(args.out).write_text(report + "\n")
     print(report)
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())
