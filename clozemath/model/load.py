@@ -166,10 +166,11 @@ def _fit_vocabulary(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) 
         return
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(SEED)
-        model.resize_token_embeddings(len(tokenizer), mean_resizing=True, pad_to_multiple_of=VOCAB_MULTIPLE)
+        model.resize_token_embeddings(aligned_vocabulary(len(tokenizer)), mean_resizing=True)
 
 
 def aligned_vocabulary(tokens: int) -> int:
+    """Rows of the embedding and output matrices for a tokenizer of `tokens` ids (`VOCAB_MULTIPLE`)."""
     return -(-tokens // VOCAB_MULTIPLE) * VOCAB_MULTIPLE
 
 

@@ -39,7 +39,7 @@ from clozemath.model.attention import attention_inputs
 from clozemath.model.load import save_adapter
 from clozemath.model.memory import usable_bytes
 from clozemath.records import ADAPTER_DIR, train_metric
-from clozemath.train.packing import BLOCK, auto_pack_tokens, epoch_packs, packs_needed
+from clozemath.train.packing import auto_pack_tokens, epoch_packs, packs_needed, whole_blocks
 
 CHECKPOINT_TAG = "state"
 """DeepSpeed's tag (sub-folder) for the engine state inside a checkpoint folder."""
@@ -182,14 +182,14 @@ class TargetLoss(torch.nn.Module):
         hidden = causal_lm.get_decoder()(input_ids=input_ids, use_cache=False, **masks).last_hidden_state
         targets = labels[:, 1:]
         predicting = targets != IGNORE_INDEX
+        predicted, wanted = hidden[:, :-1][predicting], targets[predicting]
         output = causal_lm.get_output_embeddings()
         if self.fused:
             from liger_kernel.transformers.functional import liger_fused_linear_cross_entropy
 
-            return liger_fused_linear_cross_entropy(hidden[:, :-1][predicting], output_matrix(output),
-                                                    targets[predicting], bias=getattr(output, "bias", None))
-        logits = output(hidden[:, :-1][predicting])
-        return torch.nn.functional.cross_entropy(logits.float(), targets[predicting])
+            return liger_fused_linear_cross_entropy(predicted, output_matrix(output), wanted,
+                                                    bias=getattr(output, "bias", None))
+        return torch.nn.functional.cross_entropy(output(predicted).float(), wanted)
 
 
 def output_matrix(output: torch.nn.Module) -> torch.Tensor:
@@ -203,17 +203,17 @@ def output_matrix(output: torch.nn.Module) -> torch.Tensor:
 
 def use_fused_loss(train: TrainConfig, device: torch.device) -> bool:
     """`train.fused_loss`; auto: on a GPU when liger-kernel is installed."""
+    if train.fused_loss is False:
+        return False
     try:
         import liger_kernel  # noqa: F401
     except ImportError:
         if train.fused_loss is True:
             raise ClozeMathError("train.fused_loss=true needs liger-kernel: pip install 'clozemath[gpu]'") from None
         return False
-    if train.fused_loss == "auto":
-        return device.type == "cuda"
-    if train.fused_loss and device.type != "cuda":
+    if train.fused_loss is True and device.type != "cuda":
         raise ClozeMathError("train.fused_loss=true needs a GPU (liger-kernel's kernels are Triton's)")
-    return train.fused_loss
+    return device.type == "cuda"
 
 
 def build_engine(model: torch.nn.Module, train: TrainConfig, total_steps: int, warmup_steps: int) -> Any:
@@ -368,7 +368,7 @@ def training_layout(
     if config.model.attn_implementation == "auto" and model.config._attn_implementation == "flex_attention":
         model.set_attn_implementation("sdpa")
     if train.pack_tokens == "auto" and budget > EAGER_PACK_TOKENS:
-        budget = max(EAGER_PACK_TOKENS, -(-max(lengths, default=1) // BLOCK) * BLOCK)
+        budget = max(EAGER_PACK_TOKENS, whole_blocks(max(lengths, default=1)))
         plan = plan_steps(micro_batches_per_epoch(lengths, train, budget, device), train)
     return Layout(budget, compiled, plan)
 
@@ -380,7 +380,12 @@ def should_compile(train: TrainConfig, budget: int | None, plan: Plan, device: t
         return train.compile
     if device.type != "cuda" or budget is None or train.zero_stage != 2:
         return False
-    return plan.total_steps * train.grad_accum * budget >= COMPILE_PAYS_OFF_TOKENS
+    return planned_tokens(plan, train, budget) >= COMPILE_PAYS_OFF_TOKENS
+
+
+def planned_tokens(plan: Plan, train: TrainConfig, budget: int) -> int:
+    """Token positions of a worker's whole run in packed rows of `budget` tokens (padding included: rows are ~full)."""
+    return plan.total_steps * train.grad_accum * budget
 
 
 def plan_line(layout: Layout, train: TrainConfig) -> str:
@@ -391,7 +396,7 @@ def plan_line(layout: Layout, train: TrainConfig) -> str:
     if layout.compiled:
         return text + "; the first step compiles the decoder layers (minutes on a cold cache)"
     if budget is not None and train.compile == "auto" and train.zero_stage == 2:
-        tokens = plan.total_steps * train.grad_accum * budget
+        tokens = planned_tokens(plan, train, budget)
         return text + (f", not compiled ({tokens / 1e6:.1f}M tokens; compiling pays back past "
                        f"{COMPILE_PAYS_OFF_TOKENS / 1e6:.0f}M: train.compile=true forces it)")
     return text

@@ -98,4 +98,9 @@ def auto_pack_tokens(config: object, free_bytes: int, longest: int) -> int:
     `MAX_PACK_TOKENS`], at least the longest sample, a whole number of FlexAttention blocks."""
     fits = int(MEMORY_SHARE * free_bytes / activation_bytes_per_token(config))
     tokens = min(max(fits, MIN_PACK_TOKENS), MAX_PACK_TOKENS)
-    return max(tokens // BLOCK, -(-longest // BLOCK)) * BLOCK
+    return max(tokens // BLOCK * BLOCK, whole_blocks(longest))
+
+
+def whole_blocks(tokens: int) -> int:
+    """The fewest tokens in whole FlexAttention blocks that hold `tokens`."""
+    return -(-tokens // BLOCK) * BLOCK
