@@ -14,6 +14,12 @@ _SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
 if "CLOZEMATH_DATA_DIR" not in os.environ and _SHARED_DATA.is_dir():
     os.environ["CLOZEMATH_DATA_DIR"] = str(_SHARED_DATA)
 
+# Ray Data 2.60 reads Parquet footers on a pool of 32 actors per `read_parquet` (each a Python process that imports
+# Ray); the tests' caches are a file or two, and on a 2-core machine starting that pool cost 10-15 s per read
+# (measured: 12-16 s to read 50 rows, 2 s with one actor). Set here, before any Ray starts: the session's Ray, the
+# heads and the `clozemath run` processes the tests start all inherit it, and so do their workers.
+os.environ.setdefault("RAY_DATA_PARQUET_FOOTER_NUM_ACTORS", "1")
+
 
 def start_session_ray() -> None:
     import ray
