@@ -22,7 +22,8 @@ MFU counts 4N FLOPs a token for LoRA (forward and input gradients of every weigh
     python bench/train_throughput.py --model tiny-llama --steps 3 --warmup 1 --seq 64   # a CPU smoke run
 
 `--compile`, `--pack-tokens` and `--fused-loss` set the packed mode's `train.*` settings. `--profile DIR` also
-writes, per mode, the 30 costliest operations of 3 steps (torch.profiler) and how busy the GPU was;
+writes, per mode, the 30 costliest operations of 3 steps (torch.profiler) on the GPU and the 40 on the host, how
+busy the GPU was, and a Chrome trace of the 3 steps;
 `--lora-dropout`, `--no-special-rows` change the setup (to find where the time goes).
 
 Needs torch, transformers, peft, deepspeed and this repository (no ray, mlflow or datasets).
@@ -32,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import statistics
 import sys
 import time
 from collections.abc import Callable
@@ -160,7 +162,9 @@ def profile_summary(prof: torch.profiler.profile, ms_per_step: float, device: to
     kernels = [event for event in averages if event.device_type == torch.autograd.DeviceType.CUDA]
     busy_ms = sum(event.self_device_time_total for event in kernels) / 1000 / PROFILED_STEPS
     head = f"GPU busy {busy_ms:.1f} ms of a {ms_per_step:.1f} ms step ({busy_ms / ms_per_step:.0%})\n"
-    return head + averages.table(sort_by="self_device_time_total", row_limit=30, max_name_column_width=60)
+    gpu = averages.table(sort_by="self_device_time_total", row_limit=30, max_name_column_width=60)
+    host = averages.table(sort_by="self_cpu_time_total", row_limit=40, max_name_column_width=60)
+    return f"{head}{gpu}\nThe host's side (where a step's CPU time goes):\n{host}"
 
 
 def matmul_params(model: torch.nn.Module) -> int:
@@ -213,12 +217,14 @@ def measure(mode: str, run: Callable[..., None], config: ExperimentConfig, rows:
     if prof is not None:
         assert profile_dir is not None
         (profile_dir / f"{mode}.txt").write_text(profile_summary(prof, 1000 * per_step, device))
+        prof.export_chrome_trace(str(profile_dir / f"{mode}.trace.json"))
     gc.collect()
     if device.type == "cuda":
         torch.cuda.empty_cache()
     return {
         "tokens_per_s": sum(counted) / sum(timed), "ms_per_step": 1000 * per_step, "tokens_per_step": sum(counted) / len(counted),
         "first_step_s": seconds[0], "peak_gib": peak, "flops_per_token": flops,
+        "ms_per_step_min_median_max": [round(1000 * f(timed), 1) for f in (min, statistics.median, max)],
     }
 
 

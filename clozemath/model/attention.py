@@ -18,6 +18,11 @@ from torch.nn.attention.flex_attention import BlockMask, create_block_mask
 AttnImplementation = Literal["sdpa", "flex_attention", "eager"]
 MaskMod = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
+FLEX_KERNEL_OPTIONS: dict[str, Any] = {"BLOCK_M": 64, "BLOCK_N": 64}
+"""FlexAttention's forward tiles on a GPU. torch 2.11's default for head dimension 64 on Hopper (128 x 128, 3 stages,
+4 warps) ran our packed PrefixLM rows' forward ~28x slower: 8.98 ms against 0.32 ms for a 16,384-token row of the
+Llama-3.2-1B shape on an H200 (`bench/results/train_throughput_profile_h100_h200.md`); the backward keeps its own."""
+
 
 def prefix_mask_from_lengths(prefix_len: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
     """True at the first `prefix_len[b]` real (non-padding) positions of each one-document row, wherever its padding
@@ -92,17 +97,21 @@ def attention_inputs(
     prefix_mask: torch.Tensor | None,
     dtype: torch.dtype,
 ) -> dict[str, Any]:
-    """Keyword arguments (`attention_mask`, `position_ids`) for a transformers causal LM over whole sequences.
+    """Keyword arguments (`attention_mask`, `position_ids`; `kernel_options` for FlexAttention on a GPU) for a
+    transformers causal LM over whole sequences.
 
     `prefix_mask=None` means causal attention over one-document rows: the 2D padding mask is passed and the model
     builds its own (fastest) causal mask. Otherwise (PrefixLM, or a packed row, whose causal mask is all-False
     `prefix_mask`) a 4D mask: additive float for sdpa/eager (`dtype` = the model's compute dtype), a BlockMask for
     flex_attention. transformers passes a 4D mask or a BlockMask through untouched.
     """
+    inputs: dict[str, Any] = {"position_ids": position_ids_for(attention_mask)}
     if prefix_mask is None:
-        mask: torch.Tensor | BlockMask = attention_mask
+        inputs["attention_mask"] = attention_mask
     elif attn_implementation == "flex_attention":
-        mask = block_mask(attention_mask, prefix_mask)
+        inputs["attention_mask"] = block_mask(attention_mask, prefix_mask)
+        if attention_mask.device.type == "cuda":
+            inputs["kernel_options"] = FLEX_KERNEL_OPTIONS
     else:
-        mask = additive_mask(attention_mask, prefix_mask, dtype)
-    return {"attention_mask": mask, "position_ids": position_ids_for(attention_mask)}
+        inputs["attention_mask"] = additive_mask(attention_mask, prefix_mask, dtype)
+    return inputs
