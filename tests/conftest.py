@@ -19,6 +19,9 @@ if "CLOZEMATH_DATA_DIR" not in os.environ and _SHARED_DATA.is_dir():
 # (measured: 12-16 s to read 50 rows, 2 s with one actor). Set here, before any Ray starts: the session's Ray, the
 # heads and the `clozemath run` processes the tests start all inherit it, and so do their workers.
 os.environ.setdefault("RAY_DATA_PARQUET_FOOTER_NUM_ACTORS", "1")
+# Ray Train 2.60 starts a preemption watcher actor (another process) with every worker group: it reports spot-node
+# preemption notices, which no test machine gets (a lost node is noticed by Ray's health checks, not by it).
+os.environ.setdefault("RAY_TRAIN_ENABLE_PREEMPTION_WATCHER", "0")
 
 
 def start_session_ray() -> None:

@@ -175,9 +175,11 @@ def assert_ours_only(lines: list[str]) -> None:
 
 
 @pytest.fixture(scope="module")
-def smoke_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[int, list[str], Path]:
-    """The smoke experiment run once for the module: its exit code, its console, its folder."""
+def smoke_run(smoke_samples: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[int, list[str], Path]:
+    """The smoke experiment run once for the module: its exit code, its console, its folder. Its samples come from
+    the session's cache of them (how a run's console reads when they are prepared afresh: the smoke grid's job)."""
     folder = tmp_path_factory.mktemp("smoke")
+    shutil.copytree(smoke_samples, folder / "runs" / "cache")
     return *run_smoke(folder, "train.max_steps=4"), folder
 
 
@@ -197,7 +199,7 @@ def test_the_smoke_run_console_is_short_ordered_and_summarised_with_the_rest_in_
     found = [next((i for i, line in enumerate(shown) if line.startswith(m)), None) for m in milestones]
     assert None not in found and found == sorted(found), list(zip(milestones, found))
     assert len([line for line in shown if line.startswith("[smoke] loading the model (tiny-llama) on cpu")]) == 2
-    assert "prepared afresh" in next(line for line in shown if line.startswith("[smoke] data: "))
+    assert "from the cache" in next(line for line in shown if line.startswith("[smoke] data: "))
 
     adapter = Path(summary_value(shown, "adapter"))
     assert (adapter / "adapter_config.json").is_file() and adapter == tmp_path / "runs" / "smoke" / "adapter"
@@ -221,8 +223,8 @@ def test_a_trial_failing_on_a_user_mistake_ends_the_console_with_one_line_and_wh
     smoke_run, tmp_path: Path
 ) -> None:
     """A mistake only the trial can find (its training set, 112 samples, cannot fill one micro-batch of 500). The
-    samples come from the cache the smoke run filled (the micro-batch size is not part of its key): what is tested
-    here comes after them."""
+    samples come from the smoke run's cache (the micro-batch size is not part of its key): what is tested here comes
+    after them."""
     shutil.copytree(smoke_run[2] / "runs" / "cache", tmp_path / "runs" / "cache")
     code, lines = run_smoke(tmp_path, "train.micro_batch_size=500", "eval.sets=[]")
     assert any(line.startswith("[smoke] data: ") and "from the cache" in line for line in lines), "\n".join(lines)

@@ -135,6 +135,9 @@ def test_the_smoke_grid_runs_as_a_ray_job_to_the_end_tracked_as_parent_and_child
     for experiment in experiments:  # params: the flattened, resolved config, for the MLflow UI to compare
         params = runs[experiment.name].data.params
         assert {key: params[key] for key in flatten(experiment)} == {k: str(v) for k, v in flatten(experiment).items()}
+    data_lines = re.findall(r"^\[smoke-grid/model=(\S+),method=clozemath,\S+\] data: \d+ samples .*, (.+)$", output,
+                            re.MULTILINE)  # the second model shares the first one's tokenizer: its samples too
+    assert data_lines == [("tiny-llama", "prepared afresh"), ("tiny-llama-b", "from the cache")], output[-3000:]
     trained = runs["smoke-grid/model=tiny-llama-b,method=clozemath,dataset=gsm8k,seed=0"]
     assert trained.data.params["model.random_init.hidden_size"] == "48"
     run_folder = folder / "runs" / "smoke-grid" / "model=tiny-llama,method=clozemath,dataset=gsm8k,seed=0"
