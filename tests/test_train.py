@@ -34,7 +34,7 @@ from clozemath.data.prepare import prepare_data
 from clozemath.data.sources import load_problems
 from ray_jobs.preprocess import Prepared, cache_key, preprocess
 from ray_jobs.run import run_experiment
-from ray_jobs.train import check_plan
+from ray_jobs.train import check_plan, worker_threads
 
 VOCAB = 300
 PAD = 0
@@ -460,3 +460,11 @@ def test_the_fused_loss_is_refused_in_one_line_where_it_cannot_run() -> None:
     assert not use_fused_loss(TrainConfig(), torch.device("cpu"))  # auto: off on CPU
     with pytest.raises(ClozeMathError, match=r"^train.fused_loss=true needs (liger-kernel|a GPU)"):
         use_fused_loss(TrainConfig(fused_loss=True), torch.device("cpu"))
+
+
+def test_a_worker_gets_threads_in_proportion_to_its_share_of_the_node() -> None:
+    assert worker_threads(16, 1, None, 0.0) == 16  # a CPU worker: the node's cores
+    assert worker_threads(2, 2, None, 0.0) == 1
+    assert worker_threads(16, 1, 1.0, 1.0) == 16  # Ray would give a 1-CPU GPU worker one thread
+    assert worker_threads(32, 1, 0.25, 2.0) == 4  # 8 trials of a quarter GPU on 2 GPUs share 32 cores
+    assert worker_threads(4, 1, 0.25, 2.0) == 1
