@@ -77,7 +77,7 @@ def worker_threads(cores: int, local_world_size: int, gpu_share: float | None, n
 def node_gpus() -> float:
     """The GPUs Ray counts on this worker's node (a worker sees only its own through CUDA_VISIBLE_DEVICES)."""
     node = ray.get_runtime_context().get_node_id()
-    return next((n["Resources"].get("GPU", 0.0) for n in ray.nodes() if n["NodeID"] == node), 0.0)
+    return next(n["Resources"].get("GPU", 0.0) for n in ray.nodes() if n["NodeID"] == node)
 
 
 def train_worker(settings: dict[str, Any]) -> None:

@@ -34,7 +34,7 @@ from clozemath.data.prepare import prepare_data
 from clozemath.data.sources import load_problems
 from ray_jobs.preprocess import Prepared, cache_key, preprocess
 from ray_jobs.run import run_experiment
-from ray_jobs.train import check_plan, worker_threads
+from ray_jobs.train import check_plan, node_gpus, worker_threads
 
 VOCAB = 300
 PAD = 0
@@ -468,3 +468,9 @@ def test_a_worker_gets_threads_in_proportion_to_its_share_of_the_node() -> None:
     assert worker_threads(16, 1, 1.0, 1.0) == 16  # Ray would give a 1-CPU GPU worker one thread
     assert worker_threads(32, 1, 0.25, 2.0) == 4  # 8 trials of a quarter GPU on 2 GPUs share 32 cores
     assert worker_threads(4, 1, 0.25, 2.0) == 1
+
+
+def test_a_process_finds_its_own_node_among_rays_nodes(ray_session: None) -> None:
+    import ray
+
+    assert node_gpus() == ray.cluster_resources().get("GPU", 0.0)  # one node: its GPUs are the cluster's
