@@ -241,15 +241,18 @@ def table(
         f"{rows_described}, mean of {args.steps} steps after {args.warmup}; tokens are real (non-padding) tokens; "
         f"{flops / 1e9:.2f} GFLOP a token.",
         "",
-        "| mode | tokens/s | MFU | tokens/step | ms/step | first step s | peak GiB | vs hf-causal |",
-        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+        "| mode | tokens/s | MFU | tokens/s at the median step | tokens/step | ms/step (min / median / max) "
+        "| first step s | peak GiB | vs hf-causal |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
     for mode, values in results.items():
         ratio = f"{values['tokens_per_s'] / base:.2f}x" if base else "n/a"
         mfu = f"{values['tokens_per_s'] * flops / peak:.1%}" if peak else "n/a"
+        fastest, median, slowest = values["ms_per_step_min_median_max"]
         lines.append(
-            f"| {mode} | {values['tokens_per_s']:,.0f} | {mfu} | {values['tokens_per_step']:,.0f} | "
-            f"{values['ms_per_step']:.1f} | {values['first_step_s']:.1f} | {values['peak_gib']:.2f} | {ratio} |"
+            f"| {mode} | {values['tokens_per_s']:,.0f} | {mfu} | {values['tokens_per_step'] / median * 1000:,.0f} | "
+            f"{values['tokens_per_step']:,.0f} | {values['ms_per_step']:.1f} ({fastest} / {median} / {slowest}) | "
+            f"{values['first_step_s']:.1f} | {values['peak_gib']:.2f} | {ratio} |"
         )
     return "\n".join(lines)
 
