@@ -7,9 +7,12 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from clozemath.model.attention import (
+    FLEX_KERNEL_OPTIONS,
     allowed_pairs,
     attention_inputs,
     block_mask,
+    flex_kernel_options,
+    head_dim,
     prefix_mask_from_lengths,
 )
 
@@ -130,3 +133,24 @@ def test_block_mask_holds_the_same_pairs_as_the_dense_mask() -> None:
     from_blocks = blocks.mask_mod(b, torch.zeros_like(b), q, kv)
     assert torch.equal(from_blocks, allowed_pairs(mask, prefix_mask)[:, 0])
     assert blocks.shape == (batch, 1, seq, seq)
+
+
+@pytest.mark.parametrize(
+    ("capability", "dim", "dtype", "tiles"),
+    [((9, 0), 64, torch.bfloat16, True), ((9, 0), 64, torch.float16, True), ((9, 0), 128, torch.bfloat16, False),
+     ((9, 0), 256, torch.bfloat16, False), ((9, 0), 64, torch.float32, False), ((8, 0), 64, torch.bfloat16, False),
+     ((10, 0), 64, torch.bfloat16, False)],
+)
+def test_our_flex_tiles_go_only_where_torchs_were_measured_slow(
+    monkeypatch: pytest.MonkeyPatch, capability: tuple[int, int], dim: int, dtype: torch.dtype, tiles: bool
+) -> None:
+    """16-bit head dimension 64 on Hopper; elsewhere torch's own tiles (Gemma-3's 256 would not fit 64 x 64)."""
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: capability)
+    expected = FLEX_KERNEL_OPTIONS if tiles else None
+    assert flex_kernel_options(dim, dtype, torch.device("cuda")) == expected
+    assert flex_kernel_options(dim, dtype, torch.device("cpu")) is None
+
+
+def test_head_dim_is_the_models_own_when_it_sets_one(model: LlamaForCausalLM) -> None:
+    assert head_dim(model.config) == 32 // 4
+    assert head_dim(LlamaConfig(hidden_size=64, num_attention_heads=4, head_dim=32)) == 32

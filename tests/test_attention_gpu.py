@@ -1,5 +1,6 @@
 """On a GPU: FlexAttention with our kernel options (`FLEX_KERNEL_OPTIONS`, the forward's tiles) gives sdpa's result
-on packed PrefixLM rows, forward and backward, at the head dimension (64) the options were measured for."""
+on packed PrefixLM rows, forward and backward, at the head dimension (64) the options were measured for (in float32,
+for a tight tolerance; training passes them in 16-bit on Hopper)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from clozemath.model.attention import attention_inputs
+from clozemath.model.attention import FLEX_KERNEL_OPTIONS, attention_inputs
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 
@@ -34,7 +35,7 @@ def test_flex_attention_with_our_kernel_options_matches_sdpa() -> None:
     for impl in ("sdpa", "flex_attention"):
         model.set_attn_implementation(impl)
         model.zero_grad()
-        inputs = attention_inputs(impl, documents, prefix, torch.float32)
+        inputs = attention_inputs(impl, documents, prefix, torch.float32, FLEX_KERNEL_OPTIONS)
         assert ("kernel_options" in inputs) == (impl == "flex_attention")
         logits = model(ids, **inputs).logits[0, real]
         logits.square().mean().backward()

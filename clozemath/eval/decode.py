@@ -32,7 +32,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from transformers import AttentionInterface, PreTrainedTokenizerBase, StaticCache
 
 from clozemath.errors import ClozeMathError
-from clozemath.model.attention import additive_mask
+from clozemath.model.attention import additive_mask, head_dim
 from clozemath.model import memory
 
 Scheme = Literal["greedy", "beam", "cot"]
@@ -583,7 +583,7 @@ class ModelShape:
         heads = config.num_attention_heads
         return cls(
             layers=config.num_hidden_layers, kv_heads=getattr(config, "num_key_value_heads", None) or heads,
-            head_dim=getattr(config, "head_dim", None) or config.hidden_size // heads, hidden=config.hidden_size,
+            head_dim=head_dim(config), hidden=config.hidden_size,
             intermediate=config.intermediate_size, vocab=config.vocab_size, dtype_bytes=model.dtype.itemsize,
         )
 

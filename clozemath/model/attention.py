@@ -19,9 +19,23 @@ AttnImplementation = Literal["sdpa", "flex_attention", "eager"]
 MaskMod = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
 FLEX_KERNEL_OPTIONS: dict[str, Any] = {"BLOCK_M": 64, "BLOCK_N": 64}
-"""FlexAttention's forward tiles on a GPU. torch 2.11's default for head dimension 64 on Hopper (128 x 128, 3 stages,
-4 warps) ran our packed PrefixLM rows' forward ~28x slower: 8.98 ms against 0.32 ms for a 16,384-token row of the
-Llama-3.2-1B shape on an H200 (`bench/results/train_throughput_profile_h100_h200.md`); the backward keeps its own."""
+"""FlexAttention's forward tiles for 16-bit head dimension 64 on Hopper. torch 2.11's own choice there (128 x 128,
+3 stages, 4 warps) ran our packed PrefixLM rows' forward ~28x slower: 8.98 ms against 0.32 ms for a 16,384-token row
+of the Llama-3.2-1B shape on an H200 (`bench/results/train_throughput_flex_tiles_h100_h200.md`). The backward keeps
+its own."""
+
+
+def head_dim(config: Any) -> int:
+    """A transformers config's attention head size (`head_dim` where the model sets it apart from hidden / heads)."""
+    text = config.get_text_config(decoder=True)
+    return getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads
+
+
+def flex_kernel_options(head_dim: int, dtype: torch.dtype, device: torch.device) -> dict[str, Any] | None:
+    """`kernel_options` for FlexAttention where torch's own tiles were measured slow (`FLEX_KERNEL_OPTIONS`); None
+    elsewhere: other head dimensions (Gemma-3's 256 needs smaller tiles) and other cards keep torch's choice."""
+    hopper = device.type == "cuda" and torch.cuda.get_device_capability(device) == (9, 0)
+    return FLEX_KERNEL_OPTIONS if hopper and head_dim == 64 and dtype in (torch.bfloat16, torch.float16) else None
 
 
 def prefix_mask_from_lengths(prefix_len: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
@@ -96,8 +110,9 @@ def attention_inputs(
     attention_mask: torch.Tensor,
     prefix_mask: torch.Tensor | None,
     dtype: torch.dtype,
+    kernel_options: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """Keyword arguments (`attention_mask`, `position_ids`; `kernel_options` for FlexAttention on a GPU) for a
+    """Keyword arguments (`attention_mask`, `position_ids`; FlexAttention's `kernel_options` when given) for a
     transformers causal LM over whole sequences.
 
     `prefix_mask=None` means causal attention over one-document rows: the 2D padding mask is passed and the model
@@ -110,8 +125,8 @@ def attention_inputs(
         inputs["attention_mask"] = attention_mask
     elif attn_implementation == "flex_attention":
         inputs["attention_mask"] = block_mask(attention_mask, prefix_mask)
-        if attention_mask.device.type == "cuda":
-            inputs["kernel_options"] = FLEX_KERNEL_OPTIONS
+        if kernel_options is not None:
+            inputs["kernel_options"] = kernel_options
     else:
         inputs["attention_mask"] = additive_mask(attention_mask, prefix_mask, dtype)
     return inputs

@@ -35,7 +35,7 @@ from clozemath.config import ExperimentConfig, TrainConfig
 from clozemath.data.objectives import apply_mft_noise, mft_rate
 from clozemath.data.tokenize import IGNORE_INDEX, MASK, SpecialTokens, collate, collate_packs
 from clozemath.errors import ClozeMathError
-from clozemath.model.attention import attention_inputs
+from clozemath.model.attention import attention_inputs, flex_kernel_options, head_dim
 from clozemath.model.load import save_adapter
 from clozemath.model.memory import usable_bytes
 from clozemath.records import ADAPTER_DIR, train_metric
@@ -328,7 +328,8 @@ def model_inputs(
         prefix_mask = torch.zeros_like(prefix_mask) if packed else None
     implementation = model.config._attn_implementation
     dtype = next(model.parameters()).dtype
-    masks = attention_inputs(implementation, batch["attention_mask"], prefix_mask, dtype)
+    options = flex_kernel_options(head_dim(model.config), dtype, batch["attention_mask"].device)
+    masks = attention_inputs(implementation, batch["attention_mask"], prefix_mask, dtype, options)
     return {"input_ids": batch["input_ids"], "labels": batch["labels"], **masks}
 
 
