@@ -144,7 +144,7 @@ def test_block_mask_holds_the_same_pairs_as_the_dense_mask() -> None:
 def test_our_flex_tiles_go_only_where_torchs_were_measured_slow(
     monkeypatch: pytest.MonkeyPatch, capability: tuple[int, int], dim: int, dtype: torch.dtype, tiles: bool
 ) -> None:
-    """16-bit head dimension 64 on Hopper; elsewhere torch's own tiles (Gemma-3's 256 would not fit 64 x 64)."""
+    """16-bit head dimension 64 on Hopper; elsewhere torch's own tiles."""
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: capability)
     expected = FLEX_KERNEL_OPTIONS if tiles else None
     assert flex_kernel_options(dim, dtype, torch.device("cuda")) == expected

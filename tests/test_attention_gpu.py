@@ -8,7 +8,7 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from clozemath.model.attention import FLEX_KERNEL_OPTIONS, attention_inputs
+from clozemath.model.attention import FLEX_KERNEL_OPTIONS, attention_inputs, head_dim
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 
@@ -27,7 +27,7 @@ def test_flex_attention_with_our_kernel_options_matches_sdpa() -> None:
     torch.manual_seed(0)
     config = LlamaConfig(vocab_size=97, hidden_size=256, intermediate_size=512, num_hidden_layers=2,
                          num_attention_heads=4, num_key_value_heads=2, attn_implementation="sdpa")
-    assert config.hidden_size // config.num_attention_heads == 64
+    assert head_dim(config) == 64
     model = LlamaForCausalLM(config).cuda()
     ids, documents, prefix = packed_row()
     real = documents[0] > 0

@@ -33,7 +33,8 @@ def head_dim(config: Any) -> int:
 
 def flex_kernel_options(head_dim: int, dtype: torch.dtype, device: torch.device) -> dict[str, Any] | None:
     """`kernel_options` for FlexAttention where torch's own tiles were measured slow (`FLEX_KERNEL_OPTIONS`); None
-    elsewhere: other head dimensions (Gemma-3's 256 needs smaller tiles) and other cards keep torch's choice."""
+    elsewhere: other head dimensions and other cards keep torch's choice, not measured here (for Gemma-3's 256 torch
+    picks 64 x 32 on Hopper, and 64 x 64 tiles may not fit its shared memory)."""
     hopper = device.type == "cuda" and torch.cuda.get_device_capability(device) == (9, 0)
     return FLEX_KERNEL_OPTIONS if hopper and head_dim == 64 and dtype in (torch.bfloat16, torch.float16) else None
 
