@@ -19,7 +19,6 @@ import hashlib
 import json
 import logging
 import re
-from collections.abc import Collection
 from contextlib import ExitStack
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -220,10 +219,9 @@ def run_grid(plan: RunPlan) -> GridOutcome:
         except KeyboardInterrupt:  # a second Ctrl-C, while Tune was saving its state
             end_interrupted(tracking_cfg, parent)
             raise
-    stopped = [result.config["trial"] for result in results
-               if result.error is None and RUN_ID_KEY not in (result.metrics or {})]
-    if stopped:  # trials that neither failed nor made their final report: Tune stopped them on Ctrl-C (TERMINATED)
-        end_interrupted(tracking_cfg, parent, stopped)
+    stopped = any(result.error is None and RUN_ID_KEY not in (result.metrics or {}) for result in results)
+    if stopped:  # a trial that neither failed nor made its final report: Tune stopped it on Ctrl-C (TERMINATED)
+        end_interrupted(tracking_cfg, parent)
         raise KeyboardInterrupt
     folders = {e.name: run_folder(e) for e in experiments}
     outcomes = [
@@ -242,13 +240,12 @@ def warn_local_store_on_a_cluster(uri: str) -> None:
                      "(`mlflow server`, then tracking.uri=http://<host>:<port>; see the README)")
 
 
-def end_interrupted(tracking_cfg: TrackingConfig, parent: TrackedRun, stopped: Collection[str] = ()) -> None:
-    """Mark the grid's run KILLED, and the trial runs the interruption cut short: those still RUNNING (a trial
-    stopped by Tune may never end its run) and those of the `stopped` trials that ended FAILED (depending on when
-    the signal lands, the trial's own cleanup ends its run first, as a failure)."""
+def end_interrupted(tracking_cfg: TrackingConfig, parent: TrackedRun) -> None:
+    """Mark the grid's run KILLED, and every trial run not FINISHED: those still RUNNING (a trial stopped by Tune may
+    never end its run) and those that ended FAILED (depending on when the signal lands, a trial's own cleanup, or its
+    Train run dying of the shutdown, ends its run first, as a failure). Each resumes with the grid."""
     for run in tracking.find_runs(tracking_cfg, {PARENT_TAG: parent.run_id}):
-        status = run.info.status
-        if status == "RUNNING" or (status == "FAILED" and run.data.tags.get(TRIAL_TAG) in stopped):
+        if run.info.status != "FINISHED":
             TrackedRun(parent.uri, run.info.run_id).end(status="KILLED")
     parent.end(status="KILLED")
 

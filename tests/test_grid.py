@@ -30,7 +30,13 @@ from clozemath_cli import main
 from clozemath.config import GridConfig, TrackingConfig, expand_grid, flatten, load_config
 from clozemath.errors import ClozeMathError
 import ray_jobs.grid
-from ray_jobs.grid import QuietUserErrors, grid_key, warn_local_store_on_a_cluster, with_absolute_paths
+from ray_jobs.grid import (
+    QuietUserErrors,
+    end_interrupted,
+    grid_key,
+    warn_local_store_on_a_cluster,
+    with_absolute_paths,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 SMOKE = ROOT / "configs" / "grids" / "smoke.yaml"
@@ -372,3 +378,18 @@ def test_a_local_store_on_several_nodes_is_warned_about(monkeypatch: pytest.Monk
     monkeypatch.setattr(ray_jobs.grid.ray, "nodes", lambda: nodes[:1])
     warn_local_store_on_a_cluster("sqlite:////tmp/mlruns.db")
     assert capsys.readouterr().err == ""
+
+
+def test_after_a_ctrl_c_every_trial_run_not_finished_is_killed(tmp_path: Path) -> None:
+    """Also a run its trial ended FAILED before the grid saw the interruption (its Train run died of the shutdown):
+    it resumes with the grid, as the others do."""
+    config = tracking_of(tmp_path)
+    parent = tracking.start_run(config, "grid", tags={"role": "grid"})
+    trials = {status: tracking.start_run(config, status, parent.run_id, {"role": "trial", "trial": status})
+              for status in ("FINISHED", "FAILED", "RUNNING")}
+    trials["FINISHED"].end(succeeded=True)
+    trials["FAILED"].end(succeeded=False)
+    end_interrupted(config, parent)
+    assert {name: run.info.status for name, run in children(config).items()} == {
+        "FINISHED": "FINISHED", "FAILED": "KILLED", "RUNNING": "KILLED"}
+    assert tracking.client(config.uri).get_run(parent.run_id).info.status == "KILLED"
