@@ -27,6 +27,7 @@ from clozemath.train.loop import (
     epoch_micro_batches,
     full_trainable_parameters,
     model_inputs,
+    target_positions,
     train,
 )
 from ray_jobs.cluster import TRAIN_POLL_ENV_VAR, TRAIN_POLL_S, runtime_env
@@ -133,7 +134,7 @@ def test_target_loss_equals_the_models_own_loss_and_gradients(tied: bool, method
     model = tiny_peft_model(tied=tied).eval()  # no dropout: both passes see the same network
     batch = collate(copy_rows(6, seed=3), PAD)
     inputs = model_inputs(batch, experiment(method), model, packed=False)
-    ours = TargetLoss(model)(**inputs)
+    ours = TargetLoss(model)(**inputs, positions=target_positions(batch["labels"]))  # as training calls it
     ours.backward()
     ours_grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.requires_grad}
     model.zero_grad()

@@ -177,12 +177,16 @@ class TargetLoss(torch.nn.Module):
         """liger-kernel's fused linear + cross-entropy (Triton, GPU only): the logits are made and dropped chunk by
         chunk, never all at once in float32."""
 
-    def forward(self, input_ids: torch.Tensor, labels: torch.Tensor, **masks: Any) -> torch.Tensor:
+    def forward(
+        self, input_ids: torch.Tensor, labels: torch.Tensor, positions: torch.Tensor | None = None, **masks: Any
+    ) -> torch.Tensor:
+        """`positions`: `target_positions(labels)`, computed by the caller on the host (else here, on the device,
+        where finding them waits for the GPU to finish the forward)."""
         causal_lm = self.model.get_base_model() if hasattr(self.model, "get_base_model") else self.model
         hidden = causal_lm.get_decoder()(input_ids=input_ids, use_cache=False, **masks).last_hidden_state
-        targets = labels[:, 1:]
-        predicting = targets != IGNORE_INDEX
-        predicted, wanted = hidden[:, :-1][predicting], targets[predicting]
+        positions = target_positions(labels) if positions is None else positions
+        predicted = hidden.flatten(0, 1).index_select(0, positions)
+        wanted = labels.flatten().index_select(0, positions + 1)
         output = causal_lm.get_output_embeddings()
         if self.fused:
             from liger_kernel.transformers.functional import liger_fused_linear_cross_entropy
@@ -190,6 +194,13 @@ class TargetLoss(torch.nn.Module):
             return liger_fused_linear_cross_entropy(predicted, output_matrix(output), wanted,
                                                     bias=getattr(output, "bias", None))
         return torch.nn.functional.cross_entropy(output(predicted).float(), wanted)
+
+
+def target_positions(labels: torch.Tensor) -> torch.Tensor:
+    """Flat indices (into [batch * seq]) of the positions whose next token is a target, in row order."""
+    predicts = torch.zeros_like(labels, dtype=torch.bool)
+    predicts[:, :-1] = labels[:, 1:] != IGNORE_INDEX
+    return predicts.flatten().nonzero().squeeze(1)
 
 
 def output_matrix(output: torch.nn.Module) -> torch.Tensor:
@@ -546,7 +557,8 @@ def train(
             batch = noised(batch, config, step, plan.total_steps, mask_id, noise_ids)
             inputs = model_inputs({k: v.to(device, non_blocking=True) for k, v in batch.items()}, config, model,
                                   packed=budget is not None)
-            loss = engine(**inputs)
+            positions = target_positions(batch["labels"]).to(device, non_blocking=True)
+            loss = engine(**inputs, positions=positions)
             engine.backward(loss)
             engine.step()
             tally.add(loss, batch["attention_mask"])
