@@ -7,6 +7,7 @@ from pathlib import Path
 import huggingface_hub.constants
 import pytest
 import torch
+from peft.tuners.trainable_tokens.layer import TrainableTokensLayer
 from safetensors.torch import load_file
 
 from clozemath.config import ModelConfig, read_yaml
@@ -113,6 +114,21 @@ def test_one_step_changes_only_lora_and_special_token_rows(tied: bool) -> None:
         torch.testing.assert_close(output_after, embedding_after, rtol=0, atol=0)
     else:
         assert not torch.equal(output_after[sorted(special_rows)], embedding_after[sorted(special_rows)])
+
+
+def test_our_merge_of_the_token_rows_is_pefts(tied: bool) -> None:
+    """The merge that keeps the row indices on the device gives peft's merged matrices, gradients included."""
+    loaded = load_model(tiny_config(tied), NUM_SENTINELS)
+    train_steps(loaded, steps=2, lr=1e-2)  # trained rows differ from the frozen ones
+    layers = [m for m in loaded.model.modules() if isinstance(m, TrainableTokensLayer)]
+    assert len(layers) == 2
+    for layer in layers:
+        ours = layer.get_merged_weights(layer.active_adapters)
+        theirs = TrainableTokensLayer.get_merged_weights(layer, layer.active_adapters)
+        assert not torch.equal(theirs, layer.base_layer.weight)
+        torch.testing.assert_close(ours, theirs, rtol=0, atol=0)
+        deltas = [p for name, p in layer.named_parameters() if "trainable_tokens_delta" in name]
+        assert deltas and torch.autograd.grad(ours.sum(), deltas)[0].abs().sum() > 0
 
 
 def test_saved_adapter_reloads_to_the_trained_model(tied: bool, tmp_path: Path) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import importlib.util
 import json
 from dataclasses import dataclass
+from functools import lru_cache, partial
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +18,7 @@ import torch
 from huggingface_hub.errors import HFValidationError
 from peft import LoraConfig as PeftLoraConfig
 from peft import PeftModel, get_peft_model
+from peft.tuners.trainable_tokens.layer import TrainableTokensLayer
 from transformers import (
     AutoModelForCausalLM,
     AutoTokenizer,
@@ -222,7 +224,33 @@ def apply_lora(model: PreTrainedModel, lora: LoraConfig, specials: SpecialTokens
         ),
         task_type="CAUSAL_LM",
     )
-    return get_peft_model(model, config)
+    peft_model = get_peft_model(model, config)
+    _merge_token_rows_with_device_indices(peft_model)
+    return peft_model
+
+
+def _merge_token_rows_with_device_indices(model: PeftModel) -> None:
+    """peft 0.21's `TrainableTokensLayer.get_merged_weights` makes its row indices a tensor from a Python list and
+    copies it to the GPU on every call: a copy from pageable host memory, which waits for all the work queued on the
+    GPU. Training calls it twice a micro-batch (the embedding; the output matrix of the fused loss, after the whole
+    forward is queued). Here each layer merges with indices copied to the device once."""
+    for module in model.modules():
+        if isinstance(module, TrainableTokensLayer):
+            module.get_merged_weights = partial(merged_token_rows, module)
+
+
+def merged_token_rows(layer: TrainableTokensLayer, active_adapters: list[str]) -> torch.Tensor:
+    """The layer's matrix with its trainable rows written over the frozen ones (peft's `get_merged_weights`)."""
+    weight = layer.base_layer.weight
+    for name in active_adapters:
+        rows = _device_indices(tuple(layer.token_indices[name]), weight.device)
+        weight = weight.index_copy(dim=0, index=rows, source=layer.trainable_tokens_delta[name].to(weight))
+    return weight
+
+
+@lru_cache(maxsize=16)
+def _device_indices(indices: tuple[int, ...], device: torch.device) -> torch.Tensor:
+    return torch.tensor(indices, dtype=torch.long, device=device)
 
 
 # --------------------------------------------------------------------------------------------------------------
