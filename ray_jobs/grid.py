@@ -26,7 +26,6 @@ from typing import Any
 
 import ray
 from ray import tune
-from ray.tune.integration.ray_train import TuneReportCallback
 
 from clozemath import console, tracking
 from clozemath.config import (
@@ -56,7 +55,6 @@ from clozemath.records import (
     TUNE_DIR,
     grid_tags,
     headline_metric,
-    is_curve_metric,
     is_eval_metric,
     parse_eval_metric,
     run_folder,
@@ -66,20 +64,7 @@ from clozemath.tracking import TrackedRun
 from ray_jobs.cluster import init_ray, user_error
 from ray_jobs.logs import logged
 from ray_jobs.run import run_experiment, with_budget
-from ray_jobs.train import STEPS_KEY
-
-
-class TuneProgress(TuneReportCallback):
-    """Forward to Tune the reports that carry a checkpoint or an evaluation during training, not every step's.
-
-    Tune takes one result at a time, when its driver gets round to it (about every half second), and Ray Train's
-    workers wait for that: forwarding every step kept each training step waiting. MLflow still logs every step.
-    """
-
-    def after_report(self, run_context: Any, metrics: list[dict[str, Any]], checkpoint: Any) -> None:
-        if checkpoint is not None or any(map(is_curve_metric, metrics[0])):
-            last_steps = [{name: value for name, value in m.items() if name != STEPS_KEY} for m in metrics]
-            super().after_report(run_context, last_steps, checkpoint)
+from ray_jobs.reports import TuneProgress
 
 
 class QuietUserErrors(logging.Filter):

@@ -38,25 +38,14 @@ from clozemath.config import ExperimentConfig, from_wire, to_wire
 from clozemath.errors import ClozeMathError
 from clozemath.files import copy_folder_atomic
 from clozemath.eval.during_training import evaluate_step, step_evaluation
-from clozemath.records import (
-    ACCURACY,
-    ADAPTER_DIR,
-    RAY_TRAIN_DIR,
-    TRAIN_METRICS,
-    is_curve_metric,
-    is_step_metric,
-    parse_eval_metric,
-    train_metric,
-)
+from clozemath.records import ADAPTER_DIR, RAY_TRAIN_DIR, is_curve_metric
 from clozemath.tracking import TrackedRun
 from clozemath.train.loop import StepMetrics, all_ranks_sum, eager_inference, plan_steps
 from ray_jobs.preprocess import Prepared
+from ray_jobs.reports import STEPS_KEY, ForwardMetrics
 
 KEEP_CHECKPOINTS = 1
 """The latest is all a restart needs (and the last one holds the adapter)."""
-STEPS_KEY = "steps"
-"""A report's key holding the metrics of every step since the previous report (the report's own values are the
-last step's)."""
 
 
 def usable_cores() -> int:
@@ -135,35 +124,6 @@ def train_worker(settings: dict[str, Any]) -> None:
             pad_id=loaded.tokenizer.pad_token_id,
             report=report,
             resume_from=Path(resume_from) if resume_from is not None else None,
-        )
-
-
-class ForwardMetrics(UserCallback):
-    """On the Train controller: log rank 0's step metrics (and evaluations during training) to MLflow and move the
-    training's progress bar.
-
-    Each step is logged once: a run resumed from its checkpoint (after a worker failed, or in a trial started
-    again) trains the steps after that checkpoint again, and those already in the run are not logged twice."""
-
-    def __init__(self, run: TrackedRun, label: str) -> None:
-        self.run = run
-        self.label = label
-        self.logged_through = run.last_step(TRAIN_METRICS[0])
-
-    def after_report(self, run_context: Any, metrics: list[dict[str, Any]], checkpoint: Checkpoint | None) -> None:
-        reported = metrics[0]
-        for step in reported[STEPS_KEY]:
-            if step["step"] > self.logged_through:
-                logged = {name: value for name, value in step.items() if is_step_metric(name)}
-                self.run.log_metrics(step["step"], logged)
-                self.logged_through = step["step"]
-        values = {name: value for name, value in reported.items() if is_step_metric(name)}
-        curve = {parse_eval_metric(name): value for name, value in values.items() if is_curve_metric(name)}
-        accuracies = [f"{metric.measured} {value:.1%}" for metric, value in curve.items() if metric.stat == ACCURACY]
-        console.progress(
-            f"{self.label}/train", f"[{self.label}] training", reported["step"], reported["total_steps"],
-            [f"loss {values[train_metric('loss')]:.4f}", f"{values[train_metric('tokens_per_s')]:.0f} tok/s",
-             *accuracies],
         )
 
 

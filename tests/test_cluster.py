@@ -28,7 +28,7 @@ from clozemath import records, tracking
 from clozemath.config import ExperimentConfig, TrackingConfig, load_config
 from ray_jobs.cluster import runtime_env
 from ray_jobs.run import run_experiment
-from ray_jobs.train import STEPS_KEY
+from ray_jobs.reports import STEPS_KEY
 
 pytestmark = pytest.mark.slow
 
