@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.parquet as pq
 import ray
 import ray.data
 
@@ -63,6 +64,14 @@ class Prepared:
     def dataset(self) -> ray.data.Dataset:
         """The token ids, in a fixed order (Parquet files are read in name order)."""
         return ray.data.read_parquet(str(self.folder / ROWS_DIR), columns=TOKEN_COLUMNS)
+
+    def files(self) -> list[Path]:
+        """The token ids' Parquet files, in name order (the order `dataset` reads them in)."""
+        return sorted((self.folder / ROWS_DIR).glob("*.parquet"))
+
+    def table(self) -> pa.Table:
+        """The token ids in one table, in `dataset`'s order, read here (for a small set)."""
+        return pa.concat_tables([pq.read_table(file, columns=TOKEN_COLUMNS) for file in self.files()])
 
 
 def _sha256(*parts: str | bytes) -> str:

@@ -1,8 +1,9 @@
 """Ray Train (V2): `TorchTrainer` workers around `clozemath.train.loop`, checkpoints through `ray.train.report`.
 
-Each worker loads the model, reads its shard of the token ids (`get_dataset_shard`, split in a fixed order so that
-a restarted worker gets the same rows) and runs the loop. Every step's metrics go through `ray.train.report`; a
-checkpoint (DeepSpeed state + step + data position) goes with them every `checkpoint_every` steps and at the end.
+Each worker loads the model, takes its shard of the token ids (split in a fixed order so that a restarted worker
+gets the same rows: Ray Data's streaming split, or for a small set a share of one object, `train.stream_above_mb`)
+and runs the loop. Every step's metrics go through `ray.train.report`; a checkpoint (DeepSpeed state + step + data
+position) goes with them every `checkpoint_every` steps and at the end.
 After a failure Ray restarts the workers (up to `max_failures` times) and each resumes from
 `ray.train.get_checkpoint()`. The last checkpoint holds the adapter, which the driver copies into the run's
 output folder. The metrics reach MLflow through a callback on the Train controller (on the driver's node).
@@ -18,6 +19,7 @@ from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
 import ray
 import ray.train
 from ray.data import ExecutionOptions
@@ -69,6 +71,27 @@ def node_gpus() -> float:
     return next(n["Resources"].get("GPU", 0.0) for n in ray.nodes() if n["NodeID"] == node)
 
 
+def worker_rows(table: ray.ObjectRef | None) -> list[dict[str, Any]]:
+    """This worker's training rows: its Ray Data shard, or its share of `table` (a small set's, in Ray's object
+    store)."""
+    context = ray.train.get_context()
+    if table is None:
+        return list(ray.train.get_dataset_shard("train").iter_rows())
+    return rows_of_rank(ray.get(table), context.get_world_rank(), context.get_world_size())
+
+
+def rows_of_rank(table: pa.Table, rank: int, world_size: int) -> list[dict[str, Any]]:
+    """Every `world_size`-th row from `rank` on, as many for each rank as Ray Data's equal split gives."""
+    end = table.num_rows - table.num_rows % world_size
+    return table.take(list(range(rank, end, world_size))).to_pylist()
+
+
+def streams(config: ExperimentConfig, prepared: Prepared) -> bool:
+    """Whether the workers read the training set through Ray Data (`train.stream_above_mb`)."""
+    size = sum(file.stat().st_size for file in prepared.files())
+    return size > config.train.stream_above_mb * 2**20
+
+
 def train_worker(settings: dict[str, Any]) -> None:
     """One Ray Train worker: model, shard, loop; resumes from the run's latest checkpoint when there is one."""
     import torch
@@ -90,7 +113,7 @@ def train_worker(settings: dict[str, Any]) -> None:
     if ray.train.get_context().get_world_rank() == 0:
         console.phase(f"[{config.name}] loading the model ({config.model.name}) on {device.type}")
     loaded = load_model(config.model, settings["num_sentinels"], device, training=True)
-    rows = list(ray.train.get_dataset_shard("train").iter_rows())
+    rows = worker_rows(settings["rows"])
     evaluation = step_evaluation(config)
     context = ray.train.get_context()
 
@@ -166,13 +189,15 @@ def fit(
     `callbacks`: more Train callbacks (a Tune trial's `TuneReportCallback`)."""
     check_plan(config, prepared)
     gpu = use_gpu(config)
+    streamed = streams(config, prepared)
+    table = None if streamed else ray.put(prepared.table())
     console.phase(
         f"[{config.name}] training: starting {config.train.num_workers} {'GPU' if gpu else 'CPU'} worker(s), "
         f"ZeRO-{config.train.zero_stage}"
     )
     trainer = TorchTrainer(
         train_worker,
-        train_loop_config={"experiment": to_wire(config), "num_sentinels": prepared.num_sentinels},
+        train_loop_config={"experiment": to_wire(config), "num_sentinels": prepared.num_sentinels, "rows": table},
         scaling_config=ScalingConfig(
             num_workers=config.train.num_workers, use_gpu=gpu,
             resources_per_worker={"GPU": config.train.gpu_share} if gpu else None,
@@ -185,7 +210,7 @@ def fit(
             callbacks=[ForwardMetrics(run, config.name), *callbacks],
             logging_config=LoggingConfig(log_level="WARNING"),  # our progress line replaces Ray's per-report logs
         ),
-        datasets={"train": prepared.dataset()},
+        datasets={"train": prepared.dataset()} if streamed else None,
         dataset_config=DataConfig(execution_options=ExecutionOptions(preserve_order=True)),
     )
     result = trainer.fit()

@@ -8,6 +8,8 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 import torch
 from peft import LoraConfig as PeftLoraConfig
@@ -35,7 +37,7 @@ from clozemath.data.prepare import prepare_data
 from clozemath.data.sources import load_problems
 from ray_jobs.preprocess import Prepared, cache_key, preprocess
 from ray_jobs.run import run_experiment
-from ray_jobs.train import check_plan, node_gpus, worker_threads
+from ray_jobs.train import check_plan, node_gpus, rows_of_rank, streams, worker_threads
 
 VOCAB = 300
 PAD = 0
@@ -303,6 +305,8 @@ def test_preprocess_is_cached(workdir: Path, ray_session: None) -> None:
     assert set(first.kinds) == {"lm", "cloze"} and first.num_sentinels > 0
     rows = first.dataset().take_all()
     assert len(rows) == first.num_rows
+    as_lists = lambda row: {name: list(value) if name != "prefix_len" else value for name, value in row.items()}  # noqa: E731
+    assert first.table().to_pylist() == [as_lists(row) for row in rows]  # a small set's rows: Ray Data's, in order
     for row in rows:
         labels = list(row["labels"])
         assert labels[: row["prefix_len"]] == [-100] * row["prefix_len"]
@@ -395,9 +399,11 @@ def test_zero2_run_learns_and_is_tracked(workdir: Path, ray_session: None) -> No
 def test_zero3_worker_failure_resumes_from_checkpoint(workdir: Path, ray_session: None) -> None:
     """Rank 0 fails before step 6; the workers restart from the step-4 checkpoint (step 5 is trained again; reported
     every step, its first try reaches MLflow before the failure) and stop at step 8; MLflow holds each step once.
-    Both workers evaluate during training, before the failure and after the restart."""
+    Both workers evaluate during training, before the failure and after the restart. The workers take their rows
+    through Ray Data's streaming split (a set above `train.stream_above_mb`), after the restart too."""
     config = smoke_config(workdir, "name=smoke_zero3", "train.zero_stage=3", "train.fail_at_step=6",
-                          "eval.sets=[{dataset: gsm8k, limit: 2}]", "train.report_every=1", *EVERY_4_STEPS)
+                          "train.stream_above_mb=0", "eval.sets=[{dataset: gsm8k, limit: 2}]", "train.report_every=1",
+                          *EVERY_4_STEPS)
     assert config.train.checkpoint_every == 4 and config.train.max_steps == 8
     outcome = run_experiment(config)
     assert_curve_at_steps_4_and_8(config, outcome.run_id)
@@ -437,6 +443,21 @@ def test_plan_refusals_are_user_errors() -> None:
         check_plan(experiment(num_workers=2, micro_batch_size=8), prepared)
     with pytest.raises(ClozeMathError, match="fail_at_step"):
         check_plan(experiment(micro_batch_size=1, checkpoint_every=4, fail_at_step=3), prepared)
+
+
+def test_a_small_training_set_goes_to_the_workers_as_one_object_in_equal_shares(tmp_path: Path) -> None:
+    table = pa.table({"input_ids": [[3, i] for i in range(7)], "prefix_len": list(range(7))})
+    shares = [rows_of_rank(table, rank, 2) for rank in range(2)]
+    assert [[row["prefix_len"] for row in share] for share in shares] == [[0, 2, 4], [1, 3, 5]]
+    assert shares[1][0] == {"input_ids": [3, 1], "prefix_len": 1}
+    assert [row["prefix_len"] for row in rows_of_rank(table, 0, 1)] == list(range(7))
+
+    (tmp_path / "rows").mkdir()
+    pq.write_table(table, tmp_path / "rows" / "part-0.parquet")
+    prepared = Prepared(folder=tmp_path, num_rows=7, num_tokens=14, num_sentinels=0, kinds={"lm": 7},
+                        dropped_for_length=0, from_cache=True)
+    assert not streams(experiment(), prepared)  # a few bytes, under the default 64 MB
+    assert streams(experiment(stream_above_mb=0), prepared)
 
 
 def test_the_output_matrix_holds_the_trained_special_token_rows() -> None:
