@@ -33,7 +33,6 @@ from clozemath.data.prepare import SENTINELS, SampleEncoder, balanced_copies, ne
 from clozemath.data.samples import Sample
 from clozemath.data.sources import Problem, load_problems
 from clozemath.data.tokenize import token_offsets
-from clozemath.model.load import load_tokenizer
 from ray_jobs.cluster import init_ray
 
 ROWS_DIR = "rows"
@@ -155,6 +154,8 @@ def _kind_counts(kinds: Any) -> dict[str, int]:
 
 def _build(config: ExperimentConfig, problems: list[Problem], folder: Path) -> dict[str, Any]:
     """Run the pipeline into `folder`; returns the metadata it writes beside the rows."""
+    from clozemath.model.load import load_tokenizer  # models and peft: the driver's, not the pipeline's workers'
+
     tokenizer = load_tokenizer(config.model)  # before Ray starts: a wrong model path fails fast, in one line
     init_ray()
     tokenizer.save_pretrained(folder / TOKENIZER_DIR)  # the encoders load this copy (a GGUF one takes long to read)

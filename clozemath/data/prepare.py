@@ -25,7 +25,6 @@ from clozemath.data.tokenize import (
     token_offsets,
 )
 from clozemath.errors import ClozeMathError
-from clozemath.model.load import load_tokenizer
 
 # --------------------------------------------------------------------------------------------------------------
 # The steps: `ray_jobs.preprocess` maps them over Ray Data, `prepare_data` runs them here, so what `clozemath
@@ -103,6 +102,8 @@ class PreparedData:
 
 def prepare_data(config: ExperimentConfig, limit: int | None = None) -> PreparedData:
     """The run's preprocessing steps on this machine: problems -> samples -> balanced copies -> token ids."""
+    from clozemath.model.load import load_tokenizer  # models and peft: not for Ray's preprocessing workers
+
     data, method = config.data, config.method
     problems = load_problems(data.dataset, data.split, data.path, limit if limit is not None else data.limit)
     tokenizer = load_tokenizer(config.model)
