@@ -557,8 +557,8 @@ def train(
             batch = noised(batch, config, step, plan.total_steps, mask_id, noise_ids)
             inputs = model_inputs({k: v.to(device, non_blocking=True) for k, v in batch.items()}, config, model,
                                   packed=budget is not None)
-            positions = target_positions(batch["labels"]).to(device, non_blocking=True)
-            loss = engine(**inputs, positions=positions)
+            targets_at = target_positions(batch["labels"]).to(device, non_blocking=True)
+            loss = engine(**inputs, positions=targets_at)
             engine.backward(loss)
             engine.step()
             tally.add(loss, batch["attention_mask"])
