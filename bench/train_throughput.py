@@ -225,6 +225,7 @@ def measure(mode: str, run: Callable[..., None], config: ExperimentConfig, rows:
         "tokens_per_s": sum(counted) / sum(timed), "ms_per_step": 1000 * per_step, "tokens_per_step": sum(counted) / len(counted),
         "first_step_s": seconds[0], "peak_gib": peak, "flops_per_token": flops,
         "ms_per_step_min_median_max": [round(1000 * f(timed), 1) for f in (min, statistics.median, max)],
+        "ms_per_timed_step": [round(1000 * s, 1) for s in timed],  # where the one-off slow steps fall
     }
 
 
