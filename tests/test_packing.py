@@ -128,6 +128,21 @@ def per_sample_losses(model: torch.nn.Module, batch: dict[str, torch.Tensor], me
     ]
 
 
+def test_a_packed_row_lays_its_samples_out_one_after_the_other() -> None:
+    a = {"input_ids": [11, 12, 13, 14], "labels": [-100, -100, 13, 14], "prefix_len": 2}
+    b = {"input_ids": [21, 22, 23], "labels": [-100, 22, 23], "prefix_len": 1}
+    c = {"input_ids": [31, 32], "labels": [31, 32], "prefix_len": 0}  # a first token's label is never trained
+    batch = collate_packs([[a, b], [c]], pad_id=0, width=8)
+    x = -100
+    assert batch["input_ids"].tolist() == [[11, 12, 13, 14, 21, 22, 23, 0], [31, 32, 0, 0, 0, 0, 0, 0]]
+    assert batch["labels"].tolist() == [[x, x, 13, 14, x, 22, 23, x], [x, 32, x, x, x, x, x, x]]
+    assert batch["attention_mask"].tolist() == [[1, 1, 1, 1, 2, 2, 2, 0], [1, 1, 0, 0, 0, 0, 0, 0]]
+    assert batch["prefix_mask"].tolist() == [[True, True, False, False, True, False, False, False], [False] * 8]
+    assert [t.dtype for t in batch.values()] == [torch.long, torch.long, torch.long, torch.bool]
+    with pytest.raises(ClozeMathError, match="a pack of 9 tokens exceeds its 8"):
+        collate_packs([[a, b, c]], pad_id=0, width=8)
+
+
 @pytest.mark.parametrize("method", ["prefix_lm", "mft"])  # mft: causal attention
 def test_a_packed_row_gives_each_sample_its_unpacked_loss_and_gradients(method: str) -> None:
     rows = copy_rows(5, seed=4)
