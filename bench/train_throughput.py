@@ -14,7 +14,8 @@ in configs/models), for the settings a ClozeMath run can use:
 Rows: `--data gsm8k` takes ClozeMath's training samples of the first `--problems` GSM8K training problems through
 our tokenizer path (the plain loop gets them in shuffled micro-batches of `--batch`, padded to the longest, as a
 user would batch them); without it, synthetic rows of `--seq` tokens with `--prefix-share` in the prefix. Times are
-per optimizer step after `--warmup` steps; the first step's time (compilation included) is reported apart.
+per optimizer step: `--steps` steps after `--warmup` steps, then one more step that is not timed (ours writes the
+run's checkpoint and adapter in its last step); the first step's time (compilation included) is reported apart.
 MFU counts 4N FLOPs a token for LoRA (forward and input gradients of every weight matrix: N), plus attention
 (12 x layers x hidden x the mean attended context), against the card's dense bf16 peak.
 
@@ -95,7 +96,7 @@ def experiment(model: ModelConfig, mode: str, args: argparse.Namespace) -> Exper
         model=model if mode == "packed" else model.model_copy(update={"attn_implementation": implementation}),
         method=MethodConfig(name=mode, attention=attention),
         train=TrainConfig(
-            micro_batch_size=args.batch, max_steps=args.warmup + args.steps, checkpoint_every=10**9,
+            micro_batch_size=args.batch, max_steps=args.warmup + args.steps + 1, checkpoint_every=10**9,
             group_by_length=False, zero_stage=args.zero_stage, lr=5e-5, **packing,
         ),
     )
@@ -107,7 +108,8 @@ Tick = Callable[[int], None]
 
 def run_ours(config: ExperimentConfig, rows: list[dict[str, Any]], sentinels: int, device: torch.device,
              tick: Tick) -> float:
-    """`clozemath.train.loop.train` (the last step's checkpoint is written after its tick); returns the model's FLOPs
+    """`clozemath.train.loop.train` (its last step writes the run's checkpoint and adapter before it reports: that
+    step is run but not timed); returns the model's FLOPs
     a token."""
     loaded = load_model(config.model, num_sentinels=sentinels, device=device)
 
@@ -210,8 +212,9 @@ def measure(mode: str, run: Callable[..., None], config: ExperimentConfig, rows:
     with prof if prof is not None else nullcontext():
         flops = run(config, rows, sentinels, device, tick)
     first = warmup if prof is None else warmup + 1 + PROFILED_STEPS
-    timed = seconds[first:] or seconds[warmup:]
-    counted = tokens[first:] or tokens[warmup:]
+    # the last step is not timed: ours writes the run's checkpoint and adapter in it (0.6-0.8 s for the 1B shape)
+    timed = seconds[first:-1] or seconds[warmup:-1]
+    counted = tokens[first:-1] or tokens[warmup:-1]
     peak = torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else float("nan")
     per_step = sum(timed) / len(timed)
     if prof is not None:
