@@ -186,7 +186,7 @@ class TrainConfig(_Strict):
     report_every: AtLeastOne = 10
     """Steps between the workers' reports to Ray Train (a checkpoint or an evaluation reports at once); every step's
     metrics still reach MLflow."""
-    stream_above_mb: NonNegativeReal = 64
+    stream_above_mb: NonNegativeReal = 64.0
     """A training set whose token ids (their Parquet files) pass this size reaches the workers through Ray Data's
     streaming split; a smaller one goes to them as one object in Ray's object store, each worker taking its share,
     which spares every start of the workers Ray Data's read and split (a few processes; 10-15 s on a 2-core machine).

@@ -4,10 +4,16 @@ it needs 8 logical CPUs or Ray Data and Ray Train wait on each other)."""
 from __future__ import annotations
 
 import os
+import shutil
+import subprocess
+import sys
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+
+from clozemath.config import ExperimentConfig, load_config
 
 # The tests read the real data beside the checkout (`../shared/data`) unless CLOZEMATH_DATA_DIR says otherwise.
 _SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
@@ -66,13 +72,64 @@ def one_torch_thread() -> Iterator[None]:
     torch.set_num_threads(threads)
 
 
+ROOT = Path(__file__).resolve().parents[1]
+SMOKE = "configs/experiments/smoke.yaml"
+LEARNS = ["model.random_init.initializer_range=0.2", "data.limit=4", "train.num_workers=2"]
+"""A few problems seen for several epochs, and a tiny model whose logits can grow (see `copy_rows` in
+tests/test_train.py): the loss of 8 steps falls clearly."""
+EVERY_4_STEPS = ["eval.every_steps=4", "eval.during_training_limit=2"]
+"""Accuracy during training on 2 problems at steps 4 and 8: the 2 workers decode one each under ZeRO-2 and sum their
+counts; under ZeRO-3 (each holds a shard of every parameter) both decode both, in step."""
+SMOKE_RUN = [*LEARNS, "train.zero_stage=2", *EVERY_4_STEPS]
+"""The session's `clozemath run` (`smoke_run`): 2 ZeRO-2 workers learn for 8 steps, evaluated at steps 4 and 8."""
+
+
 @pytest.fixture(scope="session")
 def smoke_samples(ray_session: None, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A cache folder holding the smoke experiment's prepared samples (Ray Data, once a session). A test about what
-    comes after preparing copies it into its run's `<train.output_dir>/cache`: the run reads them from there."""
-    from clozemath.config import load_config
+    """A cache folder holding the prepared samples of the smoke experiment on `LEARNS`' data (Ray Data, once a
+    session). A test about what comes after preparing copies it into its run's `<train.output_dir>/cache`: the run
+    reads them from there."""
     from ray_jobs.preprocess import preprocess
 
     cache = tmp_path_factory.mktemp("smoke_samples")
-    preprocess(load_config(Path(__file__).resolve().parents[1] / "configs" / "experiments" / "smoke.yaml"), cache)
+    preprocess(load_config(ROOT / SMOKE, LEARNS), cache)
     return cache
+
+
+def run_smoke(folder: Path, *overrides: str) -> tuple[int, list[str]]:
+    """`clozemath run` on the smoke experiment in a fresh process (its own Ray), its outputs under `folder`; its
+    exit code and console, stdout and stderr as one stream."""
+    env = {key: value for key, value in os.environ.items() if key != "RAY_ADDRESS"}
+    command = [sys.executable, "-m", "clozemath_cli", "run", SMOKE, f"train.output_dir={folder / 'runs'}",
+               f"tracking.uri=sqlite:///{folder / 'mlruns.db'}", *overrides]
+    done = subprocess.run(command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                          timeout=900)
+    return done.returncode, done.stdout.splitlines()
+
+
+@dataclass(frozen=True)
+class SmokeRun:
+    code: int
+    lines: list[str]
+    """Its console: stdout and stderr as one stream."""
+    folder: Path
+    """Its `train.output_dir` is `runs/` in it, its MLflow store `mlruns.db`."""
+
+    def config(self) -> ExperimentConfig:
+        """The experiment as the run's trial resolved it (absolute paths)."""
+        from ray_jobs.grid import with_absolute_paths
+
+        store = [f"train.output_dir={self.folder / 'runs'}", f"tracking.uri=sqlite:///{self.folder / 'mlruns.db'}"]
+        config = load_config(ROOT / SMOKE, [*store, *SMOKE_RUN])
+        assert isinstance(config, ExperimentConfig)
+        return with_absolute_paths(config)
+
+
+@pytest.fixture(scope="session")
+def smoke_run(smoke_samples: Path, tmp_path_factory: pytest.TempPathFactory) -> SmokeRun:
+    """`clozemath run` on the smoke experiment (`SMOKE_RUN`), once a session: tests/test_console.py reads its console
+    and log files, tests/test_train.py its training, MLflow run and adapter. Its samples come from `smoke_samples`
+    (how a run's console reads when they are prepared afresh: the smoke grid's job)."""
+    folder = tmp_path_factory.mktemp("smoke")
+    shutil.copytree(smoke_samples, folder / "runs" / "cache")
+    return SmokeRun(*run_smoke(folder, *SMOKE_RUN), folder)

@@ -171,6 +171,7 @@ def test_a_run_tracked_on_a_server_resumes_on_another_node_when_its_node_is_lost
         storage = tmp_path / "shared"
         config = load_config(SMOKE, [
             f"train.output_dir={tmp_path / 'runs'}", f"tracking.uri={tracking_server}", f"train.storage={storage}",
+            "data.limit=4",  # the data of `smoke_samples`
             f"train.max_steps={RUN_STEPS}", f"train.checkpoint_every={CHECKPOINT_EVERY}", "train.report_every=1",
             "eval.max_new_tokens=4",
         ])

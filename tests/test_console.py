@@ -9,8 +9,6 @@ import json
 import os
 import re
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -18,9 +16,8 @@ import pytest
 from clozemath import console, tracking
 from clozemath_cli import build_parser, parse_args
 from clozemath.config import TrackingConfig
+from conftest import LEARNS, SmokeRun, run_smoke
 
-ROOT = Path(__file__).resolve().parents[1]
-SMOKE = "configs/experiments/smoke.yaml"
 MAX_CONSOLE_LINES = 60
 
 
@@ -140,17 +137,6 @@ OURS = re.compile(
 BAR = re.compile(r"^(\[smoke\] (?:training|eval \w+)) (\d+)/(\d+) \[[#.]{20}\]")
 
 
-def run_smoke(tmp_path: Path, *overrides: str) -> tuple[int, list[str]]:
-    """`clozemath run` on the smoke experiment in a fresh process (its own Ray); its console, stdout and stderr as
-    one stream."""
-    env = {key: value for key, value in os.environ.items() if key != "RAY_ADDRESS"}
-    command = [sys.executable, "-m", "clozemath_cli", "run", SMOKE, f"train.output_dir={tmp_path / 'runs'}",
-               f"tracking.uri=sqlite:///{tmp_path / 'mlruns.db'}", *overrides]
-    done = subprocess.run(command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                          timeout=900)
-    return done.returncode, done.stdout.splitlines()
-
-
 def bars_once(lines: list[str]) -> list[str]:
     """The console with each progress bar's lines counted once (as its last line)."""
     kept: list[str] = []
@@ -174,26 +160,17 @@ def assert_ours_only(lines: list[str]) -> None:
     assert not strangers, "\n".join(lines)
 
 
-@pytest.fixture(scope="module")
-def smoke_run(smoke_samples: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[int, list[str], Path]:
-    """The smoke experiment run once for the module: its exit code, its console, its folder. Its samples come from
-    the session's cache of them (how a run's console reads when they are prepared afresh: the smoke grid's job)."""
-    folder = tmp_path_factory.mktemp("smoke")
-    shutil.copytree(smoke_samples, folder / "runs" / "cache")
-    return *run_smoke(folder, "train.max_steps=4"), folder
-
-
 @pytest.mark.slow
-def test_the_smoke_run_console_is_short_ordered_and_summarised_with_the_rest_in_log_files(smoke_run) -> None:
-    code, lines, tmp_path = smoke_run
+def test_the_smoke_run_console_is_short_ordered_and_summarised_with_the_rest_in_log_files(smoke_run: SmokeRun) -> None:
+    code, lines, tmp_path = smoke_run.code, smoke_run.lines, smoke_run.folder
     console_text = "\n".join(lines)
     assert code == 0, console_text
     shown = bars_once(lines)
     assert_ours_only(shown)
-    assert BAR.match(shown[shown.index(next(l for l in shown if "training 4/4" in l))]).group(2, 3) == ("4", "4")
+    assert BAR.match(shown[shown.index(next(l for l in shown if "training 8/8" in l))]).group(2, 3) == ("8", "8")
 
     milestones = ["ray: started on this machine", "[smoke] preparing data: gsm8k/train", "[smoke] data: ",
-                  "[smoke] loading the model (tiny-llama) on cpu", "[smoke] training 4/4 ", "[smoke] evaluating: gsm8k",
+                  "[smoke] loading the model (tiny-llama) on cpu", "[smoke] training 8/8 ", "[smoke] evaluating: gsm8k",
                   "[smoke] eval gsm8k 4/4 ", "== smoke: 1 of 1 trials finished ==", "| gsm8k | greedy |",
                   "adapter:", "MLflow:", "logs:", "browse: "]
     found = [next((i for i, line in enumerate(shown) if line.startswith(m)), None) for m in milestones]
@@ -220,13 +197,13 @@ def test_the_smoke_run_console_is_short_ordered_and_summarised_with_the_rest_in_
 
 @pytest.mark.slow
 def test_a_trial_failing_on_a_user_mistake_ends_the_console_with_one_line_and_where_its_log_is(
-    smoke_run, tmp_path: Path
+    smoke_run: SmokeRun, tmp_path: Path
 ) -> None:
-    """A mistake only the trial can find (its training set, 112 samples, cannot fill one micro-batch of 500). The
+    """A mistake only the trial can find (its training set, 22 samples, cannot fill one micro-batch of 500). The
     samples come from the smoke run's cache (the micro-batch size is not part of its key): what is tested here comes
     after them."""
-    shutil.copytree(smoke_run[2] / "runs" / "cache", tmp_path / "runs" / "cache")
-    code, lines = run_smoke(tmp_path, "train.micro_batch_size=500", "eval.sets=[]")
+    shutil.copytree(smoke_run.folder / "runs" / "cache", tmp_path / "runs" / "cache")
+    code, lines = run_smoke(tmp_path, *LEARNS, "train.micro_batch_size=500", "eval.sets=[]")
     assert any(line.startswith("[smoke] data: ") and "from the cache" in line for line in lines), "\n".join(lines)
     assert code == 2, "\n".join(lines)
     assert_ours_only(bars_once(lines))

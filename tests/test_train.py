@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 import os
 from collections import Counter
@@ -38,6 +39,7 @@ from clozemath.data.sources import load_problems
 from ray_jobs.preprocess import Prepared, cache_key, preprocess
 from ray_jobs.run import run_experiment
 from ray_jobs.train import check_plan, node_gpus, rows_of_rank, streams, worker_threads
+from conftest import EVERY_4_STEPS, LEARNS, SMOKE, SmokeRun
 
 VOCAB = 300
 PAD = 0
@@ -253,10 +255,6 @@ def test_checkpoint_leaves_frozen_weights_out_tied_ones_too(tmp_path: Path) -> N
 # --------------------------------------------------------------------------------------------------------------
 # Ray end to end: `clozemath run` on the smoke config, 2 workers (slow)
 
-SMOKE = "configs/experiments/smoke.yaml"
-LEARNS = ["model.random_init.initializer_range=0.2", "data.limit=4", "train.num_workers=2"]
-"""A few problems seen for several epochs, and a tiny model whose logits can grow (see `copy_rows`): the loss of
-8 steps falls clearly."""
 
 
 @pytest.fixture(scope="session")
@@ -353,11 +351,6 @@ def test_ray_train_collects_reports_briskly_unless_told_otherwise(monkeypatch: p
     assert runtime_env()["env_vars"][TRAIN_POLL_ENV_VAR] == "1.5"
 
 
-EVERY_4_STEPS = ["eval.every_steps=4", "eval.during_training_limit=2"]
-"""Accuracy during training on 2 problems at steps 4 and 8: the 2 workers decode one each under ZeRO-2 and sum their
-counts; under ZeRO-3 (each holds a shard of every parameter) both decode both, in step."""
-
-
 def assert_curve_at_steps_4_and_8(config: ExperimentConfig, run_id: str) -> None:
     client = tracking.client(config.tracking.uri)
     totals = client.get_metric_history(run_id, "curve/gsm8k/greedy/total")
@@ -368,30 +361,33 @@ def assert_curve_at_steps_4_and_8(config: ExperimentConfig, run_id: str) -> None
 
 
 @pytest.mark.slow
-def test_zero2_run_learns_and_is_tracked(workdir: Path, ray_session: None) -> None:
-    config = smoke_config(workdir, "train.zero_stage=2", *EVERY_4_STEPS)
-    outcome = run_experiment(config)
-    assert_curve_at_steps_4_and_8(config, outcome.run_id)
+def test_zero2_run_learns_and_is_tracked(smoke_run: SmokeRun) -> None:
+    """The session's `clozemath run` of the smoke experiment, 2 ZeRO-2 workers (its console: tests/test_console.py)."""
+    assert smoke_run.code == 0, "\n".join(smoke_run.lines)
+    config = smoke_run.config()
+    (run,) = tracking.find_runs(config.tracking, {"role": "trial"})
+    run_id = run.info.run_id
+    assert_curve_at_steps_4_and_8(config, run_id)
 
-    steps = logged_steps(config, outcome.run_id)
+    steps = logged_steps(config, run_id)
     assert [step for step, _ in steps] == list(range(1, 9))
     assert_loss_falls([loss for _, loss in steps])
-    assert outcome.adapter == workdir / "runs" / "smoke" / "adapter"
-    assert_adapter_reloads_and_generates(config, outcome.adapter)
+    adapter = smoke_run.folder / "runs" / "smoke" / "adapter"
+    assert_adapter_reloads_and_generates(config, adapter)
 
     client = tracking.client(config.tracking.uri)
-    run = client.get_run(outcome.run_id)
     assert run.info.status == "FINISHED"
     expected = {key: str(value) for key, value in flatten(config).items()}
     assert {key: run.data.params[key] for key in expected} == expected
     for name in records.TRAIN_METRICS:
-        assert len(client.get_metric_history(outcome.run_id, name)) == 8, name
-    artifacts = {info.path for info in client.list_artifacts(outcome.run_id)}
+        assert len(client.get_metric_history(run_id, name)) == 8, name
+    artifacts = {info.path for info in client.list_artifacts(run_id)}
     assert {"config.yaml", "adapter", "eval"} <= artifacts
-    assert run.data.metrics["eval/gsm8k/greedy/total"] == 4 == outcome.eval_metrics["eval/gsm8k/greedy/total"]
-    [evaluated] = client.get_metric_history(outcome.run_id, "eval/gsm8k/greedy/accuracy")
+    evaluation = json.loads((records.eval_folder(config) / records.METRICS_FILE).read_text())
+    assert run.data.metrics["eval/gsm8k/greedy/total"] == 4 == evaluation["eval/gsm8k/greedy/total"]
+    [evaluated] = client.get_metric_history(run_id, "eval/gsm8k/greedy/accuracy")
     assert evaluated.step == 8  # evaluated after the last training step
-    adapter_files = {info.path for info in client.list_artifacts(outcome.run_id, "adapter")}
+    adapter_files = {info.path for info in client.list_artifacts(run_id, "adapter")}
     assert "adapter/adapter_model.safetensors" in adapter_files
 
 
