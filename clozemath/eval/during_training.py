@@ -18,11 +18,11 @@ from typing import TYPE_CHECKING
 
 from clozemath.config import ExperimentConfig
 from clozemath.data.sources import Problem
-from clozemath.eval.decode import Engine
 from clozemath.eval.evaluate import eval_problems, evaluate_batch, prompting
 from clozemath.records import CURVE_PREFIX, tally_metrics
 
 if TYPE_CHECKING:
+    from clozemath.eval.decode import Engine
     from clozemath.model.load import Loaded
 
 SumOverRanks = Callable[[list[float]], list[float]]

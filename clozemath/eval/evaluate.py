@@ -18,14 +18,14 @@ from clozemath.data.objectives import format_prompt, lm_sample
 from clozemath.data.sources import Problem
 from clozemath.data.tokenize import encode_samples
 from clozemath.errors import ClozeMathError
-from clozemath.eval.decode import Engine, Generation, PromptAttention, decode
 from clozemath.eval.predictions import Prediction, grade_generation
 from clozemath.records import ADAPTER_DIR, run_folder
 from clozemath.tasks import few_shot_prompt, get_task
 
-if TYPE_CHECKING:  # peft takes seconds to import: `clozemath score` does without it
+if TYPE_CHECKING:  # peft and the decoders take seconds to import: `clozemath score` and a grid's trial do without
     import torch
 
+    from clozemath.eval.decode import Engine, Generation, PromptAttention
     from clozemath.model.load import Loaded
 
 
@@ -114,6 +114,8 @@ def _decode(
     loaded: Loaded, prompts: list[Prompt], dataset: str, decoding: str, eval_cfg: EvalConfig, prompting: Prompting,
     engine: Engine,
 ) -> list[Generation]:
+    from clozemath.eval.decode import decode
+
     task = get_task(dataset)
     return decode(
         loaded.model, loaded.tokenizer, [prompt.ids for prompt in prompts], decoding,
