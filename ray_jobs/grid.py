@@ -187,7 +187,8 @@ def run_grid(plan: RunPlan) -> GridOutcome:
             trainable,
             param_space={"trial": tune.grid_search(list(trials))},
             tune_config=tune.TuneConfig(
-                max_concurrent_trials=concurrent_trials(grid, experiments), trial_dirname_creator=trial_dirname
+                max_concurrent_trials=concurrent_trials(grid, experiments), trial_dirname_creator=trial_dirname,
+                reuse_actors=True,  # a finished trial's process runs the next (each new one imports for seconds)
             ),
             run_config=tune.RunConfig(
                 name=path.name, storage_path=str(path.parent), verbose=1 if console.verbose() else 0,
