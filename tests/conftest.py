@@ -10,10 +10,14 @@ import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
 from clozemath.config import ExperimentConfig, load_config
+
+if TYPE_CHECKING:
+    from ray_jobs.preprocess import Prepared
 
 # The tests read the real data beside the checkout (`../shared/data`) unless CLOZEMATH_DATA_DIR says otherwise.
 _SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
@@ -85,15 +89,19 @@ SMOKE_RUN = [*LEARNS, "train.zero_stage=2", *EVERY_4_STEPS]
 
 
 @pytest.fixture(scope="session")
-def smoke_samples(ray_session: None, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A cache folder holding the prepared samples of the smoke experiment on `LEARNS`' data (Ray Data, once a
-    session). A test about what comes after preparing copies it into its run's `<train.output_dir>/cache`: the run
-    reads them from there."""
+def smoke_prepared(ray_session: None, tmp_path_factory: pytest.TempPathFactory) -> Prepared:
+    """The samples of the smoke experiment on `LEARNS`' data, prepared afresh (Ray Data, once a session) into a cache
+    folder of their own."""
     from ray_jobs.preprocess import preprocess
 
-    cache = tmp_path_factory.mktemp("smoke_samples")
-    preprocess(load_config(ROOT / SMOKE, LEARNS), cache)
-    return cache
+    return preprocess(load_config(ROOT / SMOKE, LEARNS), tmp_path_factory.mktemp("smoke_samples"))
+
+
+@pytest.fixture(scope="session")
+def smoke_samples(smoke_prepared: Prepared) -> Path:
+    """The cache folder holding `smoke_prepared`. A test about what comes after preparing copies it into its run's
+    `<train.output_dir>/cache`: the run reads them from there."""
+    return smoke_prepared.folder.parent
 
 
 def run_smoke(folder: Path, *overrides: str) -> tuple[int, list[str]]:

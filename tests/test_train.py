@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import shutil
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -294,10 +295,11 @@ def assert_adapter_reloads_and_generates(config: ExperimentConfig, adapter: Path
 
 
 @pytest.mark.slow
-def test_preprocess_is_cached(workdir: Path, ray_session: None) -> None:
+def test_preprocess_is_cached(smoke_prepared: Prepared, workdir: Path) -> None:
+    """The first preparation of the smoke samples is the session's (`smoke_prepared`, tests/conftest.py)."""
     config = smoke_config(workdir)
-    first = preprocess(config, workdir / "runs" / "cache")
-    second = preprocess(config, workdir / "runs" / "cache")
+    first = smoke_prepared
+    second = preprocess(config, first.folder.parent)
     assert (first.from_cache, second.from_cache) == (False, True)
     assert second.folder == first.folder and second.num_rows == first.num_rows == sum(first.kinds.values())
     assert set(first.kinds) == {"lm", "cloze"} and first.num_sentinels > 0
@@ -392,15 +394,17 @@ def test_zero2_run_learns_and_is_tracked(smoke_run: SmokeRun) -> None:
 
 
 @pytest.mark.slow
-def test_zero3_worker_failure_resumes_from_checkpoint(workdir: Path, ray_session: None) -> None:
+def test_zero3_worker_failure_resumes_from_checkpoint(smoke_samples: Path, workdir: Path) -> None:
     """Rank 0 fails before step 6; the workers restart from the step-4 checkpoint (step 5 is trained again; reported
     every step, its first try reaches MLflow before the failure) and stop at step 8; MLflow holds each step once.
     Both workers evaluate during training, before the failure and after the restart. The workers take their rows
-    through Ray Data's streaming split (a set above `train.stream_above_mb`), after the restart too."""
+    through Ray Data's streaming split (a set above `train.stream_above_mb`), after the restart too. The samples
+    come from the session's (`smoke_samples`)."""
     config = smoke_config(workdir, "name=smoke_zero3", "train.zero_stage=3", "train.fail_at_step=6",
                           "train.stream_above_mb=0", "eval.sets=[{dataset: gsm8k, limit: 2}]", "train.report_every=1",
                           *EVERY_4_STEPS)
     assert config.train.checkpoint_every == 4 and config.train.max_steps == 8
+    shutil.copytree(smoke_samples, workdir / "runs" / "cache", dirs_exist_ok=True)
     outcome = run_experiment(config)
     assert_curve_at_steps_4_and_8(config, outcome.run_id)
 
