@@ -122,15 +122,20 @@ class TrackedRun:
         """End the run FINISHED or FAILED (`succeeded`), or with the given `status` (KILLED: interrupted)."""
         client(self.uri).set_terminated(self.run_id, status=status or ("FINISHED" if succeeded else "FAILED"))
 
+    def status(self) -> str:
+        return client(self.uri).get_run(self.run_id).info.status
+
     @contextmanager
     def ended_on_exit(self) -> Iterator[TrackedRun]:
-        """The run, ended FINISHED when the block completes and FAILED when it raises (Ctrl-C included)."""
+        """The run, ended FINISHED when the block completes and FAILED when it raises (Ctrl-C included), unless
+        it was ended KILLED meanwhile (a grid's driver interrupted: the trial's failure is the interruption's)."""
         succeeded = False
         try:
             yield self
             succeeded = True
         finally:
-            self.end(succeeded)
+            if succeeded or self.status() != "KILLED":
+                self.end(succeeded)
 
 
 def start_run(

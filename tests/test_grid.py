@@ -393,3 +393,16 @@ def test_after_a_ctrl_c_every_trial_run_not_finished_is_killed(tmp_path: Path) -
     assert {name: run.info.status for name, run in children(config).items()} == {
         "FINISHED": "FINISHED", "FAILED": "KILLED", "RUNNING": "KILLED"}
     assert tracking.client(config.uri).get_run(parent.run_id).info.status == "KILLED"
+
+
+def test_a_trial_failing_after_the_driver_killed_its_run_leaves_it_killed(tmp_path: Path) -> None:
+    """The other order: the driver marks the run KILLED first, then the trial's Train run dies of the shutdown."""
+    config = tracking_of(tmp_path)
+    run = tracking.start_run(config, "trial", tags={"role": "trial", "trial": "t"})
+    with pytest.raises(RuntimeError), run.ended_on_exit():
+        run.end(status="KILLED")
+        raise RuntimeError("the Train controller died")
+    assert run.status() == "KILLED"
+    with pytest.raises(RuntimeError), tracking.reopen_run(config.uri, run.run_id).ended_on_exit():
+        raise RuntimeError("a failure of its own, once resumed")
+    assert run.status() == "FAILED"
