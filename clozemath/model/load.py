@@ -231,9 +231,9 @@ def apply_lora(model: PreTrainedModel, lora: LoraConfig, specials: SpecialTokens
 
 def _merge_token_rows_with_device_indices(model: PeftModel) -> None:
     """peft 0.21's `TrainableTokensLayer.get_merged_weights` makes its row indices a tensor from a Python list and
-    copies it to the GPU on every call: a copy from pageable host memory, which waits for all the work queued on the
-    GPU. Training calls it twice a micro-batch (the embedding; the output matrix of the fused loss, after the whole
-    forward is queued). Here each layer merges with indices copied to the device once."""
+    copies it to the GPU on every call: a blocking copy (`.to(device)`), after which the host waits for all the work
+    queued on the GPU. Training calls it twice a micro-batch (the embedding; the output matrix of the fused loss, after
+    the whole forward is queued). Here each layer merges with indices copied to the device once."""
     for module in model.modules():
         if isinstance(module, TrainableTokensLayer):
             module.get_merged_weights = partial(merged_token_rows, module)
