@@ -38,7 +38,10 @@ class _Strict(BaseModel):
 class LoraConfig(_Strict):
     rank: AtLeastOne = 32
     alpha: AtLeastOne = 64
-    dropout: Annotated[float, Field(ge=0, lt=1, allow_inf_nan=False)] = 0.05
+    dropout: Annotated[float, Field(ge=0, lt=1, allow_inf_nan=False)] = 0.0
+    """The paper gives rank 32 only; alpha (2 x rank) and no dropout are LLaMA-Factory's defaults (and 0.0 is
+    peft's). Dropout costs speed on a GPU: 7 masks a layer over the adapted projections' inputs, each kept for the
+    backward (the 1B shape in rows of 8,192 tokens: a step ~7% longer, a third more memory)."""
     target_modules: str | list[str] = "all-linear"
     train_special_tokens: bool = True
 
