@@ -257,7 +257,6 @@ def test_checkpoint_leaves_frozen_weights_out_tied_ones_too(tmp_path: Path) -> N
 # Ray end to end: `clozemath run` on the smoke config, 2 workers (slow)
 
 
-
 @pytest.fixture(scope="session")
 def workdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("train")
