@@ -234,6 +234,10 @@ class EvalConfig(_Strict):
     decodings: list[Decoding] = ["greedy"]
     num_beams: AtLeastOne = 5
     cot_k: AtLeastOne = 9
+    cot_vote: Literal["marked", "any"] = "marked"
+    """CoT-decoding: which branches vote. marked: only those whose answer the format marks (`####` on GSM8K, the
+    paper's rule: "answer tokens are numerical tokens after the annotation string ####"); any: also those answered by
+    the last-number fallback (the rule of the replication's first, epochs-budget results)."""
     max_new_tokens: AtLeastOne = 512
     prompt_attention: Literal["auto", "bidirectional", "causal"] = "auto"
     """auto: bidirectional for prefix_lm-trained models, causal otherwise."""

@@ -93,6 +93,11 @@ CURVE_PREFIX = "curve"
 EVAL_SECONDS = f"{EVAL_PREFIX}/seconds"
 ACCURACY, CORRECT, TOTAL = "accuracy", "correct", "total"
 CUT_SHARE, PROBLEMS_PER_S = "cut_share", "problems_per_s"
+STRICT_ACCURACY, FLEXIBLE_ACCURACY = "strict_accuracy", "flexible_accuracy"
+"""Accuracy counting only answers where the format marks them (`####`, `\\boxed{}`; lm-evaluation-harness's
+strict-match for base models), and counting the last-number fallback too (the harness's flexible-extract)."""
+UNCUT_ACCURACY, FALLBACK_SHARE = "uncut_accuracy", "fallback_share"
+"""Accuracy over the generations that ended before `max_new_tokens`; the share of answers the fallback found."""
 
 
 def train_metric(name: str) -> str:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -19,7 +20,16 @@ from clozemath.data.sources import load_problems
 from clozemath.data.tokenize import encode_sample
 from clozemath.errors import ClozeMathError
 from clozemath.eval.evaluate import Prompting, build_prompts, eval_problems, evaluate_batch, prompting, resolve_adapter
-from clozemath.eval.predictions import metrics, read_predictions, results_table, write_predictions
+from clozemath.eval.answers import MARKED_RULES
+from clozemath.eval.predictions import (
+    Prediction,
+    grade_generation,
+    metrics,
+    read_predictions,
+    regrade,
+    results_table,
+    write_predictions,
+)
 from clozemath.eval.harness import STRICT_MATCH, harness_verdicts
 from clozemath.eval.prompts import GSM8K_STOP
 from clozemath.eval.decode import decode
@@ -132,7 +142,7 @@ def test_tiny_model_end_to_end(loaded, smoke, tmp_path):
     rows = [json.loads(line) for line in path.read_text().splitlines()]
     assert len(rows) == 12 and set(rows[0]) == {
         "id", "dataset", "decoding", "prompt", "generation", "extracted", "gold", "correct", "confidence", "harness",
-        "finish_reason", "generated_tokens",
+        "finish_reason", "generated_tokens", "rule",
     }
     assert read_predictions(path) == predictions
     for decoding in DECODINGS:
@@ -141,21 +151,75 @@ def test_tiny_model_end_to_end(loaded, smoke, tmp_path):
     for prediction in predictions:
         assert prediction.prompt.endswith("Answer:<SEP>") and prediction.generation
         graded = grade("gsm8k", prediction.generation, prediction.gold)
-        assert (prediction.extracted, prediction.correct) == (graded.extracted, graded.correct)
-        has_answer = prediction.extracted is not None
-        assert (prediction.confidence is not None) == (prediction.decoding == "cot" and has_answer)
+        assert (prediction.extracted, prediction.correct, prediction.rule) == (
+            graded.extracted, graded.correct, graded.rule)
+        # CoT-decoding's vote (eval.cot_vote: marked): only branches with a `####` answer; none voted, the greedy one
+        marked = prediction.rule in MARKED_RULES
+        assert (prediction.confidence is not None) == (prediction.decoding == "cot" and marked)
         assert prediction.finish_reason in ("eos", "stop", "length") and prediction.generated_tokens >= 1
         if prediction.finish_reason == "length":
             assert prediction.generated_tokens == smoke.eval.max_new_tokens
 
     values = metrics(predictions)
-    names = ("accuracy", "correct", "total", "cut_share")
-    assert set(values) == {f"eval/gsm8k/{d}/{name}" for d in DECODINGS for name in names}
+    names = ("accuracy", "correct", "total", "cut_share", "strict_accuracy", "flexible_accuracy", "fallback_share")
+    uncut = {f"eval/gsm8k/{p.decoding}/uncut_accuracy" for p in predictions if p.finish_reason != "length"}
+    assert set(values) == {f"eval/gsm8k/{d}/{name}" for d in DECODINGS for name in names} | uncut
     assert all(values[f"eval/gsm8k/{d}/total"] == 4 for d in DECODINGS)
     for d in DECODINGS:
         mine = [p for p in predictions if p.decoding == d]
         assert values[f"eval/gsm8k/{d}/cut_share"] == sum(p.finish_reason == "length" for p in mine) / 4
     assert values["eval/gsm8k/greedy/accuracy"] == sum(p.correct for p in predictions[:4]) / 4
+
+
+@pytest.mark.parametrize(("vote", "votes_for_the_last_number"), [("marked", False), ("any", True)])
+def test_cot_decoding_votes_with_marked_answers_unless_told_otherwise(
+    loaded, smoke, monkeypatch, vote, votes_for_the_last_number
+):
+    """The paper: CoT-decoding's answer tokens are "numerical tokens after the annotation string ####"; a branch that
+    ends on a bare number votes only under `eval.cot_vote: any`."""
+    seen = {}
+
+    def fake_decode(*args, answer_span, **kwargs):
+        seen["span"] = answer_span
+        return []
+
+    monkeypatch.setattr("clozemath.eval.decode.decode", fake_decode)
+    config = load_config(SMOKE, ["eval.decodings=[cot]"] + ([] if vote == "marked" else [f"eval.cot_vote={vote}"]))
+    assert config.eval.cot_vote == vote
+    evaluate_batch(loaded, eval_problems(config.eval.sets[0])[:1], "cot", config.eval, prompting(config))
+    assert seen["span"]("so 3 + 4 = 7\n#### 7") == (18, 19)  # the 7 after `#### `
+    assert seen["span"]("so 3 + 4 = 7") == ((11, 12) if votes_for_the_last_number else None)
+
+
+def test_each_prediction_says_which_rule_graded_it_and_the_metrics_split_strict_from_flexible():
+    """Four fine-tuned generations: `#### 7` right (ended), a bare `12` right by the fallback (cut), `#### 5` wrong
+    (ended), no number (cut); two few-shot (harness) ones: `#### 5` right, a bare `9` right only to flexible-extract.
+    By hand: fine-tuned strict 1/4, flexible 2/4, fallback 1/4, cut 2/4, uncut accuracy 1/2 (of `#### 7`, `#### 5`);
+    few-shot strict 1/2 (its accuracy), flexible 2/2."""
+    rows = [("a", "3 + 4 = 7\n#### 7", "7", "eos"), ("b", "so it is 12 and 12", "12", "length"),
+            ("c", "#### 5", "6", "eos"), ("d", "I do not know", "3", "length")]
+    shots = [("e", "Half of 10 is 5.\n#### 5", "5", "stop"), ("f", "It is 9", "9", "eos")]
+    predictions = []
+    for harness, decoding, group in ((False, "greedy", rows), (True, "beam", shots)):
+        for id, generation, gold, finish in group:
+            verdict = grade_generation("gsm8k", generation, gold, harness)
+            predictions.append(Prediction(id, "gsm8k", decoding, "", generation, verdict.extracted, gold,
+                                          verdict.correct, None, verdict.harness, finish, 9, verdict.rule))
+    assert [p.rule for p in predictions] == ["strict", "flexible", "strict", "none", "strict", "none"]
+    assert [p.correct for p in predictions] == [True, True, False, False, True, False]
+    assert [p.extracted for p in predictions] == ["7", "12", "5", None, "5", None]
+    values = metrics(predictions)
+    tuned = {k.removeprefix("eval/gsm8k/greedy/"): v for k, v in values.items() if k.startswith("eval/gsm8k/greedy/")}
+    assert tuned == {"accuracy": 0.5, "correct": 2, "total": 4, "cut_share": 0.5, "uncut_accuracy": 0.5,
+                     "fallback_share": 0.25, "strict_accuracy": 0.25, "flexible_accuracy": 0.5}
+    few_shot = {k.removeprefix("eval/gsm8k/beam/"): v for k, v in values.items() if k.startswith("eval/gsm8k/beam/")}
+    assert few_shot == {"accuracy": 0.5, "correct": 1, "total": 2, "cut_share": 0.0, "uncut_accuracy": 0.5,
+                        "fallback_share": 0.0, "strict_accuracy": 0.5, "flexible_accuracy": 1.0,
+                        "strict-match": 0.5, "flexible-extract": 1.0}
+    # a file from before the rule and the finish were recorded: only what it holds the inputs of
+    old = [replace(p, rule=None, finish_reason=None) for p in predictions[:4]]
+    assert set(metrics(old)) == {"eval/gsm8k/greedy/accuracy", "eval/gsm8k/greedy/correct", "eval/gsm8k/greedy/total"}
+    assert [p.rule for p in regrade(old)] == ["strict", "flexible", "strict", "none"]
 
 
 def test_results_table_shows_the_cut_share_and_warns_above_a_fifth():

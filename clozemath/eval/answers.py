@@ -1,7 +1,7 @@
 """Answer extraction and grading rules, for any dataset; each dataset picks its own (`clozemath.tasks`).
 
 Numeric answers (GSM8K-like sets): the number after `####` (rule `strict`), else the last number of the generation
-(`flexible`), equal to the gold within `NUMERIC_TOLERANCE`. LaTeX answers (MATH): the content of the last
+(`flexible`, the fallback), equal to the gold within `NUMERIC_TOLERANCE`. LaTeX answers (MATH): the content of the last
 `\\boxed{}` (`boxed`; else the Minerva few-shot format's `The final answer is $...$`, `final_answer`), equal to the
 gold by math-verify (gold first, under a hard timeout) or, failing that, by the MATH paper's normalized string
 equality.
@@ -24,6 +24,13 @@ logger = logging.getLogger(__name__)
 
 Found = tuple[tuple[int, int], str]
 """Where an answer is in a generation (character offsets `[start, end)`) and the rule that found it."""
+
+
+MARKED_RULES = frozenset({"strict", "boxed", "final_answer"})
+"""The rules that read the answer where the solution format marks it (`####`, `\\boxed{}`, Minerva's final-answer
+line); the other, `flexible` (the last number), is a fallback for generations that never mark one. Strict accuracy
+counts only answers found by these."""
+FALLBACK_RULE = "flexible"
 
 
 @dataclass(frozen=True)

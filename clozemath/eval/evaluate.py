@@ -10,6 +10,7 @@ import random
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -121,8 +122,8 @@ def _decode(
         loaded.model, loaded.tokenizer, [prompt.ids for prompt in prompts], decoding,
         max_new_tokens=eval_cfg.max_new_tokens, stop=stop_strings(dataset, prompting),
         prompt_attention=prompting.attention, batch_size=eval_cfg.batch_size, num_beams=eval_cfg.num_beams,
-        cot_k=eval_cfg.cot_k, answer_span=task.answer_span, normalize_answer=task.answer_key,
-        engine=engine,
+        cot_k=eval_cfg.cot_k, answer_span=partial(task.answer_span, marked_only=eval_cfg.cot_vote == "marked"),
+        normalize_answer=task.answer_key, engine=engine,
     )
 
 
@@ -143,7 +144,7 @@ def evaluate_batch(
             predictions[index] = Prediction(
                 problem.id, dataset, decoding, prompt.text, generation.text, verdict.extracted, problem.answer,
                 verdict.correct, generation.confidence, verdict.harness, generation.finish_reason,
-                len(generation.token_ids),
+                len(generation.token_ids), verdict.rule,
             )
     return [prediction for prediction in predictions if prediction is not None]
 

@@ -6,15 +6,26 @@ from __future__ import annotations
 import json
 from collections import Counter, defaultdict
 from collections.abc import Iterable
-from dataclasses import asdict, dataclass, fields, replace
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
 from clozemath.data.sources import read_jsonl
 from clozemath.errors import ClozeMathError
-from clozemath.eval.harness import STRICT_MATCH, filtered_answer, harness_verdicts
+from clozemath.eval.answers import FALLBACK_RULE, MARKED_RULES
+from clozemath.eval.harness import FLEXIBLE_EXTRACT, STRICT_MATCH, filtered_answer, harness_verdicts
 from clozemath.files import atomic_writer
-from clozemath.records import CUT_SHARE, EVAL_PREFIX, eval_metric, parse_eval_metric, tally_metrics
+from clozemath.records import (
+    CUT_SHARE,
+    EVAL_PREFIX,
+    FALLBACK_SHARE,
+    FLEXIBLE_ACCURACY,
+    STRICT_ACCURACY,
+    UNCUT_ACCURACY,
+    eval_metric,
+    parse_eval_metric,
+    tally_metrics,
+)
 from clozemath.tasks import get_task
 
 
@@ -36,18 +47,22 @@ class Prediction:
     """eos, stop (a stop string) or length (cut at `max_new_tokens`); None in files written before it was recorded."""
     generated_tokens: int | None = None
     """Tokens generated, end-of-sequence excluded."""
+    rule: str | None = None
+    """How `extracted` was found (`clozemath.eval.answers`): strict (after `####`), boxed, final_answer, flexible (the
+    last number, a fallback) or none; for the harness's grading, strict (strict-match's `#### N`) or none. None in
+    files written before it was recorded."""
 
 
 _FIELD_TYPES: dict[str, tuple[type, ...]] = {
     "id": (str,), "dataset": (str,), "decoding": (str,), "prompt": (str,), "generation": (str,),
     "extracted": (str, type(None)), "gold": (str,), "correct": (bool,), "confidence": (int, float, type(None)),
     "harness": (dict, type(None)),
-    "finish_reason": (str, type(None)), "generated_tokens": (int, type(None)),
+    "finish_reason": (str, type(None)), "generated_tokens": (int, type(None)), "rule": (str, type(None)),
 }
 _REQUIRED = ("id", "dataset", "generation", "gold")  # the rest default: `score` regrades from these
 _DEFAULTS: dict[str, Any] = {
     "decoding": "", "prompt": "", "extracted": None, "correct": False, "confidence": None, "harness": None,
-    "finish_reason": None, "generated_tokens": None,
+    "finish_reason": None, "generated_tokens": None, "rule": None,
 }
 CUT_WARNING_SHARE = 0.2
 """The results table warns when more than this share of a set's generations ran to `max_new_tokens`."""
@@ -59,16 +74,16 @@ def _has_type(value: Any, allowed: tuple[type, ...]) -> bool:
 
 def _prediction(row: dict[str, Any], where: str) -> Prediction:
     values = {}
-    for field in fields(Prediction):
-        if field.name not in row:
-            if field.name in _REQUIRED:
-                raise ClozeMathError(f"{where}: missing field '{field.name}'")
-            values[field.name] = _DEFAULTS[field.name]
+    for spec in fields(Prediction):
+        if spec.name not in row:
+            if spec.name in _REQUIRED:
+                raise ClozeMathError(f"{where}: missing field '{spec.name}'")
+            values[spec.name] = _DEFAULTS[spec.name]
             continue
-        value = row[field.name]
-        if not _has_type(value, _FIELD_TYPES[field.name]):
-            raise ClozeMathError(f"{where}: field '{field.name}' has the wrong type ({type(value).__name__})")
-        values[field.name] = value
+        value = row[spec.name]
+        if not _has_type(value, _FIELD_TYPES[spec.name]):
+            raise ClozeMathError(f"{where}: field '{spec.name}' has the wrong type ({type(value).__name__})")
+        values[spec.name] = value
     try:
         get_task(values["dataset"])
     except ClozeMathError as exc:
@@ -100,6 +115,7 @@ class Verdict:
     extracted: str | None
     correct: bool
     harness: dict[str, bool] | None
+    rule: str
 
 
 def grade_generation(dataset: str, generation: str, gold: str, harness: bool) -> Verdict:
@@ -107,14 +123,15 @@ def grade_generation(dataset: str, generation: str, gold: str, harness: bool) ->
     task = get_task(dataset)
     if harness and task.harness_filters:
         verdicts = harness_verdicts(generation, gold)
-        return Verdict(filtered_answer(STRICT_MATCH, generation), verdicts[STRICT_MATCH], verdicts)
+        extracted = filtered_answer(STRICT_MATCH, generation)
+        return Verdict(extracted, verdicts[STRICT_MATCH], verdicts, "none" if extracted is None else "strict")
     graded = task.grade(generation, gold)
-    return Verdict(graded.extracted, graded.correct, None)
+    return Verdict(graded.extracted, graded.correct, None, graded.rule)
 
 
 def regrade(predictions: list[Prediction]) -> list[Prediction]:
-    """The predictions with `extracted`, `correct` (and the harness's verdicts, where it graded) recomputed from
-    `generation` and `gold`."""
+    """The predictions with `extracted`, `correct`, `rule` (and the harness's verdicts, where it graded) recomputed
+    from `generation` and `gold`."""
     regraded = []
     for prediction in predictions:
         by_harness = prediction.harness is not None
@@ -123,7 +140,8 @@ def regrade(predictions: list[Prediction]) -> list[Prediction]:
         except ClozeMathError as exc:
             raise ClozeMathError(f"prediction '{prediction.id}': {exc}") from None
         regraded.append(
-            replace(prediction, extracted=verdict.extracted, correct=verdict.correct, harness=verdict.harness)
+            replace(prediction, extracted=verdict.extracted, correct=verdict.correct, harness=verdict.harness,
+                    rule=verdict.rule)
         )
     return regraded
 
@@ -163,26 +181,82 @@ def print_score(path: str | Path, as_json: bool = False) -> None:
     print(f"regraded {len(predictions)} predictions: {scores['changed']} verdicts changed")
 
 
+def strict_and_flexible(prediction: Prediction) -> tuple[bool, bool] | None:
+    """Whether the answer is right counting only an answer the format marks (strict), and counting the last-number
+    fallback too (flexible); the harness's strict-match and flexible-extract where it graded. None when the
+    prediction records neither its rule nor the harness's verdicts (a file from before)."""
+    if prediction.harness is not None:
+        return prediction.harness.get(STRICT_MATCH, False), prediction.harness.get(FLEXIBLE_EXTRACT, False)
+    if prediction.rule is None:
+        return None
+    return prediction.correct and prediction.rule in MARKED_RULES, prediction.correct
+
+
+@dataclass
+class _Tally:
+    """One set and decoding's counts, for `metrics`."""
+
+    correct: int = 0
+    total: int = 0
+    finish_recorded: int = 0
+    cut: int = 0
+    uncut_correct: int = 0
+    rule_recorded: int = 0
+    fallback: int = 0
+    graded_both: int = 0
+    strict: int = 0
+    flexible: int = 0
+    by_filter: Counter[str] = field(default_factory=Counter)
+
+    def add(self, prediction: Prediction) -> None:
+        self.correct += prediction.correct
+        self.total += 1
+        self.by_filter.update(prediction.harness or {})
+        if prediction.finish_reason is not None:
+            self.finish_recorded += 1
+            self.cut += prediction.finish_reason == "length"
+            self.uncut_correct += prediction.correct and prediction.finish_reason != "length"
+        if prediction.rule is not None:
+            self.rule_recorded += 1
+            self.fallback += prediction.rule == FALLBACK_RULE
+        verdicts = strict_and_flexible(prediction)
+        if verdicts is not None:
+            self.graded_both += 1
+            self.strict += verdicts[0]
+            self.flexible += verdicts[1]
+
+    def stats(self) -> dict[str, float]:
+        """The statistics that every prediction of the group records the inputs of."""
+        out: dict[str, float] = {name: hits / self.total for name, hits in self.by_filter.items()}
+        if self.finish_recorded:
+            out[CUT_SHARE] = self.cut / self.finish_recorded
+            uncut = self.finish_recorded - self.cut
+            if uncut and self.finish_recorded == self.total:
+                out[UNCUT_ACCURACY] = self.uncut_correct / uncut
+        if self.rule_recorded == self.total:
+            out[FALLBACK_SHARE] = self.fallback / self.total
+        if self.graded_both == self.total:
+            out[STRICT_ACCURACY] = self.strict / self.total
+            out[FLEXIBLE_ACCURACY] = self.flexible / self.total
+        return out
+
+
 def metrics(predictions: Iterable[Prediction]) -> dict[str, float]:
-    """`eval/<set>/<decoding>/accuracy`, `.../correct`, `.../total` for every set (dataset) and decoding present;
-    `.../cut_share`, the share of generations cut at `max_new_tokens` (of those that record why they ended); where the
-    harness graded, also its filters' accuracies, `.../strict-match` and `.../flexible-extract`."""
-    counts: dict[tuple[str, str], list[int]] = defaultdict(lambda: [0, 0, 0, 0])  # correct, total, cut, recorded
-    by_filter: dict[tuple[str, str], Counter[str]] = defaultdict(Counter)
+    """`eval/<set>/<decoding>/accuracy`, `.../correct`, `.../total` for every set (dataset) and decoding present; then
+    what shows how the answers were graded:
+    - `cut_share`: the share of generations cut at `max_new_tokens` (of those that record why they ended), and
+      `uncut_accuracy`, the accuracy over the others;
+    - `strict_accuracy` and `flexible_accuracy` (`strict_and_flexible`), and `fallback_share`, the share of answers
+      found by the last-number fallback;
+    - where the harness graded (base models), its filters' accuracies, `.../strict-match` and `.../flexible-extract`.
+    A statistic is left out where some prediction of the group predates what it needs."""
+    tallies: dict[tuple[str, str], _Tally] = defaultdict(_Tally)
     for prediction in predictions:
-        tally = counts[(prediction.dataset, prediction.decoding)]
-        tally[0] += prediction.correct
-        tally[1] += 1
-        by_filter[(prediction.dataset, prediction.decoding)].update(prediction.harness or {})
-        tally[2] += prediction.finish_reason == "length"
-        tally[3] += prediction.finish_reason is not None
+        tallies[(prediction.dataset, prediction.decoding)].add(prediction)
     out: dict[str, float] = {}
-    for (dataset, decoding), (correct, total, cut, recorded) in sorted(counts.items()):
-        out.update(tally_metrics(dataset, decoding, correct, total))
-        for name, hits in by_filter[(dataset, decoding)].items():
-            out[eval_metric(dataset, decoding, name)] = hits / total
-        if recorded:
-            out[eval_metric(dataset, decoding, CUT_SHARE)] = cut / recorded
+    for (dataset, decoding), tally in sorted(tallies.items()):
+        out.update(tally_metrics(dataset, decoding, tally.correct, tally.total))
+        out.update({eval_metric(dataset, decoding, name): value for name, value in tally.stats().items()})
     return out
 
 

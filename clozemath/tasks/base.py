@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from clozemath.data.sources import Problem, data_identity, load_problems
-from clozemath.eval.answers import MATH_VERIFY_TIMEOUT_S, Found, Graded
+from clozemath.eval.answers import MARKED_RULES, MATH_VERIFY_TIMEOUT_S, Found, Graded
 
 
 class EvalSource(Protocol):
@@ -49,10 +49,13 @@ class Task:
         """Extract the answer of `generation` and compare it with `gold`."""
         return self.judge(self.find_answer(generation), generation, gold, timeout_s)
 
-    def answer_span(self, text: str) -> tuple[int, int] | None:
-        """Character offsets `[start, end)` in `text` of the answer `grade` extracts."""
+    def answer_span(self, text: str, marked_only: bool = False) -> tuple[int, int] | None:
+        """Character offsets `[start, end)` in `text` of the answer `grade` extracts; `marked_only`: only an answer
+        where the format marks it (`MARKED_RULES`: `####`, `\\boxed{}`), not the last-number fallback."""
         found = self.find_answer(text)
-        return None if found is None else found[0]
+        if found is None or (marked_only and found[1] not in MARKED_RULES):
+            return None
+        return found[0]
 
 
 @dataclass(frozen=True)
