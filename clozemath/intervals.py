@@ -1,10 +1,14 @@
-"""How sure a difference in accuracy is: a paired bootstrap over problems, pooled over seeds (`clozemath report`).
+"""How sure a difference in accuracy is: paired bootstraps over problems and over seeds (`clozemath report`).
 
 Two methods evaluated on the same problems are compared problem by problem (aligned by problem id). Seed s of the
 method is paired with seed s of the reference; a side with a single seed (a base model, which is not trained) pairs
-with every seed of the other. A bootstrap replicate resamples the problems once, the same resample for every seed
-pair, and takes the mean over the pairs of (accuracy of the method - accuracy of the reference); the interval is
-the 2.5 and 97.5 percentiles of 10,000 replicates drawn with a fixed seed, so a report is reproducible.
+with every seed of the other. Two intervals, each the 2.5 and 97.5 percentiles of 10,000 replicates drawn with a
+fixed seed (a report is reproducible) of the mean over the pairs of (accuracy of the method - accuracy of the
+reference):
+- `paired_difference`: a replicate resamples the problems once, the same resample for every seed pair; the trained
+  models are held fixed, so it leaves out how much another training seed would change them;
+- `hierarchical_difference`: a replicate resamples the seed pairs, then the problems; it answers whether the
+  difference would hold for other training seeds too, and is the one a headline claim rests on.
 """
 
 from __future__ import annotations
@@ -51,19 +55,61 @@ def seed_pairs(method: Collection[str], reference: Collection[str]) -> list[tupl
     return [(seed, seed) for seed in sorted(set(method) & set(reference))]
 
 
-def paired_difference(
-    method: BySeed, reference: BySeed, replicates: int = REPLICATES, seed: int = BOOTSTRAP_SEED, level: float = LEVEL
-) -> Difference | None:
-    """The pooled difference and its interval; None when no seeds pair or the paired runs share no problem."""
+def _paired(method: BySeed, reference: BySeed) -> tuple[list[tuple[str, str]], list[str], np.ndarray] | None:
+    """The seed pairs, the problems every paired run answered, and per pair and problem the method's right answer
+    minus the reference's (a pairs x problems matrix of -1, 0, 1); None when no seeds pair or no problem is shared."""
     pairs = seed_pairs(method.keys(), reference.keys())
     if not pairs:
         return None
     ids = sorted(set.intersection(*(set(method[m]) & set(reference[r]) for m, r in pairs)))
     if not ids:
         return None
-    wins = np.array([[int(method[m][i]) - int(reference[r][i]) for i in ids] for m, r in pairs]).sum(axis=0)
+    return pairs, ids, np.array([[int(method[m][i]) - int(reference[r][i]) for i in ids] for m, r in pairs])
+
+
+def paired_difference(
+    method: BySeed, reference: BySeed, replicates: int = REPLICATES, seed: int = BOOTSTRAP_SEED, level: float = LEVEL
+) -> Difference | None:
+    """The pooled difference and its interval over problems (the runs held fixed); None when no seeds pair or the
+    paired runs share no problem."""
+    paired = _paired(method, reference)
+    if paired is None:
+        return None
+    pairs, ids, diffs = paired
+    wins = diffs.sum(axis=0)
     low, high = bootstrap_interval(wins, len(pairs), replicates, seed, level)
     return Difference(100 * wins.mean() / len(pairs), 100 * low, 100 * high, len(pairs), len(ids))
+
+
+def hierarchical_difference(
+    method: BySeed, reference: BySeed, replicates: int = REPLICATES, seed: int = BOOTSTRAP_SEED, level: float = LEVEL
+) -> Difference | None:
+    """The pooled difference and its interval over seeds and problems; None as for `paired_difference`.
+
+    A replicate draws the seed pairs with replacement (a pair is the unit: seed s of the method with seed s of the
+    reference, a one-seed side with every seed of the other), then the problems with replacement, the same draw for
+    every drawn pair (the seeds answered the same problems: they are crossed, not nested, so one draw keeps the
+    problems' shared difficulty, as the bootstrap of a crossed design resamples each factor once, Owen 2007); its
+    value is the mean over the drawn pairs of the method's accuracy minus the reference's on the drawn problems. With
+    one seed pair it is `paired_difference`'s interval (the same draws); where each pair differs alike on all its
+    problems, the problems' draw changes nothing and it is the seeds' interval alone.
+    """
+    paired = _paired(method, reference)
+    if paired is None:
+        return None
+    pairs, ids, diffs = paired
+    n, p = len(ids), len(pairs)
+    # Problems with the same column of differences (one value per pair) are interchangeable in a resample: draw how
+    # many of the n draws fall on each distinct column instead of n indices (as in `bootstrap_interval`).
+    columns, counts = np.unique(diffs, axis=1, return_counts=True)
+    generator = np.random.default_rng(seed)
+    problem_draws = generator.multinomial(n, counts / n, size=replicates)  # replicates x distinct columns
+    seed_draws = generator.multinomial(p, np.full(p, 1 / p), size=replicates)  # replicates x pairs
+    per_pair = problem_draws @ columns.T / n  # each pair's mean difference on the drawn problems
+    means = (seed_draws * per_pair).sum(axis=1) / p
+    tail = 100 * (1 - level) / 2
+    low, high = np.percentile(means, [tail, 100 - tail])
+    return Difference(100 * diffs.mean(), 100 * float(low), 100 * float(high), p, n)
 
 
 def bootstrap_interval(wins: np.ndarray, pairs: int, replicates: int, seed: int, level: float) -> tuple[float, float]:

@@ -15,7 +15,7 @@ import pytest
 from clozemath import tracking
 from clozemath_cli import main
 from clozemath.config import TrackingConfig
-from clozemath.intervals import paired_difference, seed_pairs
+from clozemath.intervals import hierarchical_difference, paired_difference, seed_pairs
 
 
 def right_on(count: int, problems: int, offset: int = 0) -> dict[str, bool]:
@@ -77,6 +77,58 @@ def test_seeds_pair_by_seed_and_a_single_seed_pairs_with_every_seed() -> None:
     pooled = paired_difference({"0": right_on(6, 10), "1": right_on(7, 10), "2": right_on(8, 10)},
                                {"0": right_on(5, 10)})
     assert pooled is not None and pooled.points == pytest.approx(20) and pooled.pairs == 3
+
+
+def test_the_seed_aware_interval_of_identical_runs_is_a_point() -> None:
+    runs = {"0": right_on(30, 100), "1": right_on(50, 100, offset=20), "2": right_on(1, 100)}
+    difference = hierarchical_difference(runs, dict(runs))
+    assert difference is not None and (difference.points, difference.low, difference.high) == (0, 0, 0)
+    assert (difference.pairs, difference.problems) == (3, 100)
+
+
+def test_with_one_seed_pair_the_seed_aware_interval_is_the_per_problem_one() -> None:
+    method, reference = {"0": right_on(600, 1000)}, {"0": right_on(500, 1000, offset=300)}
+    assert hierarchical_difference(method, reference) == paired_difference(method, reference)
+
+
+def test_pairs_that_differ_alike_on_every_problem_leave_only_the_seeds_to_resample() -> None:
+    """Seed 0 right everywhere the reference is wrong (+100), seeds 1-3 no different (0): a replicate is 100 k / 4,
+    k ~ Binomial(4, 1/4) the draws of seed 0. P(k = 0) = 0.316 > 2.5%, so low = 0; P(k <= 2) = 0.949 < 97.5% <=
+    P(k <= 3) = 0.996, so high = 75. The per-problem interval, seeds held fixed, is the point 25."""
+    method = {"0": right_on(50, 50), **{s: right_on(20, 50) for s in "123"}}
+    reference = {"0": right_on(0, 50), **{s: right_on(20, 50) for s in "123"}}
+    difference = hierarchical_difference(method, reference)
+    assert difference is not None
+    assert (difference.points, difference.low, difference.high) == (25, 0, 75) and not difference.excludes_zero
+    per_problem = paired_difference(method, reference)
+    assert per_problem is not None and (per_problem.low, per_problem.high) == (25, 25)
+
+
+def test_two_seed_pairs_and_two_problems_enumerated() -> None:
+    """Pair 0 differs by 1 on problem a, 0 on b; pair 1 by 0 on both. A replicate is w x m: w the share of pair-0
+    draws (1, 1/2, 0 with probabilities 1/4, 1/2, 1/4), m pair 0's mean on the drawn problems (1, 1/2, 0 likewise):
+    P(0) = 7/16, P(1/4) = 1/4, P(1/2) = 1/4, P(1) = 1/16. The 2.5th percentile is 0; P(<= 1/2) = 0.9375 < 97.5%, so
+    the 97.5th is 1: [0, 100] around +25. Seeds held fixed, the per-problem interval is [0, 50]."""
+    method = {"0": {"a": True, "b": False}, "1": {"a": False, "b": True}}
+    reference = {"0": {"a": False, "b": False}, "1": {"a": False, "b": True}}
+    difference = hierarchical_difference(method, reference)
+    assert difference is not None and (difference.points, difference.low, difference.high) == (25, 0, 100)
+    per_problem = paired_difference(method, reference)
+    assert per_problem is not None and (per_problem.low, per_problem.high) == (0, 50)
+
+
+def test_a_difference_one_seed_alone_carries_is_no_real_one() -> None:
+    """Seed 0: +20 points on 1,000 problems (right on 200 the reference misses); seed 1: the same answers. Per problem
+    the pooled +10 is sure (sd sqrt(0.1 x 0.9 / 1000) = 0.95 points); over seeds, a quarter of the replicates draw seed
+    1 twice and are exactly 0 (no replicate is below 0): low = 0. The top 2.5% are among the quarter drawing seed 0
+    twice: its 90th percentile, 20 + 1.28 x sqrt(0.2 x 0.8 / 1000) x 100 = 21.6."""
+    method = {"0": right_on(200, 1000), "1": right_on(100, 1000, offset=500)}
+    reference = {"0": right_on(0, 1000), "1": right_on(100, 1000, offset=500)}
+    per_problem = paired_difference(method, reference)
+    assert per_problem is not None and per_problem.excludes_zero and per_problem.low > 8
+    difference = hierarchical_difference(method, reference)
+    assert difference is not None and difference.points == pytest.approx(10)
+    assert difference.low == 0 and difference.high == pytest.approx(21.6, abs=0.5) and not difference.excludes_zero
 
 
 def test_only_the_problems_both_runs_answered_are_compared() -> None:
