@@ -24,12 +24,14 @@ Every trial's tags, params and latest metrics are also written as JSON (`trials.
 
 from __future__ import annotations
 
+import gzip
+import io
 import json
 import os
 import statistics
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from tempfile import TemporaryDirectory
 
@@ -37,16 +39,21 @@ from mlflow import MlflowClient
 from mlflow.entities import Run
 
 from clozemath import tracking
+from clozemath.claims import PAPER_GSM8K, Comparison, orderings_paragraph, paper_pairs
 from clozemath.config import TrackingConfig
 from clozemath.data.sources import read_jsonl
 from clozemath.errors import ClozeMathError
+from clozemath.eval.predictions import Prediction, prediction_from_row
 from clozemath.files import atomic_path, write_text_atomic
-from clozemath.intervals import BySeed, Difference, paired_difference
+from clozemath.intervals import BySeed, Difference, hierarchical_difference, paired_difference
 from clozemath.records import (
     ACCURACY,
     CORRECT,
     CURVE_PREFIX,
+    CUT_SHARE,
     EVAL_PREFIX,
+    FALLBACK_SHARE,
+    FLEXIBLE_ACCURACY,
     GRID_ROLE,
     METHOD_TAG,
     MODEL_TAG,
@@ -54,9 +61,11 @@ from clozemath.records import (
     PREDICTIONS_ARTIFACTS,
     ROLE_TAG,
     SEED_TAG,
+    STRICT_ACCURACY,
     TOTAL,
     TRAIN_SET_TAG,
     TRIAL_TAG,
+    UNCUT_ACCURACY,
     eval_metric,
     parse_eval_metric,
 )
@@ -389,7 +398,11 @@ REPLICATION_NAMES = {**METHOD_NAMES, "it": "IT"}
 """Beside base, MFT and ClozeMath, `it` is the instruction-tuning baseline rather than Table 4's ablation."""
 
 
-def _blocks(results: list[TrialResult]) -> dict[tuple[str, str], list[TrialResult]]:
+Block = tuple[str, str]
+"""(training set, model)."""
+
+
+def _blocks(results: list[TrialResult]) -> dict[Block, list[TrialResult]]:
     """The trials of each (training set, model), in the report's order."""
     train_sets = _ordered((r.train_set for r in results), list(TRAIN_SETS))
     models = _ordered((r.model for r in results), list(MODEL_NAMES))
@@ -449,35 +462,109 @@ def results_tables(results: list[TrialResult]) -> list[TextTable]:
     return tables
 
 
+def _mean_cell(trials: list[TrialResult], column: Column, stat: str) -> str:
+    """The mean over these trials of one statistic of `column`, in percent (– where none measured it)."""
+    values = [100 * r.metrics[key] for r in trials if (key := eval_metric(*column, stat)) in r.metrics]
+    return "–" if not values else f"{statistics.fmean(values):.{1 if stat.endswith('share') else 2}f}"
+
+
+GRADING_STATS = (ACCURACY, STRICT_ACCURACY, FLEXIBLE_ACCURACY, FALLBACK_SHARE, CUT_SHARE, UNCUT_ACCURACY)
+GRADING_HEADER = ["Accuracy", "Strict", "Flexible", "Fallback share", "Cut share", "Accuracy uncut"]
+
+
+def grading_tables(results: list[TrialResult]) -> list[TextTable]:
+    """Per training set and model: how each method's answers were graded, mean over seeds, in percent: its accuracy;
+    strict (only answers after `####`; the harness's strict-match for base) and flexible (the last number too; the
+    harness's flexible-extract); the share of answers the last-number fallback found; the share of generations cut at
+    `max_new_tokens` and the accuracy of the others."""
+    tables = []
+    for (train_set, model), trials in _blocks(results).items():
+        rows = []
+        for column in _eval_columns(trials):
+            for method in _ordered({r.method for r in trials}, REPLICATION_METHODS):
+                measured = _measured(trials, method, column)
+                if measured:
+                    rows.append([_column_name(column), _method_name(method, REPLICATION_NAMES),
+                                 *(_mean_cell(measured, column, stat) for stat in GRADING_STATS)])
+        title = (f"Grading: {_model_name(model)} trained on {set_title(train_set)}, mean over seeds (%); strict counts "
+                 "only `####` answers (base: the harness's strict-match), flexible the last number too (base: "
+                 "flexible-extract)")
+        tables.append(TextTable(title, ["Evaluation", "Method", *GRADING_HEADER], 2, rows))
+    return tables
+
+
 Predictions = dict[Column, dict[str, bool]]
 """(eval set, decoding) -> problem id -> correct."""
+EXPORT_FILE = "predictions.jsonl.gz"
+EXPORTS = ("full", "compact")
+"""What `export_predictions` keeps of a prediction: everything but the prompt (`full`), or also not the generation
+(`compact`: the answer, its rule and verdicts, how the generation ended)."""
 
 
 class PredictionArtifacts:
-    """Each run's per-problem correctness from its `eval/predictions/<set>.jsonl` artifacts, downloaded once."""
+    """Each run's predictions from its `eval/predictions/<set>.jsonl` artifacts, downloaded once; or all runs' from
+    a file `export_predictions` wrote (`exported`), which needs no artifact store."""
 
-    def __init__(self, tracking_uri: str) -> None:
+    def __init__(self, tracking_uri: str, exported: str | Path | None = None) -> None:
         self._client = tracking.client(tracking_uri)
-        self._runs: dict[str, Predictions] = {}
+        self._runs: dict[str, list[Prediction]] = {}
+        self._exported = exported is not None
+        if exported is not None:
+            self._runs = self._read_export(Path(exported))
+
+    def predictions(self, run_id: str) -> list[Prediction]:
+        """The run's predictions, every set and decoding (none if it logged none)."""
+        if run_id not in self._runs:
+            self._runs[run_id] = [] if self._exported else self._download(run_id)
+        return self._runs[run_id]
 
     def correctness(self, run_id: str, column: Column) -> dict[str, bool] | None:
         """None when the run logged no predictions of this set and decoding."""
-        if run_id not in self._runs:
-            self._runs[run_id] = self._download(run_id)
-        return self._runs[run_id].get(column)
+        found = {p.id: p.correct for p in self.predictions(run_id) if (p.dataset, p.decoding) == column}
+        return found or None
 
-    def _download(self, run_id: str) -> Predictions:
+    def _download(self, run_id: str) -> list[Prediction]:
         files = [artifact.path for artifact in self._client.list_artifacts(run_id, PREDICTIONS_ARTIFACTS)
                  if artifact.path.endswith(".jsonl") and not artifact.path.endswith(".partial.jsonl")]
-        found: Predictions = defaultdict(dict)
         os.environ["MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR"] = "false"  # a bar per file would bury the tables
+        found = []
         with TemporaryDirectory() as folder:
             for path in files:
-                eval_set = Path(path).name.removesuffix(".jsonl")
                 local = Path(self._client.download_artifacts(run_id, path, folder))
-                for _, row in read_jsonl(local):  # lines end at "\n" only: a generation may hold U+2028
-                    found[(eval_set, row["decoding"])][str(row["id"])] = bool(row["correct"])
-        return dict(found)
+                # lines end at "\n" only: a generation may hold U+2028
+                found += [prediction_from_row(row, where) for where, row in read_jsonl(local)]
+        return found
+
+    @staticmethod
+    def _read_export(path: Path) -> dict[str, list[Prediction]]:
+        if not path.is_file():
+            raise ClozeMathError(f"{path}: no such predictions export (`clozemath report --export-predictions`)")
+        runs: dict[str, list[Prediction]] = defaultdict(list)
+        for where, row in read_jsonl(path):
+            if not isinstance(row.get("run_id"), str):
+                raise ClozeMathError(f"{where}: no 'run_id' (not a file `clozemath report --export-predictions` wrote)")
+            runs[row["run_id"]].append(prediction_from_row({"generation": "", **row}, where))  # compact: none
+        return dict(runs)
+
+
+def export_predictions(results: list[TrialResult], artifacts: PredictionArtifacts, path: Path, keep: str) -> Path:
+    """Every trial's predictions in one gzipped JSONL file, a line per prediction with its run (id, name, model,
+    method, seed, training set); without the prompts (rebuilt from the problem), and in `compact` without the
+    generations. Reproducible: the same runs give the same bytes."""
+    if keep not in EXPORTS:
+        raise ClozeMathError(f"--export-predictions: '{keep}' is none of {', '.join(EXPORTS)}")
+    dropped = {"prompt"} | ({"generation"} if keep == "compact" else set())
+    ordered = sorted(results, key=lambda r: (r.train_set, r.model, r.method, r.seed, r.run_id))
+    with atomic_path(path) as temporary, temporary.open("wb") as file, \
+            gzip.GzipFile(filename="", mode="wb", fileobj=file, mtime=0) as raw:  # no name nor time in the header
+        with io.TextIOWrapper(raw, encoding="utf-8", newline="\n") as handle:
+            for r in ordered:
+                run = {"run_id": r.run_id, "run_name": r.run_name, "model": r.model, "method": r.method,
+                       "seed": r.seed, "train_set": r.train_set}
+                for prediction in artifacts.predictions(r.run_id):
+                    row = {key: value for key, value in asdict(prediction).items() if key not in dropped}
+                    handle.write(json.dumps({**run, **row}, ensure_ascii=False) + "\n")
+    return path
 
 
 def _by_seed(trials: list[TrialResult], column: Column, artifacts: PredictionArtifacts) -> BySeed | None:
@@ -491,40 +578,86 @@ def _by_seed(trials: list[TrialResult], column: Column, artifacts: PredictionArt
     return found
 
 
-def _comparison_row(trials: list[TrialResult], method: str, reference: str, column: Column,
-                    artifacts: PredictionArtifacts) -> list[str]:
-    labels = [_column_name(column), _method_name(method, REPLICATION_NAMES), _method_name(reference, REPLICATION_NAMES)]
+def _compared_pairs(measured: set[str]) -> list[tuple[str, str]]:
+    """The (method, reference) pairs of one evaluation: every pair the paper's numbers order, its better method
+    first (`clozemath.claims`); then each other trained method (a grid's variant) against IT and against base."""
+    pairs = paper_pairs(measured, REPLICATION_METHODS)
+    others = _ordered(measured - set(PAPER_GSM8K) - {"base"}, REPLICATION_METHODS)
+    return pairs + [(method, reference) for method in others for reference in REFERENCES if reference in measured]
+
+
+def _compare(trials: list[TrialResult], method: str, reference: str, column: Column,
+             artifacts: PredictionArtifacts) -> Comparison:
     compared, against = _measured(trials, method, column), _measured(trials, reference, column)
+    gap = statistics.fmean(_percents(compared, column)) - statistics.fmean(_percents(against, column))
     compared_seeds, against_seeds = _by_seed(compared, column, artifacts), _by_seed(against, column, artifacts)
-    difference: Difference | None = None
-    if compared_seeds is not None and against_seeds is not None:
-        difference = paired_difference(compared_seeds, against_seeds)
-    if difference is None:
-        gap = statistics.fmean(_percents(compared, column)) - statistics.fmean(_percents(against, column))
-        why = "no predictions" if compared_seeds is None or against_seeds is None else "no seeds or problems pair"
-        return [*labels, f"{gap:+.2f}", f"– ({why}: difference of the means)", "–", "–"]
-    return [*labels, f"{difference.points:+.2f}", f"[{difference.low:+.2f}, {difference.high:+.2f}]",
-            "yes" if difference.excludes_zero else "no", f"{difference.pairs} × {difference.problems:,}"]
+    if compared_seeds is None or against_seeds is None:
+        return Comparison(column, method, reference, gap, None, None, "no predictions")
+    seeds = hierarchical_difference(compared_seeds, against_seeds)
+    problems = paired_difference(compared_seeds, against_seeds)
+    return Comparison(column, method, reference, gap, seeds, problems, "" if seeds else "no seeds or problems pair")
 
 
-def comparison_tables(results: list[TrialResult], artifacts: PredictionArtifacts) -> list[TextTable]:
-    """Per training set and model: each trained method minus IT and minus base on every (eval set, decoding) both
-    were measured on, with its paired bootstrap interval (`clozemath.intervals`)."""
-    header = ["Evaluation", "Method", "vs", "Δ (pp)", "95% interval", "Excludes 0", "Seed pairs × problems"]
-    tables = []
-    for (train_set, model), trials in _blocks(results).items():
-        rows = []
+def comparisons(results: list[TrialResult], artifacts: PredictionArtifacts) -> dict[Block, list[Comparison]]:
+    """Per training set and model, on every (eval set, decoding): each pair of methods the paper orders, and each
+    other trained method against IT and base."""
+    found: dict[Block, list[Comparison]] = {}
+    for block, trials in _blocks(results).items():
+        found[block] = []
         for column in _eval_columns(trials):
             measured = {r.method for r in trials if _accuracy_metric(column) in r.metrics}
-            for method in _ordered(measured - {"base"}, REPLICATION_METHODS):
-                rows += [_comparison_row(trials, method, reference, column, artifacts)
-                         for reference in REFERENCES if reference in measured and reference != method]
+            found[block] += [_compare(trials, method, reference, column, artifacts)
+                             for method, reference in _compared_pairs(measured)]
+    return found
+
+
+def _interval(difference: Difference | None) -> str:
+    return "–" if difference is None else f"[{difference.low:+.2f}, {difference.high:+.2f}]"
+
+
+def _comparison_row(comparison: Comparison) -> list[str]:
+    labels = [_column_name(comparison.evaluation), _method_name(comparison.method, REPLICATION_NAMES),
+              _method_name(comparison.reference, REPLICATION_NAMES)]
+    seeds, problems = comparison.seeds, comparison.problems
+    if seeds is None or problems is None:
+        return [*labels, f"{comparison.gap:+.2f}", f"– ({comparison.missing}: difference of the means)", "–", "–", "–"]
+    return [*labels, f"{seeds.points:+.2f}", _interval(seeds), "yes" if seeds.excludes_zero else "no",
+            _interval(problems), f"{seeds.pairs} × {seeds.problems:,}"]
+
+
+def comparison_tables(found: dict[Block, list[Comparison]]) -> list[TextTable]:
+    """Per training set and model, a row per comparison: the difference, its interval over seeds and problems (what
+    "excludes 0" judges), and its interval over problems alone (`clozemath.intervals`)."""
+    header = ["Evaluation", "Method", "vs", "Δ (pp)", "95% interval, seeds and problems", "Excludes 0",
+              "95% interval, problems only", "Seed pairs × problems"]
+    tables = []
+    for (train_set, model), rows in found.items():
         if rows:
-            title = (f"Comparisons: {_model_name(model)} trained on {set_title(train_set)}, "
-                     "method - reference in accuracy points, 95% paired bootstrap interval over problems pooled "
-                     "over seeds")
-            tables.append(TextTable(title, header, 3, rows))
+            title = (f"Comparisons: {_model_name(model)} trained on {set_title(train_set)}, method - reference in "
+                     "accuracy points; the 95% interval resamples seeds, then problems (hierarchical bootstrap; "
+                     "\"excludes 0\" judges it), beside the interval over problems with the trained models held fixed")
+            tables.append(TextTable(title, header, 3, [_comparison_row(c) for c in rows]))
     return tables
+
+
+def orderings(found: dict[Block, list[Comparison]], decoding: str) -> str:
+    """The paper's orderings against this replication on GSM8K-trained runs evaluated on GSM8K with `decoding` (else
+    greedy): a paragraph per model (`clozemath.claims.orderings_paragraph`)."""
+    paragraphs = []
+    for (train_set, model), rows in found.items():
+        if train_set != "gsm8k":
+            continue
+        decodings = [d for d in (decoding, BASE_DECODING) if any(c.evaluation == ("gsm8k", d) for c in rows)]
+        if not decodings:
+            continue
+        evaluation = ("gsm8k", decodings[0])
+        paired = [c for c in rows if c.evaluation == evaluation and (c.method, c.reference) in
+                  paper_pairs({c.method, c.reference}, REPLICATION_METHODS)]
+        text = orderings_paragraph(paired, lambda m: _method_name(m, REPLICATION_NAMES),
+                                   f"{_column_name(evaluation)} ({_model_name(model)})")
+        if text:
+            paragraphs.append(text)
+    return "\n\n".join(paragraphs)
 
 
 def trials_json(results: list[TrialResult]) -> str:
@@ -539,23 +672,45 @@ def trials_json(results: list[TrialResult]) -> str:
 # Figure 3
 
 
-Curves = dict[str, dict[str, list[tuple[int, float]]]]
+@dataclass(frozen=True)
+class CurvePoint:
+    """The k-th evaluation during training of every seed of one method: where and how accurate, over the seeds."""
+
+    step: float
+    """Mean over the seeds of the step it was taken at (at a matched budget and `eval.during_training.every_share`,
+    every seed of every method evaluates at the same shares of nearly the same steps)."""
+    mean: float
+    low: float
+    high: float
+    """The lowest and highest seed's accuracy (percent): the band."""
+    seeds: int
+
+
+Curves = dict[str, dict[str, list[CurvePoint]]]
 
 
 def accuracy_curves(tracking_uri: str, results: list[TrialResult], decoding: str) -> Curves:
-    """Model -> method -> [(step, accuracy in percent)], GSM8K-trained runs, mean over seeds at each step."""
+    """Model -> method -> its points, GSM8K-trained runs: the k-th point is the k-th evaluation of each seed that
+    logged a curve (the first k that all of them reached), its accuracy averaged, with the seeds' range."""
     client = tracking.client(tracking_uri)
-    by_step: dict[str, dict[str, dict[int, list[float]]]] = defaultdict(lambda: defaultdict(lambda: defaultdict(list)))
+    histories: dict[str, dict[str, list[list[tuple[int, float]]]]] = defaultdict(lambda: defaultdict(list))
     for r in results:
         if r.train_set != "gsm8k" or r.method == "base":
             continue
         key = _curve_key(r.metrics, decoding)
-        for point in client.get_metric_history(r.run_id, key) if key else ():
-            by_step[r.model][r.method][point.step].append(100 * point.value)
-    return {
-        model: {method: sorted((step, statistics.fmean(v)) for step, v in by.items()) for method, by in methods.items()}
-        for model, methods in by_step.items()
-    }
+        points = sorted((point.step, 100 * point.value) for point in client.get_metric_history(r.run_id, key)) \
+            if key else []
+        if points:
+            histories[r.model][r.method].append(points)
+    return {model: {method: _points(seeds) for method, seeds in methods.items()} for model, methods in histories.items()}
+
+
+def _points(seeds: list[list[tuple[int, float]]]) -> list[CurvePoint]:
+    found = []
+    for k in range(min(map(len, seeds))):
+        steps, values = zip(*(curve[k] for curve in seeds))
+        found.append(CurvePoint(statistics.fmean(steps), statistics.fmean(values), min(values), max(values), len(seeds)))
+    return found
 
 
 def _curve_key(metrics: dict[str, float], decoding: str) -> str | None:
@@ -568,23 +723,30 @@ def _curve_key(metrics: dict[str, float], decoding: str) -> str | None:
 
 
 def plot_accuracy_vs_steps(curves: Curves, path: Path) -> Path:
+    """A panel per model, a line per method: the mean over seeds, and a band from the lowest to the highest seed."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     models = _ordered(curves, list(MODEL_NAMES)) or ["(no runs)"]
-    figure, axes = plt.subplots(1, len(models), figsize=(4 * len(models), 3.2), squeeze=False)
+    figure, axes = plt.subplots(1, len(models), figsize=(4.5 * len(models), 3.4), squeeze=False)
     for axis, model in zip(axes[0], models):
-        for method in _ordered(curves.get(model, {}), list(METHOD_NAMES)):
-            steps, accuracy = zip(*curves[model][method])
-            axis.plot(steps, accuracy, marker="o", label=_method_name(method))
+        for method in _ordered(curves.get(model, {}), list(REPLICATION_METHODS)):
+            points = curves[model][method]
+            steps = [p.step for p in points]
+            seeds = max(p.seeds for p in points)
+            label = f"{_method_name(method, REPLICATION_NAMES)} ({seeds} seed{'s' if seeds > 1 else ''})"
+            (line,) = axis.plot(steps, [p.mean for p in points], marker="o", markersize=3, label=label)
+            if seeds > 1:
+                axis.fill_between(steps, [p.low for p in points], [p.high for p in points], color=line.get_color(),
+                                  alpha=0.2, linewidth=0)
         axis.set_title(_model_name(model))
-        axis.set_xlabel("training step")
-        axis.set_ylabel("GSM8K accuracy (%)")
+        axis.set_xlabel("training step (mean over seeds)")
+        axis.set_ylabel("GSM8K accuracy (%), band: min-max over seeds")
         axis.grid(alpha=0.3)
         if curves.get(model):
-            axis.legend()
+            axis.legend(fontsize="small")
     figure.tight_layout()
     with atomic_path(path) as temporary:
         figure.savefig(temporary, dpi=120)
@@ -595,6 +757,8 @@ def plot_accuracy_vs_steps(curves: Curves, path: Path) -> Path:
 # --------------------------------------------------------------------------------------------------------------
 # The command
 
+SUMMARY_FILE = "summary.md"
+
 
 def report(
     experiment: str,
@@ -603,24 +767,37 @@ def report(
     latex: bool = False,
     parent_run_id: str | None = None,
     decoding: str = "beam",
+    export: str | None = None,
+    exported: str | Path | None = None,
 ) -> str:
-    """Print the results and comparisons tables and the paper's tables that have runs (markdown, or LaTeX), write
-    them, the trials' metrics (JSON) and Figure 3 under `out` (default `reports/<experiment>`); returns the printed
-    text."""
+    """Print the results, grading and comparisons tables and the paper's tables that have runs (markdown, or LaTeX),
+    write them, the paper's orderings against this replication (`summary.md`, markdown for the README), the trials'
+    metrics (JSON) and Figure 3 under `out` (default `reports/<experiment>`); returns the printed text.
+    `export`: also write every trial's predictions (`export_predictions`, full or compact) there. `exported`: read
+    the predictions from such a file instead of the runs' artifacts."""
     parent, results = grid_runs(tracking_uri, experiment, parent_run_id)
+    folder = Path(out) if out is not None else Path("reports") / experiment
+    folder.mkdir(parents=True, exist_ok=True)
+    artifacts = PredictionArtifacts(tracking_uri, exported)
+    found = comparisons(results, artifacts)
     render: Callable[[Table | TextTable], str] = to_latex if latex else to_markdown
     tables: list[Table | TextTable] = [
-        *results_tables(results), *comparison_tables(results, PredictionArtifacts(tracking_uri)),
+        *results_tables(results), *comparison_tables(found), *grading_tables(results),
         *(table for table in paper_tables(results, decoding) if table.values),
     ]
     text = "\n\n".join([*map(render, tables), compute_table(results)])
-    folder = Path(out) if out is not None else Path("reports") / experiment
-    folder.mkdir(parents=True, exist_ok=True)
     tables_file = folder / ("tables.tex" if latex else "tables.md")
     write_text_atomic(tables_file, text + "\n")
+    summary = orderings(found, decoding)
+    write_text_atomic(folder / SUMMARY_FILE, summary + "\n")
     write_text_atomic(folder / TRIALS_FILE, trials_json(results))
     figure = plot_accuracy_vs_steps(accuracy_curves(tracking_uri, results, decoding), folder / FIGURE_FILE)
+    written = [tables_file, folder / SUMMARY_FILE, folder / TRIALS_FILE, figure]
+    if export is not None:
+        written.append(export_predictions(results, artifacts, folder / EXPORT_FILE, export))
     print(f"grid run {parent.info.run_id} ({parent.info.run_name}): {len(results)} trials\n")
-    print(text)
-    print(f"\nwritten: {tables_file}, {folder / TRIALS_FILE}, {figure}")
+    print("\n\n".join(filter(None, [summary, text])))
+    sizes = ", ".join(f"{path} ({path.stat().st_size / 2**20:.1f} MiB)" if path.suffix == ".gz" else str(path)
+                      for path in written)
+    print(f"\nwritten: {sizes}")
     return text

@@ -155,22 +155,31 @@ def _prepare(args: argparse.Namespace) -> None:
 
 def _add_report(commands: argparse._SubParsersAction) -> None:
     report = commands.add_parser(
-        "report", help="print a grid's results over seeds, each method's difference from IT and base with a 95%% "
-        "bootstrap interval, and the paper's Tables 1-4 from its tracked runs; plot accuracy against steps"
+        "report", help="print a grid's results over seeds, how its answers were graded, the differences between its "
+        "methods with 95%% bootstrap intervals (over seeds and problems, and over problems), which of the paper's "
+        "orderings hold, and the paper's Tables 1-4 from its tracked runs; plot accuracy against steps"
     )
     report.add_argument("--experiment", required=True, help="the MLflow experiment (the grid's tracking.experiment)")
     report.add_argument("--tracking-uri", default="sqlite:///mlruns.db", help="default: sqlite:///mlruns.db")
     report.add_argument("--parent", metavar="RUN_ID", help="the grid's MLflow run (default: the latest)")
-    report.add_argument("--decoding", default="beam", help="decoding of Tables 1, 3, 4 and the plot (default: beam)")
+    report.add_argument("--decoding", default="beam",
+                        help="decoding of Tables 1, 3, 4, the orderings and the plot (default: beam)")
     report.add_argument("--latex", action="store_true", help="LaTeX tabulars instead of markdown")
-    report.add_argument("--out", help="folder for the tables, trials.json and the plot (default: reports/<experiment>)")
+    report.add_argument("--out", help="folder for the tables, summary.md, trials.json and the plot (default: "
+                        "reports/<experiment>)")
+    report.add_argument("--export-predictions", nargs="?", const="full", choices=["full", "compact"],
+                        help="also write every trial's predictions to predictions.jsonl.gz there (compact: without "
+                        "the generations)")
+    report.add_argument("--predictions", metavar="FILE",
+                        help="read the per-problem predictions from such an export instead of the runs' artifacts")
     report.set_defaults(handler=_report)
 
 
 def _report(args: argparse.Namespace) -> None:
     from clozemath.report import report
 
-    report(args.experiment, args.tracking_uri, args.out, args.latex, args.parent, args.decoding)
+    report(args.experiment, args.tracking_uri, args.out, args.latex, args.parent, args.decoding,
+           args.export_predictions, args.predictions)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -154,11 +154,33 @@ def test_figure_3_curves_hold_only_the_points_on_the_training_time_subset(store:
     """Each trial logs a subset point (`curve/...`) at step 10 and its full-set accuracy (`eval/...`) at step 20."""
     _, results = grid_runs(store.uri, "paper")
     curves = accuracy_curves(store.uri, results, "beam")
-    assert curves["llama-3.2-1b"]["clozemath"] == [(10, pytest.approx(100 * (0.0 + 0.1) / 2))]
+    (point,) = curves["llama-3.2-1b"]["clozemath"]  # seeds 0 and 1 at 0% and 10%
+    assert (point.step, point.mean, point.low, point.high, point.seeds) == (10, pytest.approx(5), 0, pytest.approx(10), 2)
     assert set(curves["deepseek-math-7b"]) == {"mft", "clozemath", *ABLATIONS}
     # The runs logged their curve in beam only: tables in greedy still plot it (the replication's curve was greedy,
     # its tables beam, and the figure came out empty).
     assert accuracy_curves(store.uri, results, "greedy") == curves
+
+
+def test_figure_3_pairs_each_seeds_kth_evaluation_and_bands_the_seeds(tmp_path: Path) -> None:
+    """Seeds whose matched budgets differ by a step (at `every_share: 0.5`, 50 and 100 of 100 steps, 51 and 101 of
+    101): the k-th points pair up, at the mean step, with the seeds' range; a seed with a point more (a run that
+    evaluated at 150 too) adds none the others lack."""
+    config = TrackingConfig(uri=f"sqlite:///{tmp_path / 'mlruns.db'}", experiment="curves")
+    parent = tracking.start_run(config, "curves", tags={"role": "grid"}).run_id
+    curves = {"0": [(50, 0.1), (100, 0.3)], "1": [(51, 0.2), (101, 0.5)], "2": [(50, 0.0), (100, 0.1), (150, 0.9)]}
+    for seed, points in curves.items():
+        tags = {"model": "m", "method": "it", "train_set": "gsm8k", "seed": seed, "role": "trial"}
+        run = tracking.start_run(config, f"curves/{seed}", parent, tags)
+        for step, value in points:
+            run.log_metrics(step, {"curve/gsm8k/greedy/accuracy": value})
+        run.end()
+    _, results = grid_runs(config.uri, "curves")
+    first, second = accuracy_curves(config.uri, results, "greedy")["m"]["it"]
+    assert (first.step, first.mean, first.low, first.high, first.seeds) == (
+        pytest.approx(151 / 3), pytest.approx(10), 0, pytest.approx(20), 3)
+    assert (second.step, second.mean, second.low, second.high) == (
+        pytest.approx(301 / 3), pytest.approx(30), pytest.approx(10), pytest.approx(50))
 
 
 def test_an_experiment_without_grid_runs_is_a_one_line_error(store: TrackingConfig) -> None:

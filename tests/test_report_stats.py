@@ -3,6 +3,7 @@ hand-made correctness, then the report end to end on an MLflow store whose trial
 
 from __future__ import annotations
 
+import gzip
 import json
 import math
 import statistics
@@ -16,6 +17,7 @@ from clozemath import tracking
 from clozemath_cli import main
 from clozemath.config import TrackingConfig
 from clozemath.intervals import hierarchical_difference, paired_difference, seed_pairs
+from clozemath.report import TrialResult, grading_tables
 
 
 def right_on(count: int, problems: int, offset: int = 0) -> dict[str, bool]:
@@ -188,8 +190,8 @@ def log_trial(config: TrackingConfig, parent: str, method: str, seed: str, folde
             ids = ids[::-1] if method == "clozemath" else ids[1::2] + ids[::2]
         # A generation holding U+2028, written as the evaluator writes it (ensure_ascii=False): a line separator to
         # str.splitlines, not to JSONL (a real base-model generation broke the report this way).
-        rows = [{"id": i, "dataset": "gsm8k", "decoding": "greedy", "generation": "so\u2028 7", "correct": correctness[i]}
-                for i in ids]
+        rows = [{"id": i, "dataset": "gsm8k", "decoding": "greedy", "generation": "so\u2028 7", "gold": "7",
+                 "correct": correctness[i]} for i in ids]
         predictions = folder / method / seed / "predictions"
         predictions.mkdir(parents=True)
         (predictions / "gsm8k.jsonl").write_text("".join(json.dumps(row, ensure_ascii=False) + "\n" for row in rows))
@@ -243,34 +245,58 @@ def test_report_shows_the_spread_over_seeds_and_which_differences_are_real(
     assert cells(results, "Base") == ["20.00 (1)"]  # one seed: no std
     assert cells(results, "W/o Equation masking") == ["35.00 ± 0.00 (3)"]
 
-    comparisons = out.split("**Comparisons: smollm2-135m trained on GSM8K")[1].split("**Table")[0]
-    assert "| Evaluation | Method | vs | Δ (pp) | 95% interval | Excludes 0 | Seed pairs × problems |" in comparisons
+    comparisons = out.split("**Comparisons: smollm2-135m trained on GSM8K")[1].split("**Grading")[0]
+    assert ("| Evaluation | Method | vs | Δ (pp) | 95% interval, seeds and problems | Excludes 0 | "
+            "95% interval, problems only | Seed pairs × problems |") in comparisons
+    # every pair the paper's numbers order (DeepSeek-Math-7B: ClozeMath 74.22 > IT 71.57 > W/o Equation masking
+    # 71.19 > MFT 70.20 > Base 59.21), its better method first
+    pairs = [tuple(line.split(" | ")[1:3]) for line in comparisons.splitlines() if line.startswith("| GSM8K greedy")]
+    assert pairs == [("IT", "Base"), ("IT", "MFT"), ("IT", "W/o Equation masking"), ("MFT", "Base"),
+                     ("ClozeMath", "Base"), ("ClozeMath", "IT"), ("ClozeMath", "MFT"),
+                     ("ClozeMath", "W/o Equation masking"), ("W/o Equation masking", "Base"),
+                     ("W/o Equation masking", "MFT")]
 
     # MFT is right exactly where IT is, seed by seed (its file lists the problems in another order)
-    assert cells(comparisons, "GSM8K greedy", "MFT", "IT") == ["+0.00", "[+0.00, +0.00]", "no", "3 × 400"]
+    assert cells(comparisons, "GSM8K greedy", "IT", "MFT") == [
+        "+0.00", "[+0.00, +0.00]", "no", "[+0.00, +0.00]", "3 × 400"]
 
     # ClozeMath - IT: 40 more right answers per seed pair, +10 points; pooled per problem, the differences are 1/3 on
     # 12 problems, 2/3 on 12, 1 on 28 (0 elsewhere): var = (12/9 + 48/9 + 28) / 400 - 0.1^2 = 0.07667, so the
     # interval is about 10 ± 1.96 * sqrt(0.07667 / 400) = 10 ± 2.71 (ClozeMath's file is in reverse order)
-    delta, interval, real, pairs = cells(comparisons, "GSM8K greedy", "ClozeMath", "IT")
+    delta, over_seeds, real, interval, pairs = cells(comparisons, "GSM8K greedy", "ClozeMath", "IT")
     assert (delta, real, pairs) == ("+10.00", "yes", "3 × 400")
     low, high = (float(x) for x in interval.strip("[]").split(", "))
     half_width = 196 * math.sqrt(0.07667 / PROBLEMS)
     assert low == pytest.approx(10 - half_width, abs=0.4) and high == pytest.approx(10 + half_width, abs=0.4)
+    # over seeds too: every seed pair differs on 40 of the 400 problems (+10); a replicate's pairs each count their 40
+    # among the drawn problems, about 10 ± 1.5 points, nowhere near 0
+    low, high = (float(x) for x in over_seeds.strip("[]").split(", "))
+    assert 5 < low < 10 < high < 15
 
     # against base, a single seed paired with every seed: mean(40, 41, 43) - 20 and mean(30, 31, 33) - 20
-    delta, interval, real, pairs = cells(comparisons, "GSM8K greedy", "ClozeMath", "Base")
+    delta, over_seeds, real, interval, pairs = cells(comparisons, "GSM8K greedy", "ClozeMath", "Base")
     assert (delta, real, pairs) == (f"{statistics.fmean(clozemath) - 20:+.2f}", "yes", "3 × 400")
-    low, high = (float(x) for x in interval.strip("[]").split(", "))
-    assert low < statistics.fmean(clozemath) - 20 < high
+    for text in (over_seeds, interval):
+        low, high = (float(x) for x in text.strip("[]").split(", "))
+        assert low < statistics.fmean(clozemath) - 20 < high
     assert cells(comparisons, "GSM8K greedy", "IT", "Base")[0] == f"{statistics.fmean(seed_accuracies('it')) - 20:+.2f}"
-    assert "| GSM8K greedy | IT | IT |" not in comparisons and "| GSM8K greedy | Base |" not in comparisons
-
     # no predictions logged: the difference of the means, said so, no interval
     no_interval = "– (no predictions: difference of the means)"
-    assert cells(comparisons, "GSM8K greedy", "W/o Equation masking", "IT") == [
-        f"{35 - statistics.fmean(seed_accuracies('it')):+.2f}", no_interval, "–", "–"]
-    assert cells(comparisons, "GSM8K greedy", "W/o Equation masking", "Base") == ["+15.00", no_interval, "–", "–"]
+    assert cells(comparisons, "GSM8K greedy", "IT", "W/o Equation masking") == [
+        f"{statistics.fmean(seed_accuracies('it')) - 35:+.2f}", no_interval, "–", "–", "–"]
+    assert cells(comparisons, "GSM8K greedy", "W/o Equation masking", "Base") == [
+        "+15.00", no_interval, "–", "–", "–"]
+
+    # which of the paper's orderings hold, for the README (GSM8K beam not run: greedy)
+    summary = (tmp_path / "summary.md").read_text()
+    assert summary.strip() in out and "on GSM8K greedy (smollm2-135m)" in summary
+    lines = summary.splitlines()
+    held = next(line for line in lines if line.startswith("- ") and " hold: " in line)
+    assert held.startswith("- 5 hold: ") and "ClozeMath > IT (+10.00 [" in held and "IT > MFT" not in held
+    assert next(line for line in lines if "not resolved" in line).startswith(
+        "- 1 are not resolved (the interval holds 0): IT > MFT (+0.00 [+0.00, +0.00]).")
+    assert next(line for line in lines if "not tested" in line).startswith("- 4 are not tested")
+    assert "reversed" not in summary
 
     assert "**Table 2" not in out and "**Table 1" in out  # no CoT-decoding run: no Table 2
     assert (tmp_path / "tables.md").read_text().strip() in out
@@ -289,8 +315,8 @@ def test_latex_spells_the_spread_and_the_differences(store: TrackingConfig, tmp_
     out = capsys.readouterr().out
     assert r"ClozeMath & 41.33 $\pm$ 1.53 (3) \\" in out
     assert r"\textbf{$\Delta$ (pp)}" in out
-    assert r"GSM8K greedy & MFT & IT & +0.00 & [+0.00, +0.00] & no & 3 $\times$ 400 \\" in out
-    assert r"-- (no predictions: difference of the means) & -- & --" in out
+    assert r"GSM8K greedy & IT & MFT & +0.00 & [+0.00, +0.00] & no & [+0.00, +0.00] & 3 $\times$ 400 \\" in out
+    assert r"-- (no predictions: difference of the means) & -- & -- & --" in out
     assert (tmp_path / "tables.tex").is_file() and (tmp_path / "trials.json").is_file()
 
 
@@ -309,3 +335,54 @@ def test_trials_that_differ_in_another_axis_are_not_pooled_as_seeds(tmp_path: Pa
     text = capsys.readouterr().out
     assert cells(text, "IT (lr=0.0001)") == ["10.00 (1)"] and cells(text, "IT (lr=0.001)") == ["30.00 (1)"]
     assert "(2)" not in text
+
+
+def test_predictions_export_and_a_report_read_back_from_it(
+    store: TrackingConfig, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Every trial's predictions in one gzipped file (10 trials logged 400 each; random_span none), prompts left out
+    (compact: generations too); a report reads the per-problem answers from it instead of the artifacts: with
+    ClozeMath's answers all made wrong there, ClozeMath - IT over the predictions is -mean(30, 31, 33) = -31.33."""
+    argv = ["report", "--experiment", "replication", "--tracking-uri", store.uri]
+    assert main([*argv, "--out", str(tmp_path / "full"), "--export-predictions"]) == 0
+    with gzip.open(tmp_path / "full" / "predictions.jsonl.gz", "rt", encoding="utf-8") as handle:
+        rows = [json.loads(line) for line in handle]
+    assert len(rows) == 10 * PROBLEMS and "prompt" not in rows[0] and rows[0]["generation"] == "so\u2028 7"
+    assert {(r["method"], r["seed"]) for r in rows} == {("base", "0")} | {(m, s) for m in RIGHT for s in OFFSETS}
+    assert sum(r["correct"] for r in rows if (r["method"], r["seed"]) == ("clozemath", "2")) == 160 + 12
+
+    assert main([*argv, "--out", str(tmp_path / "compact"), "--export-predictions", "compact"]) == 0
+    compact = tmp_path / "compact" / "predictions.jsonl.gz"
+    with gzip.open(compact, "rt", encoding="utf-8") as handle:
+        rows = [json.loads(line) for line in handle]
+    assert len(rows) == 10 * PROBLEMS and "generation" not in rows[0] and "prompt" not in rows[0]
+    main([*argv, "--out", str(tmp_path / "again"), "--export-predictions", "compact"])
+    assert (tmp_path / "again" / "predictions.jsonl.gz").read_bytes() == compact.read_bytes()  # no name nor time
+
+    altered = tmp_path / "altered.jsonl.gz"
+    with gzip.open(altered, "wt", encoding="utf-8") as handle:
+        for row in rows:
+            handle.write(json.dumps({**row, "correct": row["correct"] and row["method"] != "clozemath"}) + "\n")
+    capsys.readouterr()
+    assert main([*argv, "--out", str(tmp_path / "read"), "--predictions", str(altered)]) == 0
+    comparisons = capsys.readouterr().out.split("**Comparisons")[1].split("**Grading")[0]
+    assert cells(comparisons, "GSM8K greedy", "ClozeMath", "IT")[0] == "-31.33"
+    assert main([*argv, "--predictions", str(tmp_path / "none.jsonl.gz")]) == 2
+    assert "no such predictions export" in capsys.readouterr().err
+
+
+def test_the_grading_table_shows_strict_flexible_cut_and_uncut_for_every_method() -> None:
+    """Means over seeds, by hand: IT strict (10 + 20) / 2 = 15, cut (25 + 35) / 2 = 30; base (the harness) one seed."""
+    def trial(method: str, seed: str, **stats: float) -> TrialResult:
+        metrics = {f"eval/gsm8k/greedy/{name}": value for name, value in stats.items()}
+        return TrialResult(f"{method}{seed}", "m", method, "gsm8k", seed, metrics)
+
+    grading = {"accuracy": 0.3, "flexible_accuracy": 0.3, "fallback_share": 0.2, "uncut_accuracy": 0.4}
+    results = [trial("it", "0", strict_accuracy=0.1, cut_share=0.25, **grading),
+               trial("it", "1", strict_accuracy=0.2, cut_share=0.35, **grading),
+               trial("base", "0", accuracy=0.05, strict_accuracy=0.05, flexible_accuracy=0.07)]
+    (table,) = grading_tables(results)
+    assert table.header == ["Evaluation", "Method", "Accuracy", "Strict", "Flexible", "Fallback share", "Cut share",
+                            "Accuracy uncut"]
+    assert table.rows == [["GSM8K greedy", "Base", "5.00", "5.00", "7.00", "–", "–", "–"],
+                          ["GSM8K greedy", "IT", "30.00", "15.00", "30.00", "20.0", "30.0", "40.00"]]

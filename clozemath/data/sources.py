@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gzip
 import hashlib
 import json
 import os
@@ -77,9 +78,9 @@ _HUB = {
 
 
 def read_jsonl(path: Path) -> Iterator[tuple[str, dict[str, Any]]]:
-    """Yield (`file:line`, row) for each non-empty line; a line that is not UTF-8 text or not a JSON object is an
-    error naming it."""
-    with path.open("rb") as handle:
+    """Yield (`file:line`, row) for each non-empty line (of the gzip-compressed text of a `.gz` file); a line that is
+    not UTF-8 text or not a JSON object is an error naming it."""
+    with gzip.open(path, "rb") if path.suffix == ".gz" else path.open("rb") as handle:
         for number, raw in enumerate(handle, start=1):
             where = f"{path}:{number}"
             line = decoded(raw, where)

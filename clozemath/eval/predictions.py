@@ -72,7 +72,9 @@ def _has_type(value: Any, allowed: tuple[type, ...]) -> bool:
     return bool in allowed if isinstance(value, bool) else isinstance(value, allowed)  # JSON true is no number
 
 
-def _prediction(row: dict[str, Any], where: str) -> Prediction:
+def prediction_from_row(row: dict[str, Any], where: str) -> Prediction:
+    """A prediction from a JSON object (its fields; others ignored); a missing or mistyped field is an error naming
+    `where`."""
     values = {}
     for spec in fields(Prediction):
         if spec.name not in row:
@@ -95,7 +97,7 @@ def read_predictions(path: str | Path) -> list[Prediction]:
     file = Path(path)
     if not file.is_file():
         raise ClozeMathError(f"{file}: no such predictions file")
-    predictions = [_prediction(row, where) for where, row in read_jsonl(file)]
+    predictions = [prediction_from_row(row, where) for where, row in read_jsonl(file)]
     if not predictions:
         raise ClozeMathError(f"{file}: no predictions in it (an empty file)")
     return predictions

@@ -1,0 +1,90 @@
+"""The paper's orderings of methods, and whether a replication's comparisons bear them out (`clozemath report`).
+
+The paper reports every method of ours only for DeepSeek-Math-7B on GSM8K (beam search): Base, MFT and ClozeMath in
+Table 1, the ablations, IT among them, in Table 4. Its numbers order each pair of methods; a replication's difference
+for that pair, with its seed-aware interval (`clozemath.intervals.hierarchical_difference`), either holds the
+paper's order (the interval is above 0), reverses it (below 0), or cannot tell (the interval holds 0).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Collection
+from dataclasses import dataclass
+
+from clozemath.intervals import Difference
+
+PAPER_GSM8K = {
+    "clozemath": 74.22, "clozemath_causal": 72.71, "it_prefixlm": 71.79, "it": 71.57, "random_span": 71.19,
+    "mft": 70.20, "base": 59.21,
+}
+"""DeepSeek-Math-7B-base on GSM8K test, accuracy in percent, beam search (5 beams): Table 1 (Base, MFT, ClozeMath;
+Base few-shot through lm-evaluation-harness) and Table 4 (W/o Text infilling = it_prefixlm, W/o PrefixLM =
+clozemath_causal, W/o Text-infilling & W/o PrefixLM = it, W/o Equation masking = random_span). By these numbers IT
+(71.57) is above MFT (70.20); the paper states no comparison of the two."""
+PAPER_SETTING = "DeepSeek-Math-7B, GSM8K, beam search (Tables 1 and 4)"
+
+HOLDS, REVERSED, UNRESOLVED, UNTESTED = "holds", "reversed", "not resolved", "not tested"
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """Method minus reference on one evaluation (set, decoding), in points: the difference of the means over seeds,
+    and the two intervals where per-problem predictions allow them."""
+
+    evaluation: tuple[str, str]
+    method: str
+    reference: str
+    gap: float
+    seeds: Difference | None
+    """Over seeds, then problems (hierarchical): what a claim rests on."""
+    problems: Difference | None
+    """Over problems, the trained models held fixed."""
+    missing: str = ""
+    """Why there is no interval (no predictions, nothing pairs); empty when there is."""
+
+
+def paper_pairs(methods: Collection[str], order: Collection[str]) -> list[tuple[str, str]]:
+    """Every pair of these methods that the paper's numbers order, the better first; by the better's place in
+    `order`, then the worse one's."""
+    known = [m for m in order if m in methods and m in PAPER_GSM8K]
+    return [(better, worse) for better in known for worse in known if PAPER_GSM8K[better] > PAPER_GSM8K[worse]]
+
+
+def verdict(comparison: Comparison) -> str:
+    """How this replication's difference (method minus reference, the paper's better first) bears out the order."""
+    if comparison.seeds is None:
+        return UNTESTED
+    if comparison.seeds.low > 0:
+        return HOLDS
+    if comparison.seeds.high < 0:
+        return REVERSED
+    return UNRESOLVED
+
+
+def _phrase(comparison: Comparison, name: Callable[[str], str]) -> str:
+    assert comparison.seeds is not None
+    interval = f"[{comparison.seeds.low:+.2f}, {comparison.seeds.high:+.2f}]"
+    return f"{name(comparison.method)} > {name(comparison.reference)} ({comparison.seeds.points:+.2f} {interval})"
+
+
+def orderings_paragraph(comparisons: list[Comparison], name: Callable[[str], str], evaluation: str) -> str:
+    """Which of the paper's orderings hold here, which are reversed and which this replication cannot tell (a
+    markdown paragraph, for the README); `comparisons` are the paper's pairs, its better method first."""
+    if not comparisons:
+        return ""
+    by_verdict: dict[str, list[str]] = {HOLDS: [], REVERSED: [], UNRESOLVED: [], UNTESTED: []}
+    for comparison in comparisons:
+        label = verdict(comparison)
+        text = (_phrase(comparison, name) if comparison.seeds is not None
+                else f"{name(comparison.method)} > {name(comparison.reference)} ({comparison.gap:+.2f}, no interval)")
+        by_verdict[label].append(text)
+    first = comparisons[0].seeds
+    scale = f"{first.pairs} seed pairs x {first.problems:,} problems" if first is not None else "no predictions"
+    lines = [f"**The paper's orderings on {evaluation}** (its numbers: {PAPER_SETTING}; here: difference in points, "
+             f"95% interval over seeds and problems, {scale}):"]
+    wording = {HOLDS: "hold", REVERSED: "are reversed", UNRESOLVED: "are not resolved (the interval holds 0)",
+               UNTESTED: "are not tested (no per-problem predictions)"}
+    for label, phrases in by_verdict.items():
+        if phrases:
+            lines.append(f"- {len(phrases)} {wording[label]}: " + "; ".join(phrases) + ".")
+    return "\n".join(lines)
