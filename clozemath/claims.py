@@ -79,12 +79,12 @@ def orderings_paragraph(comparisons: list[Comparison], name: Callable[[str], str
                 else f"{name(comparison.method)} > {name(comparison.reference)} ({comparison.gap:+.2f}, no interval)")
         by_verdict[label].append(text)
     first = comparisons[0].seeds
-    scale = f"{first.pairs} seed pairs x {first.problems:,} problems" if first is not None else "no predictions"
-    lines = [f"**The paper's orderings on {evaluation}** (its numbers: {PAPER_SETTING}; here: difference in points, "
-             f"95% interval over seeds and problems, {scale}):"]
-    wording = {HOLDS: "hold", REVERSED: "are reversed", UNRESOLVED: "are not resolved (the interval holds 0)",
-               UNTESTED: "are not tested (no per-problem predictions)"}
+    scale = f"{first.pairs} seed pairs × {first.problems:,} problems" if first is not None else "no predictions"
+    lines = [f"**The paper's orderings on {evaluation}** (the paper's numbers: {PAPER_SETTING}; here: the difference "
+             f"in points with its 95% interval over seeds and problems, {scale}):"]
+    wording = {HOLDS: "Hold", REVERSED: "Reversed", UNRESOLVED: "Not resolved (the interval holds 0)",
+               UNTESTED: "Not tested (no per-problem predictions)"}
     for label, phrases in by_verdict.items():
         if phrases:
-            lines.append(f"- {len(phrases)} {wording[label]}: " + "; ".join(phrases) + ".")
+            lines.append(f"- {wording[label]}, {len(phrases)}: " + "; ".join(phrases) + ".")
     return "\n".join(lines)

@@ -73,7 +73,7 @@ from clozemath.tasks import get_task, task_names
 
 MODEL_NAMES = {
     "deepseek-math-7b": "DeepSeek-Math", "llama-3.1-8b": "Llama-3.1-8B", "llama-3.2-3b": "Llama-3.2-3B",
-    "llama-3.2-1b": "Llama-3.2-1B",
+    "llama-3.2-1b": "Llama-3.2-1B", "smollm2-135m": "SmolLM2-135M-Instruct",
 }
 METHOD_NAMES = {
     "base": "Base", "mft": "MFT", "clozemath": "ClozeMath",

@@ -17,7 +17,8 @@ from clozemath import tracking
 from clozemath_cli import main
 from clozemath.config import TrackingConfig
 from clozemath.intervals import hierarchical_difference, paired_difference, seed_pairs
-from clozemath.report import TrialResult, grading_tables
+from clozemath.claims import Comparison, orderings_paragraph, paper_pairs, verdict
+from clozemath.report import REPLICATION_METHODS, TrialResult, grading_tables
 
 
 def right_on(count: int, problems: int, offset: int = 0) -> dict[str, bool]:
@@ -234,7 +235,7 @@ def test_report_shows_the_spread_over_seeds_and_which_differences_are_real(
 ) -> None:
     assert main(["report", "--experiment", "replication", "--tracking-uri", store.uri, "--out", str(tmp_path)]) == 0
     out = capsys.readouterr().out
-    results = out.split("**Results: smollm2-135m trained on GSM8K")[1].split("**Comparisons")[0]
+    results = out.split("**Results: SmolLM2-135M-Instruct trained on GSM8K")[1].split("**Comparisons")[0]
     assert "| Method | GSM8K greedy |" in results
     methods = [line.split("|")[1].strip() for line in results.splitlines() if line.startswith("| ")][2:]
     assert methods == ["Base", "IT", "MFT", "ClozeMath", "W/o Equation masking"]
@@ -245,7 +246,7 @@ def test_report_shows_the_spread_over_seeds_and_which_differences_are_real(
     assert cells(results, "Base") == ["20.00 (1)"]  # one seed: no std
     assert cells(results, "W/o Equation masking") == ["35.00 ± 0.00 (3)"]
 
-    comparisons = out.split("**Comparisons: smollm2-135m trained on GSM8K")[1].split("**Grading")[0]
+    comparisons = out.split("**Comparisons: SmolLM2-135M-Instruct trained on GSM8K")[1].split("**Grading")[0]
     assert ("| Evaluation | Method | vs | Δ (pp) | 95% interval, seeds and problems | Excludes 0 | "
             "95% interval, problems only | Seed pairs × problems |") in comparisons
     # every pair the paper's numbers order (DeepSeek-Math-7B: ClozeMath 74.22 > IT 71.57 > W/o Equation masking
@@ -289,14 +290,13 @@ def test_report_shows_the_spread_over_seeds_and_which_differences_are_real(
 
     # which of the paper's orderings hold, for the README (GSM8K beam not run: greedy)
     summary = (tmp_path / "summary.md").read_text()
-    assert summary.strip() in out and "on GSM8K greedy (smollm2-135m)" in summary
+    assert summary.strip() in out and "on GSM8K greedy (SmolLM2-135M-Instruct)" in summary
     lines = summary.splitlines()
-    held = next(line for line in lines if line.startswith("- ") and " hold: " in line)
-    assert held.startswith("- 5 hold: ") and "ClozeMath > IT (+10.00 [" in held and "IT > MFT" not in held
-    assert next(line for line in lines if "not resolved" in line).startswith(
-        "- 1 are not resolved (the interval holds 0): IT > MFT (+0.00 [+0.00, +0.00]).")
-    assert next(line for line in lines if "not tested" in line).startswith("- 4 are not tested")
-    assert "reversed" not in summary
+    held = next(line for line in lines if line.startswith("- Hold"))
+    assert held.startswith("- Hold, 5: ") and "ClozeMath > IT (+10.00 [" in held and "IT > MFT" not in held
+    assert "- Not resolved (the interval holds 0), 1: IT > MFT (+0.00 [+0.00, +0.00])." in lines
+    assert next(line for line in lines if "Not tested" in line).startswith("- Not tested (no per-problem predictions), 4")
+    assert "Reversed" not in summary
 
     assert "**Table 2" not in out and "**Table 1" in out  # no CoT-decoding run: no Table 2
     assert (tmp_path / "tables.md").read_text().strip() in out
@@ -386,3 +386,18 @@ def test_the_grading_table_shows_strict_flexible_cut_and_uncut_for_every_method(
                             "Accuracy uncut"]
     assert table.rows == [["GSM8K greedy", "Base", "5.00", "5.00", "7.00", "–", "–", "–"],
                           ["GSM8K greedy", "IT", "30.00", "15.00", "30.00", "20.0", "30.0", "40.00"]]
+
+
+def test_the_paper_orders_pairs_by_its_numbers_and_a_reversed_one_is_said_so() -> None:
+    """DeepSeek-Math-7B on GSM8K: IT 71.57 (Table 4) above MFT 70.20 (Table 1), ClozeMath 74.22 above both. Here MFT is
+    right on 100 more of 400 problems than IT in each of 3 seeds: -25 points, every replicate below 0."""
+    assert paper_pairs({"mft", "it", "clozemath", "it (lr=0.001)"}, REPLICATION_METHODS) == [
+        ("it", "mft"), ("clozemath", "it"), ("clozemath", "mft")]
+    it = {s: right_on(100, PROBLEMS) for s in "012"}
+    mft = {s: right_on(200, PROBLEMS) for s in "012"}
+    difference = hierarchical_difference(it, mft)
+    reversed_one = Comparison(("gsm8k", "greedy"), "it", "mft", -25.0, difference, paired_difference(it, mft))
+    assert verdict(reversed_one) == "reversed"
+    text = orderings_paragraph([reversed_one], str.upper, "GSM8K greedy")
+    assert text.splitlines()[1] == f"- Reversed, 1: IT > MFT (-25.00 [{difference.low:+.2f}, {difference.high:+.2f}])."
+    assert "3 seed pairs × 400 problems" in text.splitlines()[0]
