@@ -322,6 +322,10 @@ class GridConfig(_Strict):
     """Default: as many trials as the cluster's GPUs hold (one at a time on CPU)."""
     tracking: TrackingConfig | None = None
     """Default: the base experiment's."""
+    require_method_lr: bool = False
+    """Every point that trains must get `train.lr` from its own axes or `overrides`, never from the base or the
+    default: a method added to the grid (`axes.method=[...]` on the command line) without a rate chosen for it is
+    refused at expansion instead of training at whatever rate the base holds."""
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -625,6 +629,11 @@ def expand_grid(grid: GridConfig, root: Path | None = None, source: Path | str =
         name = f"{grid.name}/{point.label()}" if point.labels else grid.name
         where = f"{source} (point {point.label()})"
         experiment = experiment_from_dict(grid.base, root, where, [*point.overrides, ("name", name)])
+        if grid.require_method_lr and experiment.method.trains and "train.lr" not in dict(point.overrides):
+            raise ClozeMathError(
+                f"{where}: method '{experiment.method.name}' has no learning rate of its own (the grid sets "
+                "require_method_lr): give it one in `overrides` (when: {method: ...}, set: {train.lr: ...})"
+            )
         if grid.tracking is not None:
             experiment.tracking = grid.tracking
         experiments.append(experiment)

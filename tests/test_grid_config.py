@@ -280,3 +280,43 @@ def test_a_failed_trials_line_is_the_raised_error_not_rays_advice() -> None:
     )
     assert user_error_line(RuntimeError(text)) == "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB"
     assert user_error_line(RuntimeError("no exception line here\nonly words")) == "only words"
+
+
+LR_GRID = """
+name: rates
+require_method_lr: true
+base: {model: tiny-llama, method: it}
+axes:
+  method: [base, it, clozemath]
+  train.seed: [0, 1]
+overrides:
+  - when: {method: it}
+    set: {train.lr: 3.0e-4}
+  - when: {method: clozemath, train.seed: 0}
+    set: {train.lr: 1.0e-3}
+"""
+
+
+def test_a_grid_that_requires_each_methods_rate_refuses_a_method_without_one(tmp_path: Path, capsys) -> None:
+    """ClozeMath seed 1 has no rate of its own (its rule covers seed 0 only): refused, naming the point; base trains
+    nothing and needs none; with the rule widened, or the rate on an axis, every point expands."""
+    grids = tmp_path / "configs" / "grids"
+    grids.mkdir(parents=True)
+    for kind in ("models", "methods"):
+        (tmp_path / "configs" / kind).symlink_to(ROOT / "configs" / kind)
+    path = grids / "rates.yaml"
+    path.write_text(LR_GRID)
+    with pytest.raises(ClozeMathError, match=r"rates\.yaml \(point method=clozemath,seed=1\): method 'clozemath' has no "
+                                             r"learning rate of its own \(the grid sets require_method_lr\)"):
+        load_config(path)
+    path.write_text(LR_GRID.replace("{method: clozemath, train.seed: 0}", "{method: clozemath}"))
+    rates = {(t.method.name, t.train.seed): t.train.lr for t in expanded(path)}
+    assert rates == {("base", 0): 5e-5, ("base", 1): 5e-5, ("it", 0): 3e-4, ("it", 1): 3e-4,
+                     ("clozemath", 0): 1e-3, ("clozemath", 1): 1e-3}
+    # a method added on the command line, the base's rate notwithstanding: refused in one line
+    assert main(["run", str(path), "axes.method=[it,clozemath,mft]", "train.lr=1e-4"]) == 2
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line.endswith("(point method=mft,seed=0): method 'mft' has no learning rate of its own (the grid sets "
+                         "require_method_lr): give it one in `overrides` (when: {method: ...}, set: {train.lr: ...})")
+    path.write_text(LR_GRID.split("overrides:")[0].replace("train.seed: [0, 1]", "train.lr: [1.0e-4, 1.0e-3]"))
+    assert sorted(t.train.lr for t in expanded(path) if t.method.trains) == [1e-4, 1e-4, 1e-3, 1e-3]  # a rate axis
