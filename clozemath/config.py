@@ -249,10 +249,16 @@ class EvalConfig(_Strict):
     """Evaluate this saved adapter folder instead of the one the run trains."""
     every_steps: AtLeastOne | None = None
     """Also evaluate at these training-step intervals, on `during_training_limit` problems of the first set."""
+    every_share: Annotated[float, Field(gt=0, le=1, allow_inf_nan=False)] | None = None
+    """Or at these shares of the run's planned steps (0.1: at 10%, 20%, ..., 100%): runs of different lengths are
+    evaluated at the same points of their budgets, and at a matched budget (`train.budget: steps`) at nearly the
+    same steps, so that methods' curves (the paper's Figure 3) share their points."""
     during_training_limit: AtLeastOne = 100
 
     @model_validator(mode="after")
     def _set_decodings_are_known(self) -> EvalConfig:
+        if self.every_steps is not None and self.every_share is not None:
+            raise ValueError("`every_steps` and `every_share` both say when to evaluate during training: drop one")
         for set_cfg in self.sets:
             unknown = [decoding for decoding in set_cfg.decodings or [] if decoding not in self.decodings]
             if unknown:

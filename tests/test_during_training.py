@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from clozemath.config import load_config
-from clozemath.eval.during_training import evaluate_step, step_evaluation
+from clozemath.errors import ClozeMathError
+from clozemath.eval.during_training import evaluate_step, shared_steps, step_evaluation
 from clozemath.eval.evaluate import eval_problems
 from clozemath.model.load import load_model
 
@@ -32,6 +33,20 @@ def test_the_first_sets_first_decoding_on_one_subset_every_n_steps_and_after_the
     assert [step for step in range(1, 11) if evaluation.due(step, total_steps=10)] == [3, 6, 9, 10]
     never = config.eval.model_copy(update={"every_steps": None})
     assert step_evaluation(config.model_copy(update={"eval": never})) is None
+
+
+def test_shares_of_the_budget_put_every_run_at_the_same_points_of_its_steps(config) -> None:
+    """`every_share: 0.25` of 10 steps: 2.5, 5, 7.5, 10 rounded halves up -> 3, 5, 8, 10; of 685 at 0.1: 68.5 -> 69,
+    137, 205.5 -> 206, ..., 685; a run shorter than the shares still ends with its last step."""
+    shares = config.eval.model_copy(update={"every_steps": None, "every_share": 0.25})
+    evaluation = step_evaluation(config.model_copy(update={"eval": shares}))
+    assert [step for step in range(1, 11) if evaluation.due(step, total_steps=10)] == [3, 5, 8, 10]
+    assert sorted(shared_steps(685, 0.1)) == [69, 137, 206, 274, 343, 411, 480, 548, 617, 685]
+    assert shared_steps(2, 0.25) == {1, 2} and shared_steps(7, 0.3) == {2, 4, 6, 7}
+    with pytest.raises(ClozeMathError, match="`every_steps` and `every_share` both say when"):
+        load_config(SMOKE, ["eval.every_steps=3", "eval.every_share=0.1"])
+    with pytest.raises(ClozeMathError, match="every_share"):
+        load_config(SMOKE, ["eval.every_share=0"])
 
 
 @pytest.mark.parametrize(("zero_stage", "expected_total"), [(2, 2 * 2), (3, 5)])

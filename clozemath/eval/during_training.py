@@ -1,8 +1,8 @@
 """Evaluation during training: accuracy against training steps (the paper's Figure 3).
 
-Every `eval.every_steps` optimizer steps and after the last one, the training workers decode the same
-`eval.during_training_limit` problems of the first evaluation set with its first decoding, on the weights they hold,
-and report `curve/<set>/<decoding>/accuracy` (and `correct`, `total`) with that step's metrics: every point of a
+Every `eval.every_steps` optimizer steps (or at each `eval.every_share` of the planned steps) and after the last one,
+the training workers decode the same `eval.during_training_limit` problems of the first evaluation set with its first
+decoding, on the weights they hold, and report `curve/<set>/<decoding>/accuracy` (and `correct`, `total`) with that step's metrics: every point of a
 curve is measured on one subset, apart from the run's final full-set `eval/...` accuracy.
 Each rank decodes its share of the problems and the counts are summed over the ranks; under ZeRO-3, where every
 forward pass gathers parameters from all ranks, every rank decodes all of them in step instead.
@@ -12,6 +12,7 @@ Ray-free: the caller hands in the rank, the world size and a function that sums 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -30,25 +31,39 @@ SumOverRanks = Callable[[list[float]], list[float]]
 
 @dataclass(frozen=True)
 class StepEvaluation:
-    """What a training run evaluates at its intermediate steps."""
+    """What a training run evaluates at its intermediate steps: every `every_steps` steps, or at each `every_share`
+    of its planned steps; and after the last step."""
 
     set_name: str
     decoding: str
     problems: list[Problem]
-    every_steps: int
+    every_steps: int | None = None
+    every_share: float | None = None
 
     def due(self, step: int, total_steps: int) -> bool:
-        return step % self.every_steps == 0 or step == total_steps
+        if step == total_steps:
+            return True
+        if self.every_share is not None:
+            return step in shared_steps(total_steps, self.every_share)
+        return self.every_steps is not None and step % self.every_steps == 0
+
+
+def shared_steps(total_steps: int, share: float) -> set[int]:
+    """The steps at `share`, 2 x `share`, ... of `total_steps` (each rounded to the nearest step, halves up; at least
+    step 1), and the last."""
+    count = math.floor(1 / share + 1e-9)
+    return {max(1, math.floor(k * share * total_steps + 0.5)) for k in range(1, count + 1)} | {total_steps}
 
 
 def step_evaluation(cfg: ExperimentConfig) -> StepEvaluation | None:
-    """The subset evaluated during training, or None when `eval.every_steps` is unset."""
-    if cfg.eval.every_steps is None or not cfg.eval.sets:
+    """The subset evaluated during training, or None when neither `eval.every_steps` nor `eval.every_share` is set."""
+    if (cfg.eval.every_steps is None and cfg.eval.every_share is None) or not cfg.eval.sets:
         return None
     first = cfg.eval.sets[0]
     limit = min(first.limit or cfg.eval.during_training_limit, cfg.eval.during_training_limit)
     problems = eval_problems(first.model_copy(update={"limit": limit}))
-    return StepEvaluation(first.dataset, cfg.eval.decodings_of(first)[0], problems, cfg.eval.every_steps)
+    return StepEvaluation(first.dataset, cfg.eval.decodings_of(first)[0], problems, cfg.eval.every_steps,
+                          cfg.eval.every_share)
 
 
 def during_training_engine(cfg: ExperimentConfig, device_type: str) -> Engine:
