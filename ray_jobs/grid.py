@@ -63,7 +63,7 @@ from clozemath.records import (
 from clozemath.tracking import TrackedRun
 from ray_jobs.cluster import init_ray, user_error
 from ray_jobs.logs import logged
-from ray_jobs.run import run_experiment, with_budget
+from ray_jobs.run import run_experiment, with_budgets
 from ray_jobs.reports import TuneProgress
 
 
@@ -162,7 +162,7 @@ def run_grid(plan: RunPlan) -> GridOutcome:
     grid = plan.grid
     experiments = [with_absolute_paths(experiment) for experiment in plan.experiments]
     check_models(experiments)
-    experiments = [with_budget(experiment, plan.root) for experiment in experiments]
+    experiments = with_budgets(experiments, plan.root)
     key = grid_key(experiments)
     tracking_cfg = experiments[0].tracking
     path = Path(experiments[0].train.output_dir) / TUNE_DIR / f"{_safe(grid.name)}-{key}"

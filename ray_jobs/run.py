@@ -6,7 +6,9 @@ it joins whatever Ray is up (a Tune trial's) and can log as the child of a grid'
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -77,17 +79,49 @@ def _footprint(config: ExperimentConfig) -> Footprint:
     return Footprint(prepared.num_rows, prepared.num_tokens)
 
 
-def with_budget(config: ExperimentConfig, root: Path) -> ExperimentConfig:
-    """The config with a matched `train.budget` turned into `train.epochs`: the steps or training tokens that
-    `train.budget_reference` makes in `train.epochs` on this data (both training sets prepared here, then cached)."""
+def _reference(config: ExperimentConfig, root: Path) -> ExperimentConfig:
+    """The experiment with `train.budget_reference`'s method: the training set whose footprint sets the budget."""
+    return config.model_copy(update={"method": load_method(config.train.budget_reference, root)}, deep=True)
+
+
+def _matched(config: ExperimentConfig, reference: Footprint, mine: Footprint) -> ExperimentConfig:
+    """The config with its matched `train.budget` turned into `train.epochs`."""
     train = config.train
-    if train.budget == "epochs" or not config.method.trains:
-        return config
-    reference = config.model_copy(update={"method": load_method(train.budget_reference, root)}, deep=True)
-    epochs = matched_epochs(train, _footprint(reference), _footprint(config), packed=packs(config))
+    epochs = matched_epochs(train, reference, mine, packed=packs(config))
     console.phase(f"[{config.name}] budget: the {train.budget} of {train.budget_reference} in {train.epochs} epochs: "
                   f"{epochs:.3f} epochs")
     return config.model_copy(update={"train": train.model_copy(update={"budget": "epochs", "epochs": epochs})})
+
+
+def _training_set(config: ExperimentConfig) -> str:
+    """What a prepared training set depends on in a config (two configs alike here prepare the same rows)."""
+    return json.dumps([config.data.model_dump(mode="json"), config.method.model_dump(mode="json"),
+                       config.model.model_dump(mode="json"), config.train.output_dir], sort_keys=True)
+
+
+def with_budgets(experiments: list[ExperimentConfig], root: Path, parallel: int = 8) -> list[ExperimentConfig]:
+    """The experiments with a matched `train.budget` turned into `train.epochs`: the steps or training tokens that
+    `train.budget_reference` makes in `train.epochs` on the same data. The training sets are prepared here (then
+    cached for the trials), each distinct one once (a reference is often another trial's own), `parallel` at a time
+    rather than one after the other before the grid starts: Ray Data runs the pipelines side by side, each into a
+    cache folder of its own."""
+    def matched(experiment: ExperimentConfig) -> bool:
+        return experiment.train.budget != "epochs" and experiment.method.trains
+
+    needed: dict[str, ExperimentConfig] = {}
+    for experiment in filter(matched, experiments):
+        for config in (_reference(experiment, root), experiment):
+            needed.setdefault(_training_set(config), config)
+    if not needed:
+        return experiments
+    if len(needed) > 1:
+        init_ray()  # once, before the threads: each would start it
+    with ThreadPoolExecutor(max_workers=min(parallel, len(needed))) as pool:
+        footprints = dict(zip(needed, pool.map(_footprint, needed.values())))
+    return [
+        _matched(e, footprints[_training_set(_reference(e, root))], footprints[_training_set(e)]) if matched(e) else e
+        for e in experiments
+    ]
 
 
 def _prepare(config: ExperimentConfig) -> Prepared:

@@ -1,10 +1,11 @@
-"""Compute budgets: equal epochs, or the steps / training tokens of a reference method (arithmetic only, no Ray)."""
+"""Compute budgets: equal epochs, or the steps / training tokens of a reference method (arithmetic, and a grid's
+budgets with made-up footprints: no Ray started)."""
 
 from __future__ import annotations
 
 import pytest
 
-from clozemath.config import TrainConfig, load_config
+from clozemath.config import TrainConfig, load_config, load_plan
 from clozemath.errors import ClozeMathError
 from clozemath.train.budget import Footprint, matched_epochs, planned_steps, planned_tokens
 
@@ -51,3 +52,31 @@ def test_max_steps_and_a_matched_budget_cannot_both_set_the_steps() -> None:
 def test_the_paper_grid_states_its_budget() -> None:
     grid = load_config("configs/grids/paper.yaml", ["axes.model=[deepseek-math-7b]", "axes.method=[it]"])
     assert grid.base["train"]["budget"] == "epochs"
+
+
+def test_a_grids_matched_budgets_prepare_each_training_set_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """IT and ClozeMath at IT's tokens in 1 epoch, 2 seeds, and base: 4 distinct training sets (a reference is the IT
+    trial's own; base trains nothing), prepared once each (here: made-up footprints, no Ray). Packed rows: ClozeMath
+    gets IT's 40,000 tokens of its 100,000 + seed an epoch, IT 1 epoch; base and epochs-budget points untouched."""
+    from ray_jobs import run
+
+    prepared = []
+
+    def footprint(config) -> Footprint:
+        prepared.append((config.method.name, config.data.seed))
+        return IT if config.method.name == "it" else Footprint(1000, 100_000 + config.data.seed)
+
+    monkeypatch.setattr(run, "_footprint", footprint)
+    started = []
+    monkeypatch.setattr(run, "init_ray", lambda: started.append(True))  # once, before the threads that prepare
+    plan = load_plan("configs/grids/smoke.yaml", [
+        "axes.model=[tiny-llama]", "axes.dataset=[gsm8k]", "axes.method=[base,it,clozemath]", "axes.train.seed=[0,1]",
+        "train.max_steps=null", "train.budget=tokens", "train.budget_reference=it", "train.epochs=1",
+        "train.pack_tokens=512"])
+    matched = run.with_budgets(plan.experiments, plan.root, parallel=2)
+    assert sorted(prepared) == [("clozemath", 0), ("clozemath", 1), ("it", 0), ("it", 1)] and started == [True]
+    epochs = {(e.method.name, e.train.seed): e.train.epochs for e in matched}
+    assert epochs == {("base", 0): 1, ("base", 1): 1, ("it", 0): 1, ("it", 1): 1,
+                      ("clozemath", 0): 40_000 / 100_000, ("clozemath", 1): 40_000 / 100_001}
+    assert {e.train.budget for e in matched if e.method.trains} == {"epochs"}
+    assert run.with_budgets(plan.experiments[:1], plan.root) == plan.experiments[:1]  # base alone: nothing to prepare
