@@ -760,8 +760,25 @@ def plot_accuracy_vs_steps(curves: Curves, path: Path) -> Path:
 SUMMARY_FILE = "summary.md"
 
 
+def experiments_runs(tracking_uri: str, experiments: Sequence[str], parent_run_id: str | None = None
+                     ) -> list[tuple[Run, list[TrialResult]]]:
+    """Each experiment's grid run and trials (`grid_runs`), to be reported as one: grids that share a trial (the
+    same model, method, training set and seed) are refused, since their results would be pooled as if seeds."""
+    if parent_run_id is not None and len(experiments) != 1:
+        raise ClozeMathError("--parent names one grid's run: give one --experiment with it")
+    grids = [grid_runs(tracking_uri, name, parent_run_id) for name in experiments]
+    seen: dict[tuple[str, str, str, str], str] = {}
+    for name, (_, runs) in zip(experiments, grids):
+        for r in runs:
+            key = (r.model, r.method, r.train_set, r.seed)
+            if seen.setdefault(key, name) != name:
+                raise ClozeMathError(f"experiments '{seen[key]}' and '{name}' both hold {r.method} seed {r.seed} of "
+                                     f"{r.model} on {r.train_set}: report them apart")
+    return grids
+
+
 def report(
-    experiment: str,
+    experiment: str | Sequence[str],
     tracking_uri: str = "sqlite:///mlruns.db",
     out: str | Path | None = None,
     latex: bool = False,
@@ -770,13 +787,16 @@ def report(
     export: str | None = None,
     exported: str | Path | None = None,
 ) -> str:
-    """Print the results, grading and comparisons tables and the paper's tables that have runs (markdown, or LaTeX),
-    write them, the paper's orderings against this replication (`summary.md`, markdown for the README), the trials'
-    metrics (JSON) and Figure 3 under `out` (default `reports/<experiment>`); returns the printed text.
+    """Print the results, grading and comparisons tables and the paper's tables that have runs (markdown, or LaTeX)
+    of one experiment's grid, or of several reported as one (Table 4's ablations beside the main grid's runs); write
+    them, the paper's orderings against this replication (`summary.md`, markdown for the README), the trials' metrics
+    (JSON) and Figure 3 under `out` (default `reports/<experiment>[+<experiment>...]`); returns the printed text.
     `export`: also write every trial's predictions (`export_predictions`, full or compact) there. `exported`: read
     the predictions from such a file instead of the runs' artifacts."""
-    parent, results = grid_runs(tracking_uri, experiment, parent_run_id)
-    folder = Path(out) if out is not None else Path("reports") / experiment
+    names = [experiment] if isinstance(experiment, str) else list(experiment)
+    grids = experiments_runs(tracking_uri, names, parent_run_id)
+    results = [r for _, runs in grids for r in runs]
+    folder = Path(out) if out is not None else Path("reports") / "+".join(names)
     folder.mkdir(parents=True, exist_ok=True)
     artifacts = PredictionArtifacts(tracking_uri, exported)
     found = comparisons(results, artifacts)
@@ -795,7 +815,9 @@ def report(
     written = [tables_file, folder / SUMMARY_FILE, folder / TRIALS_FILE, figure]
     if export is not None:
         written.append(export_predictions(results, artifacts, folder / EXPORT_FILE, export))
-    print(f"grid run {parent.info.run_id} ({parent.info.run_name}): {len(results)} trials\n")
+    for parent, runs in grids:
+        print(f"grid run {parent.info.run_id} ({parent.info.run_name}): {len(runs)} trials")
+    print()
     print("\n\n".join(filter(None, [summary, text])))
     sizes = ", ".join(f"{path} ({path.stat().st_size / 2**20:.1f} MiB)" if path.suffix == ".gz" else str(path)
                       for path in written)

@@ -159,7 +159,9 @@ def _add_report(commands: argparse._SubParsersAction) -> None:
         "methods with 95%% bootstrap intervals (over seeds and problems, and over problems), which of the paper's "
         "orderings hold, and the paper's Tables 1-4 from its tracked runs; plot accuracy against steps"
     )
-    report.add_argument("--experiment", required=True, help="the MLflow experiment (the grid's tracking.experiment)")
+    report.add_argument("--experiment", required=True, action="append",
+                        help="the MLflow experiment (the grid's tracking.experiment); repeated: several grids reported "
+                        "as one (e.g. Table 4's ablations beside the main grid's runs)")
     report.add_argument("--tracking-uri", default="sqlite:///mlruns.db", help="default: sqlite:///mlruns.db")
     report.add_argument("--parent", metavar="RUN_ID", help="the grid's MLflow run (default: the latest)")
     report.add_argument("--decoding", default="beam",

@@ -401,3 +401,31 @@ def test_the_paper_orders_pairs_by_its_numbers_and_a_reversed_one_is_said_so() -
     text = orderings_paragraph([reversed_one], str.upper, "GSM8K greedy")
     assert text.splitlines()[1] == f"- Reversed, 1: IT > MFT (-25.00 [{difference.low:+.2f}, {difference.high:+.2f}])."
     assert "3 seed pairs × 400 problems" in text.splitlines()[0]
+
+
+def test_table_4s_ablations_reported_beside_the_main_grids_runs(
+    store: TrackingConfig, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A second grid of W/o Text infilling only (right on [0, 130 + offset)), reported with the main one: it pairs
+    with the main grid's IT (+10 problems a seed, +2.50) and ClozeMath (-30, the paper's order: ClozeMath first,
+    +7.50); a grid holding a trial the other has too is refused."""
+    monkeypatch.setitem(RIGHT, "it_prefixlm", 130)
+    ablations = TrackingConfig(uri=store.uri, experiment="ablations")
+    parent = tracking.start_run(ablations, "ablations", tags={"role": "grid"}).run_id
+    for seed in OFFSETS:
+        log_trial(ablations, parent, "it_prefixlm", seed, tmp_path / "ablations")
+    argv = ["report", "--experiment", "replication", "--experiment", "ablations", "--tracking-uri", store.uri]
+    assert main([*argv, "--out", str(tmp_path / "both")]) == 0
+    out = capsys.readouterr().out
+    assert out.count("grid run ") == 2 and (tmp_path / "both" / "tables.md").is_file()
+    assert cells(out, "GSM8K greedy", "W/o Text infilling", "IT")[0] == "+2.50"
+    assert cells(out, "GSM8K greedy", "ClozeMath", "W/o Text infilling")[0] == "+7.50"
+    assert cells(out, "W/o Text infilling") == [f"{(130 + 16 / 3) / 4:.2f} ± {statistics.stdev([0, 1, 3]):.2f} (3)"]
+
+    duplicate = TrackingConfig(uri=store.uri, experiment="duplicate")
+    parent = tracking.start_run(duplicate, "duplicate", tags={"role": "grid"}).run_id
+    log_trial(duplicate, parent, "it", "0", tmp_path / "duplicate")
+    assert main(["report", "--experiment", "replication", "--experiment", "duplicate", "--tracking-uri", store.uri,
+                 "--out", str(tmp_path / "dup")]) == 2
+    assert ("experiments 'replication' and 'duplicate' both hold it seed 0 of smollm2-135m on gsm8k: report them "
+            "apart") in capsys.readouterr().err
