@@ -627,6 +627,18 @@ def grid_points(grid: GridConfig, source: Path | str = "grid") -> list[GridPoint
     return points
 
 
+def _check_method_lr(grid: GridConfig, point: GridPoint, root: Path, where: str, name: str) -> None:
+    """`require_method_lr`: a point that trains sets `train.lr` itself (an axis or a rule), to a number."""
+    given = [(key, value) for key, value in point.overrides if key != "train.lr"]
+    method = experiment_from_dict(grid.base, root, where, [*given, ("name", name)]).method
+    if method.trains and dict(point.overrides).get("train.lr") is None:
+        null = " (its rule sets null)" if "train.lr" in dict(point.overrides) else ""
+        raise ClozeMathError(
+            f"{where}: method '{method.name}' has no learning rate of its own{null} (the grid sets "
+            "require_method_lr): give it one in `overrides` (when: {method: ...}, set: {train.lr: ...})"
+        )
+
+
 def expand_grid(grid: GridConfig, root: Path | None = None, source: Path | str = "grid") -> list[ExperimentConfig]:
     """One validated experiment per point of the grid, named `<grid>/<point>`, all tracked alike."""
     root = root or configs_root()
@@ -634,12 +646,9 @@ def expand_grid(grid: GridConfig, root: Path | None = None, source: Path | str =
     for point in grid_points(grid, source):
         name = f"{grid.name}/{point.label()}" if point.labels else grid.name
         where = f"{source} (point {point.label()})"
+        if grid.require_method_lr:
+            _check_method_lr(grid, point, root, where, name)
         experiment = experiment_from_dict(grid.base, root, where, [*point.overrides, ("name", name)])
-        if grid.require_method_lr and experiment.method.trains and "train.lr" not in dict(point.overrides):
-            raise ClozeMathError(
-                f"{where}: method '{experiment.method.name}' has no learning rate of its own (the grid sets "
-                "require_method_lr): give it one in `overrides` (when: {method: ...}, set: {train.lr: ...})"
-            )
         if grid.tracking is not None:
             experiment.tracking = grid.tracking
         experiments.append(experiment)

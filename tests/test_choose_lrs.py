@@ -1,0 +1,116 @@
+"""`bench/choose_lrs.py`: the sweep's best rate per method, written into the grids that train at it (no Ray)."""
+
+from __future__ import annotations
+
+import importlib.util
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+
+from clozemath import tracking
+from clozemath.config import TrackingConfig, load_plan
+
+ROOT = Path(__file__).resolve().parents[1]
+SPEC = importlib.util.spec_from_file_location("choose_lrs", ROOT / "bench" / "choose_lrs.py")
+choose = importlib.util.module_from_spec(SPEC)
+SPEC.loader.exec_module(choose)
+
+SWEEP = {  # method -> rate -> held-out accuracy (made up): IT ties at 3e-4 and 1e-3, ClozeMath's best is the top
+    "it": {5e-5: 0.010, 3e-4: 0.030, 1e-3: 0.030}, "mft": {5e-5: 0.012, 3e-4: 0.022, 1e-3: 0.020},
+    "clozemath": {5e-5: 0.020, 3e-4: 0.030, 1e-3: 0.046}, "clozemath_causal": {5e-5: 0.01, 3e-4: 0.02, 1e-3: 0.01},
+    "random_span": {5e-5: 0.03, 3e-4: 0.01, 1e-3: 0.01}, "it_prefixlm": {5e-5: 0.01, 3e-4: 0.01, 1e-3: 0.02},
+}
+
+
+@pytest.fixture
+def sweep_store(tmp_path: Path) -> str:
+    config = TrackingConfig(uri=f"sqlite:///{tmp_path / 'mlruns.db'}", experiment="sweep")
+    parent = tracking.start_run(config, "sweep", tags={"role": "grid"}).run_id
+    for method, rates in SWEEP.items():
+        for rate, accuracy in rates.items():
+            name = f"sweep/method={method},lr={rate}"
+            tags = {"model": "m", "method": method, "train_set": "gsm8k", "seed": "0", "role": "trial", "trial": name}
+            run = tracking.start_run(config, name, parent, tags)
+            run.log_params({"train.lr": rate})
+            run.log_metrics(1, {"eval/gsm8k/greedy/accuracy": accuracy})
+            run.end()
+    return config.uri
+
+
+@pytest.fixture
+def grids(tmp_path: Path) -> list[Path]:
+    """Copies of the committed grids (their rates null), beside the models and methods they name."""
+    folder = tmp_path / "configs"
+    (folder / "grids").mkdir(parents=True)
+    for kind in ("models", "methods"):
+        (folder / kind).symlink_to(ROOT / "configs" / kind)
+    return [Path(shutil.copy(ROOT / "configs" / "grids" / name, folder / "grids" / name))
+            for name in ("replication_matched.yaml", "table4.yaml")]
+
+
+def test_the_committed_grids_refuse_to_start_until_their_rates_are_chosen(grids: list[Path]) -> None:
+    for grid in grids:
+        with pytest.raises(Exception, match=r"has no learning rate of its own \(its rule sets null\)"):
+            load_plan(grid)
+
+
+def test_each_method_gets_its_best_held_out_rate(sweep_store: str, grids: list[Path], tmp_path: Path, capsys) -> None:
+    out = tmp_path / "choices.md"
+    assert choose.main(["--experiment", "sweep", "--tracking-uri", sweep_store, "--grids", *map(str, grids),
+                        "--out", str(out)]) == 0
+    main_grid, table4 = (load_plan(grid).experiments for grid in grids)
+    rates = {e.method.name: e.train.lr for e in main_grid if e.method.trains}
+    assert rates == {"clozemath": 1e-3, "mft": 3e-4, "it": 3e-4}  # IT's tie: the lower rate
+    assert {e.method.name: e.train.lr for e in table4} == {
+        "clozemath_causal": 3e-4, "random_span": 5e-5, "it_prefixlm": 1e-3}
+    text = grids[0].read_text()
+    assert ("  - {when: {method: clozemath}, set: {train.lr: 1.0e-3}}  # held out: 5.0e-5 2.0%, 3.0e-4 3.0%, "
+            "1.0e-3 4.6% (bench/choose_lrs.py)\n") in text
+    table = capsys.readouterr().out
+    assert "| clozemath | 1.0e-3 (the sweep's edge: a rate beyond it might do better) |" in table
+    assert "| mft | 3.0e-4 | 5.0e-5 1.2%, 3.0e-4 2.2%, 1.0e-3 2.0% |" in table
+    assert out.read_text().strip() in table
+    # run again on its own output: the same rates, the comment replaced rather than added to
+    assert choose.main(["--experiment", "sweep", "--tracking-uri", sweep_store, "--grids", str(grids[0])]) == 0
+    assert grids[0].read_text() == text
+
+
+def test_a_rule_for_a_method_the_sweep_lacks_writes_nothing(sweep_store: str, grids: list[Path], capsys) -> None:
+    before = [grid.read_text() for grid in grids]
+    grids[1].write_text(before[1] + "  - {when: {method: mft_other}, set: {train.lr: null}}\n")
+    before[1] = grids[1].read_text()
+    assert choose.main(["--experiment", "sweep", "--tracking-uri", sweep_store, "--grids", *map(str, grids)]) == 2
+    assert "a rate rule for 'mft_other', which the sweep did not train" in capsys.readouterr().err
+    assert [grid.read_text() for grid in grids] == before
+
+
+@pytest.mark.parametrize(("rate", "text"), [(5e-5, "5.0e-5"), (3e-4, "3.0e-4"), (1.25e-4, "1.25e-4"), (1e-3, "1.0e-3")])
+def test_rates_are_written_as_yaml_numbers(rate: float, text: str) -> None:
+    import yaml
+
+    assert choose.rate_text(rate) == text and yaml.safe_load(text) == rate
+
+
+def test_the_lease_grids_expand_to_the_planned_trials(sweep_store: str, grids: list[Path]) -> None:
+    """Stage 1: 6 methods x 3 rates on train[:-500], graded on train[-500:]; stage 2: base + 3 methods x 5 seeds, and
+    Table 4's 3 ablations x 3 seeds; all at IT's steps in one epoch, a fifth of a GPU each (20 slots on 4 GPUs)."""
+    sweep = load_plan(ROOT / "configs" / "grids" / "replication_matched_lr.yaml").experiments
+    assert len(sweep) == 18 and {e.train.lr for e in sweep} == {5e-5, 3e-4, 1e-3}
+    assert {(e.data.split, e.eval.sets[0].split) for e in sweep} == {("train[:-500]", "train[-500:]")}
+    assert choose.main(["--experiment", "sweep", "--tracking-uri", sweep_store, "--grids", *map(str, grids)]) == 0
+    main_grid, table4 = (load_plan(grid).experiments for grid in grids)
+    assert len(main_grid) == 16 and len(table4) == 9
+    for e in sweep + main_grid + table4:
+        assert (e.train.budget, e.train.budget_reference, e.train.epochs, e.train.gpu_share) == ("steps", "it", 1, 0.2)
+        assert e.eval.max_new_tokens == 256 and e.model.name == "smollm2-135m"
+    curves = {(e.method.name, e.train.seed) for e in main_grid if e.eval.every_share == 0.1}
+    assert curves == {(m, s) for m in ("it", "mft", "clozemath") for s in (0, 1, 2)}
+    for e in main_grid:
+        sets = {s.dataset: e.eval.decodings_of(s) for s in e.eval.sets}
+        gsm8k = ["greedy"] if e.method.name == "base" else ["greedy", "beam"]
+        assert sets == {"gsm8k": gsm8k, "gsm_symbolic": ["greedy"], "gsm_p1": ["greedy"], "gsm_p2": ["greedy"]}
+    assert {(e.method.name, e.train.seed) for e in table4} == {
+        (m, s) for m in ("clozemath_causal", "random_span", "it_prefixlm") for s in (0, 1, 2)}
+    assert {s.dataset for e in table4 for s in e.eval.sets} == {"gsm8k"}
