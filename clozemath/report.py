@@ -503,14 +503,14 @@ EXPORTS = ("full", "compact")
 
 class PredictionArtifacts:
     """Each run's predictions from its `eval/predictions/<set>.jsonl` artifacts, downloaded once; or all runs' from
-    a file `export_predictions` wrote (`exported`), which needs no artifact store."""
+    files `export_predictions` wrote (`exported`), which need no artifact store."""
 
-    def __init__(self, tracking_uri: str, exported: str | Path | None = None) -> None:
+    def __init__(self, tracking_uri: str, exported: Sequence[str | Path] = ()) -> None:
         self._client = tracking.client(tracking_uri)
         self._runs: dict[str, list[Prediction]] = {}
-        self._exported = exported is not None
-        if exported is not None:
-            self._runs = self._read_export(Path(exported))
+        self._exported = bool(exported)
+        for path in exported:
+            self._runs |= self._read_export(Path(path))
 
     def predictions(self, run_id: str) -> list[Prediction]:
         """The run's predictions, every set and decoding (none if it logged none)."""
@@ -785,14 +785,14 @@ def report(
     parent_run_id: str | None = None,
     decoding: str = "beam",
     export: str | None = None,
-    exported: str | Path | None = None,
+    exported: Sequence[str | Path] = (),
 ) -> str:
     """Print the results, grading and comparisons tables and the paper's tables that have runs (markdown, or LaTeX)
     of one experiment's grid, or of several reported as one (Table 4's ablations beside the main grid's runs); write
     them, the paper's orderings against this replication (`summary.md`, markdown for the README), the trials' metrics
     (JSON) and Figure 3 under `out` (default `reports/<experiment>[+<experiment>...]`); returns the printed text.
     `export`: also write every trial's predictions (`export_predictions`, full or compact) there. `exported`: read
-    the predictions from such a file instead of the runs' artifacts."""
+    the predictions from such files instead of the runs' artifacts."""
     names = [experiment] if isinstance(experiment, str) else list(experiment)
     grids = experiments_runs(tracking_uri, names, parent_run_id)
     results = [r for _, runs in grids for r in runs]

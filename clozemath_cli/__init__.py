@@ -172,8 +172,9 @@ def _add_report(commands: argparse._SubParsersAction) -> None:
     report.add_argument("--export-predictions", nargs="?", const="full", choices=["full", "compact"],
                         help="also write every trial's predictions to predictions.jsonl.gz there (compact: without "
                         "the generations)")
-    report.add_argument("--predictions", metavar="FILE",
-                        help="read the per-problem predictions from such an export instead of the runs' artifacts")
+    report.add_argument("--predictions", metavar="FILE", action="append", default=[],
+                        help="read the per-problem predictions from such an export instead of the runs' artifacts "
+                        "(repeated: one per grid)")
     report.set_defaults(handler=_report)
 
 
