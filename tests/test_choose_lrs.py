@@ -1,4 +1,5 @@
-"""`bench/choose_lrs.py`: the sweep's best rate per method, written into the grids that train at it (no Ray)."""
+"""`bench/choose_lrs.py`: the sweep's best rate per method, written into the grids that train at it; the lease's grids
+and `bench/replication_lease.sh`'s chain of commands (no Ray)."""
 
 from __future__ import annotations
 
@@ -114,3 +115,31 @@ def test_the_lease_grids_expand_to_the_planned_trials(sweep_store: str, grids: l
     assert {(e.method.name, e.train.seed) for e in table4} == {
         (m, s) for m in ("clozemath_causal", "random_span", "it_prefixlm") for s in (0, 1, 2)}
     assert {s.dataset for e in table4 for s in e.eval.sets} == {"gsm8k"}
+
+
+def test_the_lease_chain_runs_the_sweep_then_the_rates_then_both_grids_then_the_reports(tmp_path: Path) -> None:
+    """`bench/replication_lease.sh` (DRY_RUN: its commands, nothing run): every grid on one store and model folder,
+    the rates chosen between the stages, Table 4 reported beside the main grid from the exported predictions."""
+    import os
+    import subprocess
+
+    env = {**os.environ, "DRY_RUN": "1", "MODEL_DIR": "/m", "WORK": str(tmp_path)}
+    done = subprocess.run(["bash", "bench/replication_lease.sh", "chain"], cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    commands = [line.split("$ ", 1)[1] for line in done.stdout.splitlines() if "] $ " in line]
+    steps = [next((word for word in command.split() if word.endswith((".yaml", ".py")) or word == "report"), command)
+             for command in commands]
+    assert commands[0].startswith("ray start --head")
+    assert steps[1:] == ["configs/grids/replication_matched_lr.yaml", "bench/choose_lrs.py",
+                     "configs/grids/replication_matched.yaml", "configs/grids/table4.yaml", *["report"] * 5]
+    store = f"sqlite:///{tmp_path}/mlruns.db"
+    for command in commands[1:]:
+        assert store in command
+    for command in (commands[1], commands[3], commands[4]):
+        assert f"model.path=/m train.output_dir={tmp_path}/runs tracking.uri={store}" in command
+    table4 = commands[8]
+    assert ("--experiment replication-matched --experiment replication-table4 --decoding greedy" in table4
+            and table4.count("--predictions ") == 2)
+    usage = subprocess.run(["bash", "bench/replication_lease.sh"], cwd=ROOT, capture_output=True, text=True)
+    assert usage.returncode == 2 and "usage:" in usage.stderr

@@ -1,0 +1,131 @@
+#!/usr/bin/env bash
+# The matched-compute replication in one lease of 4 GPUs (issue 25; bench/results/replication.md): stage 1 (each
+# method's rate on problems held out of train), the rates written into the grids (bench/choose_lrs.py), stage 2 (the
+# main grid and Table 4's ablations side by side on one Ray cluster), the reports, and the files that come back.
+# A command on the GPU machine lasts at most 10 minutes and the chain about 15, so `start` runs it detached (a new
+# process session outlives the command), `wait` follows it, `collect` puts at most 8 files of < 16 MiB into $OUT.
+#
+#   export MODEL_DIR=/tmp/m CLOZEMATH_DATA_DIR=$PWD/shared/data HF_HUB_OFFLINE=1   # the GGUF's folder, the data
+#   bash bench/replication_lease.sh start      # returns at once
+#   bash bench/replication_lease.sh wait 570   # progress; call again (within the machine's 30 s) until "chain: done"
+#   bash bench/replication_lease.sh collect    # the results into $OUT
+#
+# Needs the project importable by `python3` (PYTHON=...) with its dependencies, and `ray` on PATH. DRY_RUN=1 prints
+# the chain's commands instead of running them. Estimated wall time on 4 x H100: see bench/results/replication.md.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}  # for the drivers and, through `ray start`, every Ray worker
+WORK=${WORK:-/tmp/lease}
+PY=${PYTHON:-python3}
+STORE="sqlite:///$WORK/mlruns.db"
+REPORTS=$WORK/reports
+RATE_GRIDS=(configs/grids/replication_matched.yaml configs/grids/table4.yaml)
+PREDICTIONS_LIMIT=$((15 * 1024 * 1024))  # below what comes back (16 MiB a file)
+
+run() {  # a command of the chain, timed into its log
+    echo "[$(date +%T)] \$ $*"
+    if [ -n "${DRY_RUN:-}" ]; then return 0; fi
+    local started=$SECONDS
+    "$@"
+    local code=$?
+    echo "[$(date +%T)] exit $code after $((SECONDS - started)) s"
+    return $code
+}
+
+grid() {  # clozemath run GRID on the lease's store and model
+    run "$PY" -m clozemath_cli run "$1" "model.path=${MODEL_DIR:?set MODEL_DIR to the folder of the SmolLM2 GGUF}" \
+        "train.output_dir=$WORK/runs" "tracking.uri=$STORE"
+}
+
+report() {
+    run "$PY" -m clozemath_cli report --tracking-uri "$STORE" "$@"
+}
+
+export_report() {  # a report that exports its trials' predictions: full, or compact when that is too big to come back
+    local out=$1; shift
+    report "$@" --out "$out" --export-predictions full
+    if [ -z "${DRY_RUN:-}" ] && [ "$(stat -c %s "$out/predictions.jsonl.gz" 2>/dev/null || echo 0)" -gt "$PREDICTIONS_LIMIT" ]; then
+        report "$@" --out "$out" --export-predictions compact
+    fi
+}
+
+chain() {
+    mkdir -p "$REPORTS"
+    local started=$SECONDS
+    if [ -z "${DRY_RUN:-}" ]; then
+        nvidia-smi --query-gpu=timestamp,index,utilization.gpu,memory.used --format=csv -l 5 > "$WORK/gpu.csv" &
+        GPU_LOG=$!
+    fi
+    # One cluster for every driver: its GPUs shared out in trial slots (`train.gpu_share`), whoever asks. The workers
+    # inherit this environment (PYTHONPATH, CLOZEMATH_DATA_DIR).
+    run ray start --head --port=6379 --num-gpus="$(nvidia-smi -L 2>/dev/null | wc -l)" --disable-usage-stats
+    export RAY_ADDRESS=127.0.0.1:6379
+
+    echo "chain: stage 1, the rates"
+    grid configs/grids/replication_matched_lr.yaml
+    if ! run "$PY" bench/choose_lrs.py --experiment replication-matched-lr --tracking-uri "$STORE" \
+            --grids "${RATE_GRIDS[@]}" --out "$REPORTS/rates.md"; then
+        echo "chain: no rates chosen; stopping"; finish "$started"; return
+    fi
+    cp "${RATE_GRIDS[@]}" "$REPORTS/"  # the grids as they ran, rates written in: to commit
+
+    echo "chain: stage 2, the main grid and Table 4's ablations side by side"
+    if [ -n "${DRY_RUN:-}" ]; then
+        grid configs/grids/replication_matched.yaml; grid configs/grids/table4.yaml
+    else
+        grid configs/grids/replication_matched.yaml > "$WORK/main.log" 2>&1 &
+        local main=$!
+        grid configs/grids/table4.yaml > "$WORK/table4.log" 2>&1 &
+        wait "$main" $!
+    fi
+
+    echo "chain: the reports"
+    export_report "$REPORTS/matched" --experiment replication-matched
+    local matched=$REPORTS/matched/predictions.jsonl.gz
+    report --experiment replication-matched --decoding greedy --out "$REPORTS/matched_greedy" --predictions "$matched"
+    export_report "$REPORTS/table4_alone" --experiment replication-table4 --decoding greedy
+    report --experiment replication-matched --experiment replication-table4 --decoding greedy --out "$REPORTS/table4" \
+        --predictions "$matched" --predictions "$REPORTS/table4_alone/predictions.jsonl.gz"
+    report --experiment replication-matched-lr --decoding greedy --out "$REPORTS/matched_lr" \
+        --export-predictions compact
+    finish "$started"
+}
+
+finish() {
+    echo "chain: done in $((SECONDS - $1)) s"
+    [ -n "${DRY_RUN:-}" ] || { ray stop > /dev/null 2>&1; kill "${GPU_LOG:-}" 2> /dev/null; touch "$WORK/done"; }
+}
+
+follow() {  # until the chain is done or $1 seconds passed; then where it is
+    local until=$((SECONDS + ${1:-570}))
+    while [ ! -e "$WORK/done" ] && [ $SECONDS -lt "$until" ]; do sleep 10; done
+    tail -n 30 "$WORK/chain.log"
+    for log in main table4; do
+        [ -e "$WORK/$log.log" ] && { echo "--- $log"; grep -E "trial |finished|failed|error" "$WORK/$log.log" | tail -n 8; }
+    done
+    if [ -e "$WORK/done" ]; then echo "chain: done"; else echo "chain: running"; fi
+}
+
+collect() {  # at most 8 files, each < 16 MiB
+    local into=${OUT:?set OUT}
+    (cd "$WORK" && tar -czf "$into/reports.tar.gz" --exclude='*.jsonl.gz' reports chain.log main.log table4.log \
+        gpu.csv runs/*/logs/driver.log)
+    (cd "$WORK" && tar -czf "$into/workers_logs.tar.gz" runs/*/logs/workers.log)
+    cp "$REPORTS/matched/predictions.jsonl.gz" "$into/replication_matched_predictions.jsonl.gz"
+    cp "$REPORTS/table4_alone/predictions.jsonl.gz" "$into/replication_table4_predictions.jsonl.gz"
+    cp "$REPORTS/matched_lr/predictions.jsonl.gz" "$into/replication_matched_lr_predictions.jsonl.gz"
+    gzip -c "$WORK/mlruns.db" > "$into/mlruns.db.gz"
+    ls -l "$into"
+}
+
+case "${1:-}" in
+    start)
+        mkdir -p "$WORK"
+        rm -f "$WORK/done"
+        setsid nohup bash "$0" chain > "$WORK/chain.log" 2>&1 < /dev/null &
+        echo "chain: started (log $WORK/chain.log)";;
+    chain) chain;;
+    wait) follow "${2:-570}";;
+    collect) collect;;
+    *) echo "usage: $0 start | wait [seconds] | collect   (DRY_RUN=1 $0 chain: the commands)" >&2; exit 2;;
+esac
