@@ -11,7 +11,7 @@
 #   bash bench/replication_lease.sh collect    # the results into $OUT
 #
 # Needs the project importable by `python3` (PYTHON=...) with its dependencies, and `ray` on PATH. DRY_RUN=1 prints
-# the chain's commands instead of running them. Estimated wall time on 4 x H100: see bench/results/replication.md.
+# the chain's commands instead of running them; MAIN_OVERRIDES adds overrides to the main grid's command. Estimated wall time on 4 x H100: see bench/results/replication.md.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}  # for the drivers and, through `ray start`, every Ray worker
@@ -21,6 +21,7 @@ STORE="sqlite:///$WORK/mlruns.db"
 REPORTS=$WORK/reports
 RATE_GRIDS=(configs/grids/replication_matched.yaml configs/grids/table4.yaml)
 PREDICTIONS_LIMIT=$((15 * 1024 * 1024))  # below what comes back (16 MiB a file)
+MAIN_OVERRIDES=${MAIN_OVERRIDES:-}        # e.g. 'axes.train.seed=[0,1,2]' for a shorter lease
 
 run() {  # a command of the chain, timed into its log
     echo "[$(date +%T)] \$ $*"
@@ -32,9 +33,10 @@ run() {  # a command of the chain, timed into its log
     return $code
 }
 
-grid() {  # clozemath run GRID on the lease's store and model
-    run "$PY" -m clozemath_cli run "$1" "model.path=${MODEL_DIR:?set MODEL_DIR to the folder of the SmolLM2 GGUF}" \
-        "train.output_dir=$WORK/runs" "tracking.uri=$STORE"
+grid() {  # clozemath run GRID [OVERRIDE...] on the lease's store and model
+    local config=$1; shift
+    run "$PY" -m clozemath_cli run "$config" "model.path=${MODEL_DIR:?set MODEL_DIR to the folder of the SmolLM2 GGUF}" \
+        "train.output_dir=$WORK/runs" "tracking.uri=$STORE" "$@"
 }
 
 report() {
@@ -71,9 +73,9 @@ chain() {
 
     echo "chain: stage 2, the main grid and Table 4's ablations side by side"
     if [ -n "${DRY_RUN:-}" ]; then
-        grid configs/grids/replication_matched.yaml; grid configs/grids/table4.yaml
+        grid configs/grids/replication_matched.yaml $MAIN_OVERRIDES; grid configs/grids/table4.yaml
     else
-        grid configs/grids/replication_matched.yaml > "$WORK/main.log" 2>&1 &
+        grid configs/grids/replication_matched.yaml $MAIN_OVERRIDES > "$WORK/main.log" 2>&1 &
         local main=$!
         grid configs/grids/table4.yaml > "$WORK/table4.log" 2>&1 &
         wait "$main" $!
