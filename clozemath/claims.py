@@ -79,7 +79,8 @@ def orderings_paragraph(comparisons: list[Comparison], name: Callable[[str], str
                 else f"{name(comparison.method)} > {name(comparison.reference)} ({comparison.gap:+.2f}, no interval)")
         by_verdict[label].append(text)
     first = comparisons[0].seeds
-    scale = f"{first.pairs} seed pairs × {first.problems:,} problems" if first is not None else "no predictions"
+    pairs = f"{first.pairs} seed pair{'s' if first.pairs > 1 else ''}" if first is not None else ""
+    scale = f"{pairs} × {first.problems:,} problems" if first is not None else "no predictions"
     lines = [f"**The paper's orderings on {evaluation}** (the paper's numbers: {PAPER_SETTING}; here: the difference "
              f"in points with its 95% interval over seeds and problems, {scale}):"]
     wording = {HOLDS: "Hold", REVERSED: "Reversed", UNRESOLVED: "Not resolved (the interval holds 0)",

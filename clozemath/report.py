@@ -743,7 +743,9 @@ def plot_accuracy_vs_steps(curves: Curves, path: Path) -> Path:
                                   alpha=0.2, linewidth=0)
         axis.set_title(_model_name(model))
         axis.set_xlabel("training step (mean over seeds)")
-        axis.set_ylabel("GSM8K accuracy (%), band: min-max over seeds")
+        axis.set_ylabel("GSM8K accuracy (%)")
+        axis.text(0.01, 0.01, "band: lowest to highest seed", transform=axis.transAxes, fontsize="x-small",
+                  color="gray")
         axis.grid(alpha=0.3)
         if curves.get(model):
             axis.legend(fontsize="small")
