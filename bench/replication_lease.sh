@@ -116,6 +116,8 @@ collect() {  # at most 8 files, each < 16 MiB
     cp "$REPORTS/matched/predictions.jsonl.gz" "$into/replication_matched_predictions.jsonl.gz"
     cp "$REPORTS/table4_alone/predictions.jsonl.gz" "$into/replication_table4_predictions.jsonl.gz"
     cp "$REPORTS/matched_lr/predictions.jsonl.gz" "$into/replication_matched_lr_predictions.jsonl.gz"
+    "$PY" -c "import sqlite3, sys; sqlite3.connect(sys.argv[1]).execute('PRAGMA wal_checkpoint(TRUNCATE)')" \
+        "$WORK/mlruns.db"  # the store is in WAL mode: everything into the one file
     gzip -c "$WORK/mlruns.db" > "$into/mlruns.db.gz"
     ls -l "$into"
 }
