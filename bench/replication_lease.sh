@@ -95,7 +95,8 @@ chain() {
 
 finish() {
     echo "chain: done in $((SECONDS - $1)) s"
-    [ -n "${DRY_RUN:-}" ] || { ray stop > /dev/null 2>&1; kill "${GPU_LOG:-}" 2> /dev/null; touch "$WORK/done"; }
+    [ -n "${DRY_RUN:-}" ] || { ray stop > /dev/null 2>&1; kill "${GPU_LOG:-}" 2> /dev/null; }
+    touch "$WORK/done"
 }
 
 follow() {  # until the chain is done or $1 seconds passed; then where it is
