@@ -69,32 +69,31 @@ class TrlSettings:
         return ", ".join(parts)
 
 
-def sft_config(settings: TrlSettings, steps: int, output_dir: str) -> Any:
-    from trl import SFTConfig
-
-    return SFTConfig(
-        output_dir=output_dir,
-        max_steps=steps,
-        per_device_train_batch_size=settings.batch,
-        gradient_accumulation_steps=1,
-        packing=True,
-        packing_strategy="bfd",
-        padding_free=True,
-        max_length=settings.max_length,
-        use_liger_kernel=settings.liger,
-        bf16=settings.on_gpu,
-        torch_compile=settings.compile,
-        gradient_checkpointing=settings.gradient_checkpointing,
-        learning_rate=5e-5,
-        lr_scheduler_type="cosine",
-        warmup_steps=1,
-        logging_steps=10,
-        save_strategy="no",
-        report_to="none",
-        disable_tqdm=True,
-        seed=0,
-        use_cpu=not settings.on_gpu,
-    )
+def sft_arguments(settings: TrlSettings, steps: int, output_dir: str) -> dict[str, Any]:
+    """`SFTConfig`'s arguments (a GPU's cannot be built into one on a machine without a GPU)."""
+    return {
+        "output_dir": output_dir,
+        "max_steps": steps,
+        "per_device_train_batch_size": settings.batch,
+        "gradient_accumulation_steps": 1,
+        "packing": True,
+        "packing_strategy": "bfd",
+        "padding_free": True,
+        "max_length": settings.max_length,
+        "use_liger_kernel": settings.liger,
+        "bf16": settings.on_gpu,
+        "torch_compile": settings.compile,
+        "gradient_checkpointing": settings.gradient_checkpointing,
+        "learning_rate": 5e-5,
+        "lr_scheduler_type": "cosine",
+        "warmup_steps": 1,
+        "logging_steps": 10,
+        "save_strategy": "no",
+        "report_to": "none",
+        "disable_tqdm": True,
+        "seed": 0,
+        "use_cpu": not settings.on_gpu,
+    }
 
 
 def sft_dataset(rows: Sequence[dict[str, Any]]) -> Any:
@@ -156,13 +155,13 @@ def build_trainer(
     output_dir: str, start: Callable[[], None], tick: Callable[[int], None],
 ) -> Any:
     """An `SFTTrainer` over `rows` for `steps` optimizer steps, timed through `start` and `tick`."""
-    from trl import SFTTrainer
+    from trl import SFTConfig, SFTTrainer
 
     _give_output_layer_a_bias(model)
     if settings.flex_tiles is not None:
         _pass_flex_tiles(model, settings.flex_tiles)
     trainer = SFTTrainer(
-        model=model, args=sft_config(settings, steps, output_dir), train_dataset=sft_dataset(rows),
+        model=model, args=SFTConfig(**sft_arguments(settings, steps, output_dir)), train_dataset=sft_dataset(rows),
         processing_class=tokenizer,
     )
     counter = CountingCollator(trainer.data_collator)
