@@ -6,8 +6,8 @@ decoder) with the trainable special-token rows our loader adds, on a Llama-3.2-1
 in configs/models; `--path` points it elsewhere, e.g. at the SmolLM2 GGUF). Modes:
 
 - ours: `packed` (what `clozemath run` does on a GPU for ClozeMath: `clozemath.train.loop.train` on packed rows,
-  PrefixLM FlexAttention document masks, compiled decoder layers with `--compile on`, the fused loss at target
-  positions) and `packed-causal` (the same for IT: causal attention within each sample); one sample a row:
+  PrefixLM FlexAttention document masks, compiled decoder layers (`--compile`, on by default as in a long run), the
+  fused loss at target positions) and `packed-causal` (the same for IT: causal attention within each sample); one sample a row:
   `causal`, `prefix_lm-sdpa`, `prefix_lm-flex` (micro-batches of `--batch`).
 - the baselines (`bench/trl_baseline.py` says how TRL is set up and why):
   `trl-flex`, `trl-sdpa`: TRL's `SFTTrainer`, padding-free packing, liger-kernel, bf16, its fused LM head at target
@@ -26,9 +26,9 @@ one per bucket), then one more step that is not timed (ours writes the run's che
 step); the first step's time (compilation included, loading the model not) is reported apart. MFU follows
 `bench/limits.py` (`MFU_CONVENTION`, stated in the table).
 
-    python bench/train_throughput.py --data gsm8k --compile on --out bench/results/x.md --speed-json
-    python bench/train_throughput.py --model tiny-llama --data gsm8k --problems 20 --modes packed,hf-causal \\
-        --steps 2 --warmup 1 --pack-tokens 512   # a CPU smoke run
+    python bench/train_throughput.py --out bench/results/x.md --speed-json
+    python bench/train_throughput.py --model tiny-llama --problems 20 --modes packed,hf-causal,trl-sdpa \\
+        --steps 2 --warmup 1 --pack-tokens 512 --compile off   # a CPU smoke run
 
 `--profile DIR` writes, per mode, the 30 costliest operations of 3 steps (torch.profiler) on the GPU and the 40 on the
 host, how busy the GPU was, and a Chrome trace; `--lora-dropout`, `--no-special-rows` change the setup.
@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import json
 import random
 import statistics
 import sys
@@ -66,6 +67,8 @@ from clozemath.config import (  # noqa: E402
 )
 from clozemath.data.prepare import prepare_data  # noqa: E402
 from clozemath.data.tokenize import IGNORE_INDEX, collate_packs  # noqa: E402
+from clozemath.errors import ClozeMathError  # noqa: E402
+from clozemath.files import write_text_atomic  # noqa: E402
 from clozemath.model.attention import flex_kernel_options, head_dim  # noqa: E402
 from clozemath.model.load import load_model  # noqa: E402
 from clozemath.train.loop import StepMetrics, model_inputs, train  # noqa: E402
@@ -158,7 +161,8 @@ def bucket_batches(lengths: Sequence[int], widths: Sequence[int], step_tokens: i
     widths = sorted(widths)
     longest = max(lengths, default=0)
     if longest > widths[-1]:
-        raise ValueError(f"a sample of {longest} tokens is longer than the widest bucket ({widths[-1]}): add a wider one")
+        raise ClozeMathError(f"a sample of {longest} tokens is longer than the widest bucket ({widths[-1]}): add a "
+                             "wider one to --buckets")
     generator = random.Random(seed)
     firsts: list[Bucketed] = []
     rest: list[Bucketed] = []
@@ -471,8 +475,8 @@ def table(results: dict[str, dict[str, Any]], args: argparse.Namespace, device_n
     return "\n".join(lines)
 
 
-def headlines(results: dict[str, dict[str, Any]], model_name: str, device_name: str, command: str) -> list[Headline]:
-    """Each packed mode of ours against the fastest baseline."""
+def headlines(results: dict[str, dict[str, Any]], model_name: str, device_name: str) -> list[Headline]:
+    """Each packed mode of ours against the fastest baseline; the command(s) that measured the two."""
     best = fastest_baseline(results)
     if best is None:
         return []
@@ -487,8 +491,12 @@ def headlines(results: dict[str, dict[str, Any]], model_name: str, device_name: 
 
     claims = {"packed": "training ClozeMath (PrefixLM, packed) against the fastest baseline",
               "packed-causal": "training IT (causal, packed) against the fastest baseline"}
-    return [Headline(claim, model_name, device_name, side(name), side(best), command)
-            for name, claim in claims.items() if name in results]
+    found = []
+    for name, claim in claims.items():
+        if name in results:
+            commands = dict.fromkeys([results[name]["command"], results[best]["command"]])
+            found.append(Headline(claim, model_name, device_name, side(name), side(best), " && ".join(commands)))
+    return found
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -508,9 +516,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--warmup", type=int, default=5, help="(default: %(default)s)")
     parser.add_argument("--pack-tokens", type=lambda v: v if v == "auto" else int(v), default="auto",
                         help="ours packed: train.pack_tokens (default: %(default)s)")
-    parser.add_argument("--compile", type=lambda v: v if v == "auto" else v == "on", default="auto",
-                        help="ours packed: train.compile: auto, on or off (default: %(default)s; a bench run is too "
-                        "short for auto to compile: pass on to measure what a long run does)")
+    parser.add_argument("--compile", type=lambda v: v if v == "auto" else v == "on", default=True,
+                        help="ours packed: train.compile: auto, on or off (default: on, what a long run does; a bench "
+                        "run is too short for auto to compile)")
     parser.add_argument("--fused-loss", type=lambda v: v if v == "auto" else v == "on", default="auto",
                         help="ours: train.fused_loss: auto, on or off (default: %(default)s)")
     parser.add_argument("--step-tokens", type=int,
@@ -525,7 +533,10 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--no-cudnn-sdpa", action="store_true",
                         help="keep sdpa off cuDNN (which builds a new plan for every new shape)")
     parser.add_argument("--modes", default=",".join(DEFAULT_MODES), help="comma-separated (default: %(default)s)")
-    parser.add_argument("--out", help="also write the markdown table to this file")
+    parser.add_argument("--out", help="also write the markdown table to this file (and its numbers beside it, .json)")
+    parser.add_argument("--keep", action="store_true",
+                        help="keep the modes an earlier run wrote to --out's .json (same model, card and samples) and "
+                        "add these: one table from several commands")
     parser.add_argument("--speed-json", nargs="?", const=str(SPEED_JSON), type=Path,
                         help=f"record the headline ratios in this file (default when given: {SPEED_JSON})")
     parser.add_argument("--profile", type=Path, help="write each mode's profile (top operations) into this folder")
@@ -541,9 +552,16 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         cuda_only = [name for name in names if MODES[name].needs_cuda]
         if cuda_only:
             parser.error(f"mode(s) {', '.join(cuda_only)} need a GPU (FlexAttention has no backward on CPU)")
-    # ours' packed modes first: the baselines take their real tokens a step from them
-    args.modes = sorted(names, key=lambda name: not MODES[name].packed)
+    args.modes = sorted(names, key=run_order)
     return args
+
+
+def run_order(name: str) -> int:
+    """Ours' packed modes first (the baselines take their real tokens a step from them); TRL's last: its
+    `use_liger_kernel` patches transformers' Llama module itself (liger 0.8.5 swaps in its RoPE function, RMSNorm and
+    MLP classes), so every model built after it would run liger's kernels too."""
+    mode = MODES[name]
+    return {"ours": 0 if mode.packed else 1, "plain": 2, "trl": 3}[mode.runner]
 
 
 def model_config(args: argparse.Namespace) -> ModelConfig:
@@ -557,14 +575,33 @@ def model_config(args: argparse.Namespace) -> ModelConfig:
     return model.model_copy(update=update)
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
+def kept_results(args: argparse.Namespace, setup: dict[str, str]) -> dict[str, dict[str, Any]]:
+    """`--keep`: the modes an earlier run measured in `--out`'s JSON, when it measured the same setup."""
+    if not args.keep:
+        return {}
+    if not args.out:
+        raise ClozeMathError("--keep needs --out (the table whose modes it keeps)")
+    path = Path(args.out).with_suffix(".json")
+    if not path.exists():
+        return {}
+    try:
+        saved = json.loads(path.read_text(encoding="utf-8"))
+        earlier, results = saved["setup"], saved["results"]
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise ClozeMathError(f"{path}: not a results file of this benchmark ({exc})") from None
+    if earlier != setup:
+        raise ClozeMathError(f"{path} holds another setup ({earlier}): drop --keep or give another --out")
+    return {name: values for name, values in results.items() if name in MODES and name not in args.modes}
+
+
+def run(argv: list[str]) -> int:
     args = parse_args(argv)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if args.no_cudnn_sdpa:
         torch.backends.cuda.enable_cudnn_sdp(False)
     device_name = torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU"
     model = model_config(args)
+    model_name = args.model + (f" ({args.path})" if args.path else "")
     if args.profile:
         args.profile.mkdir(parents=True, exist_ok=True)
     if args.data == "gsm8k":
@@ -576,8 +613,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         described = f"synthetic samples of {args.seq} tokens, prefix share {args.prefix_share}"
     work = Work.of(rows)
     described += f", {work.targets / work.tokens:.0%} of tokens predict a target"
+    if any(MODES[name].runner == "plain" for name in args.modes):
+        bucket_batches([len(row["input_ids"]) for row in rows], args.buckets, 1)  # a sample too long fails now
+    setup = {"model": model_name, "card": device_name, "samples": described,
+             "lora": f"{LORA}, dropout {model.lora.dropout}, special rows {not args.no_special_rows}"}
+    results = kept_results(args, setup)
     step_tokens = args.step_tokens or (args.pack_tokens if isinstance(args.pack_tokens, int) else FALLBACK_STEP_TOKENS)
-    results: dict[str, dict[str, Any]] = {}
+    command = command_line("train_throughput.py", argv)
     report = ""
     for name in args.modes:
         mode = MODES[name]
@@ -585,19 +627,28 @@ def main(argv: Sequence[str] | None = None) -> int:
             packed = next((results[n] for n in results if MODES[n].packed), None)
             step_tokens = round(packed["tokens_per_step"]) if packed else step_tokens
         context = Context(rows, sentinels, device, model, args, step_tokens)
-        results[name] = measure(mode, context, work, args.profile)
+        results[name] = {**measure(mode, context, work, args.profile), "command": command}
         print(f"{name}: {results[name]}", flush=True)
         if torch._dynamo.utils.counters["stats"]["unique_graphs"]:
             print(f"{name} compile: {torch._dynamo.utils.compile_times()}", flush=True)
         report = table(results, args, device_name, model, described)
         if args.out:  # rewritten after every mode: a run cut short keeps what it measured
             Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-            Path(args.out).write_text(report + "\n")
+            write_text_atomic(args.out, report + "\n")
+            write_text_atomic(Path(args.out).with_suffix(".json"),
+                              json.dumps({"setup": setup, "results": results}, indent=1) + "\n")
     print(report)
     if args.speed_json:
-        model_name = args.model + (f" ({args.path})" if args.path else "")
-        record(headlines(results, model_name, device_name, command_line("train_throughput.py", argv)), args.speed_json)
+        record(headlines(results, model_name, device_name), args.speed_json)
     return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    try:
+        return run(list(sys.argv[1:] if argv is None else argv))
+    except ClozeMathError as exc:
+        print(f"train_throughput: error: {exc}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

@@ -12,6 +12,7 @@ import torch
 
 from bench import train_throughput as bench
 from bench.trl_baseline import CountingCollator, TrlSettings, build_trainer, sft_arguments
+from clozemath.errors import ClozeMathError
 from clozemath.model.load import load_model
 
 
@@ -95,7 +96,7 @@ def test_the_plain_loops_buckets() -> None:
     assert len(batches[1].indices) == 2 and set(batches[1].indices) < {3, 4, 5}
     assert sorted(batches[2].indices + batches[3].indices) == [6, 7]
     assert bench.bucket_batches([10, 20, 30, 100, 110, 120, 130, 200], [64, 128, 256], 240) == batches  # seeded
-    with pytest.raises(Exception, match="a sample of 300 tokens is longer than the widest bucket \\(256\\)"):
+    with pytest.raises(ClozeMathError, match="a sample of 300 tokens is longer than the widest bucket \\(256\\)"):
         bench.bucket_batches([300], [64, 256], 240)
 
 
@@ -110,20 +111,23 @@ def rows_of(table: str) -> dict[str, list[str]]:
 
 
 def test_the_training_benchmark_runs_every_cpu_mode(tmp_path: Path, capsys) -> None:
-    """Synthetic 64-token samples: ours packs 4 in a 256-token row; the baselines then take 256 real tokens a step:
-    the plain loop 4 rows of the 128-token bucket, TRL 2 sequences of 128 (2 samples each); ours one sample a row, 8
-    a micro-batch. Each mode times `--steps` steps, never the last one run; the headlines go to speed.json."""
+    """Synthetic 32-token samples: ours packs 4 in a 128-token row; the baselines then take 128 real tokens a step:
+    the plain loop 4 rows of the 128-token bucket, TRL 2 sequences of 64 (2 samples each); ours one sample a row, 8
+    a micro-batch. Each mode times `--steps` steps, never the last one run. Two commands make one table (`--keep`:
+    the second's baselines take the first's packed step), and its headlines go to speed.json with both commands."""
     out, speed = tmp_path / "table.md", tmp_path / "speed.json"
-    argv = ["--model", "tiny-llama", "--data", "synthetic", "--seq", "64", "--steps", "2", "--warmup", "1",
-            "--pack-tokens", "256", "--trl-max-length", "128", "--modes", ",".join(CPU_MODES), "--out", str(out),
-            "--speed-json", str(speed)]
-    assert bench.main(argv) == 0
+    common = ["--model", "tiny-llama", "--data", "synthetic", "--seq", "32", "--steps", "2", "--warmup", "0",
+              "--pack-tokens", "128", "--trl-max-length", "64", "--compile", "off", "--out", str(out),
+              "--speed-json", str(speed)]
+    first = common + ["--modes", "packed,packed-causal,causal,prefix_lm-sdpa"]
+    second = common + ["--modes", "trl-sdpa,hf-causal", "--keep"]
+    assert bench.main(first) == 0 and bench.main(second) == 0
     rows = rows_of(out.read_text())
     assert set(rows) == set(CPU_MODES)
     tokens_per_step = {name: float(row[5].replace(",", "")) for name, row in rows.items()}
-    assert tokens_per_step == {"packed": 256, "packed-causal": 256, "trl-sdpa": 256, "hf-causal": 256,
-                               "causal": 512, "prefix_lm-sdpa": 512}
-    assert "2 x 128-token sequences" in rows["trl-sdpa"][1] and "float32" in rows["trl-sdpa"][1]
+    assert tokens_per_step == {"packed": 128, "packed-causal": 128, "trl-sdpa": 128, "hf-causal": 128,
+                               "causal": 256, "prefix_lm-sdpa": 256}
+    assert "2 x 64-token sequences" in rows["trl-sdpa"][1] and "float32" in rows["trl-sdpa"][1]
     assert all(float(row[2].replace(",", "")) > 0 for row in rows.values())
     printed = [line for line in capsys.readouterr().out.splitlines() if "'ms_per_timed_step': [" in line]
     assert len(printed) == len(CPU_MODES)
@@ -132,7 +136,12 @@ def test_the_training_benchmark_runs_every_cpu_mode(tmp_path: Path, capsys) -> N
     fastest = max(("trl-sdpa", "hf-causal"), key=lambda name: float(rows[name][2].replace(",", "")))
     assert [(h["ours"]["name"], h["baseline"]["name"]) for h in headlines] == [
         ("packed", fastest), ("packed-causal", fastest)]
-    assert headlines[0]["command"].startswith("python bench/train_throughput.py --model tiny-llama")
+    assert headlines[0]["command"].count("python bench/train_throughput.py --model tiny-llama") == 2
+    assert " && " in headlines[0]["command"] and headlines[0]["command"].endswith("--keep")
+
+    other = common + ["--seq", "16", "--modes", "hf-causal", "--keep"]
+    assert bench.main(other) == 2
+    assert f"{out.with_suffix('.json')} holds another setup" in capsys.readouterr().err
 
 
 def test_flex_attention_modes_are_refused_without_a_gpu(capsys) -> None:
