@@ -41,6 +41,7 @@ import argparse
 import os
 import sys
 import time
+import traceback
 from collections.abc import Callable, Sequence
 from contextlib import nullcontext
 from dataclasses import dataclass, replace
@@ -59,14 +60,16 @@ from bench.limits import (  # noqa: E402
     BANDWIDTH_CONVENTION, MEMORY_BANDWIDTH, Traffic, card_value, decode_traffic, decode_weight_bytes,
     kv_bytes_per_position,
 )
-from bench.speed_record import SPEED_JSON, Headline, Side, command_line, record  # noqa: E402
+from bench.speed_record import SPEED_JSON, Headline, Side, command_line, failure_note, record  # noqa: E402
 from clozemath.config import ModelConfig, read_yaml  # noqa: E402
 from clozemath.data.sources import DATA_DIR_ENV, Problem, load_problems  # noqa: E402
 from clozemath.eval.decode import (  # noqa: E402
     CPU_BATCH_SIZE, SDPA_BACKENDS, Generation, ModelShape, auto_batch_size, decode,
 )
 from clozemath.eval.evaluate import Prompting, build_prompts, stop_strings  # noqa: E402
+from clozemath.errors import ClozeMathError  # noqa: E402
 from clozemath.eval.prompts import DEFAULT_TEMPLATE  # noqa: E402
+from clozemath.files import write_text_atomic  # noqa: E402
 from clozemath.model.load import load_model  # noqa: E402
 from clozemath.model.memory import free_bytes  # noqa: E402
 from clozemath.tasks import answer_span, get_task  # noqa: E402
@@ -374,6 +377,7 @@ class Measured:
     seconds: float
     first_pass_seconds: float | None = None
     agreement: str = "-"
+    failed: str | None = None
 
 
 def side_settings(side: str, args: argparse.Namespace, rows: int) -> str:
@@ -413,13 +417,20 @@ def run_scheme(scheme: str, args: argparse.Namespace, model, tokenizer, prompts,
             continue
         static_len = max(map(len, prompts)) + 1 + settings.max_new_tokens if side == "generate-static" else None
         theirs_settings = replace(settings, static_cache_len=static_len)
-        with backends():
-            if static_len is None:
-                reference(model, tokenizer, first_batch, scheme, warm)
-                first_pass = None
-            else:  # the first pass over the whole set compiles every shape it meets
-                _, first_pass = timed(device, lambda: reference(model, tokenizer, prompts, scheme, theirs_settings))
-            theirs, seconds = timed(device, lambda: reference(model, tokenizer, prompts, scheme, theirs_settings))
+        try:
+            with backends():
+                if static_len is None:
+                    reference(model, tokenizer, first_batch, scheme, warm)
+                    first_pass = None
+                else:  # the first pass over the whole set compiles every shape it meets
+                    _, first_pass = timed(device, lambda: reference(model, tokenizer, prompts, scheme, theirs_settings))
+                theirs, seconds = timed(device, lambda: reference(model, tokenizer, prompts, scheme, theirs_settings))
+        except Exception as exc:  # noqa: BLE001  a side that breaks leaves its line in the table, not the whole run
+            traceback.print_exc()
+            measured.append(Measured(side, side_settings(side, args, rows), float("nan"), failed=failure_note(exc)))
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
+            continue
         agreed = (f"{100 * agreement(scheme, our_generations, theirs, tokenizer, settings.stop):.1f}%"
                   if attention == "causal" else "n/a (generate is causal)")
         measured.append(Measured(side, side_settings(side, args, rows), seconds, first_pass, agreed))
@@ -431,6 +442,9 @@ def table_rows(scheme: str, measured: list[Measured], n: int, tokens: int, traff
     lines = []
     our_rate = n / measured[0].seconds
     for m in measured:
+        if m.failed:
+            lines.append(f"| {scheme} | {m.side} | {m.settings}, failed: {m.failed} |" + " - |" * 7)
+            continue
         rate = n / m.seconds
         share = f"{traffic.bandwidth_share(m.seconds, bandwidth):.1%}" if bandwidth else "n/a"
         first = "-"
@@ -448,7 +462,7 @@ def table_rows(scheme: str, measured: list[Measured], n: int, tokens: int, traff
 def headline(scheme: str, measured: list[Measured], n: int, args: argparse.Namespace, model_name: str, card: str,
              traffic: Traffic, bandwidth: float | None, argv: list[str]) -> Headline | None:
     """Ours against the fastest generate (its warm rate)."""
-    theirs = [m for m in measured if m.side.startswith("generate")]
+    theirs = [m for m in measured if m.side.startswith("generate") and not m.failed]
     if not theirs:
         return None
     best = min(theirs, key=lambda m: m.seconds)
@@ -466,8 +480,7 @@ def headline(scheme: str, measured: list[Measured], n: int, args: argparse.Names
     return Headline(claim, model_name, card, side(measured[0]), side(best), command_line("eval_throughput.py", argv))
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
+def run(argv: list[str]) -> int:
     args = parse_args(argv)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     cfg = model_config(args.model).model_copy(update={"dtype": args.dtype, "attn_implementation": args.attn})
@@ -486,25 +499,43 @@ def main(argv: Sequence[str] | None = None) -> int:
     weight_bytes = decode_weight_bytes(model)
     kv_position_bytes = kv_bytes_per_position(shape.layers, shape.kv_heads, shape.head_dim, shape.dtype_bytes)
     bandwidth = card_value(MEMORY_BANDWIDTH, gpu_name(device))
+    model_name = args.model + (f" ({args.path})" if args.path else "")
     lines = header(args, cfg, device, model.dtype, len(problems), weight_bytes)
     print("\n".join(lines), flush=True)
     found: list[Headline] = []
+    failed = False
     for scheme in args.schemes:
-        measured, settings, generations = run_scheme(scheme, args, model, tokenizer, prompts, base)
-        traffic = traffic_of(scheme, generations, prompts, settings, weight_bytes, kv_position_bytes)
-        tokens = generated_tokens(scheme, generations, settings.max_new_tokens)
-        for line in table_rows(scheme, measured, len(prompts), tokens, traffic, bandwidth):
+        try:
+            measured, settings, generations = run_scheme(scheme, args, model, tokenizer, prompts, base)
+        except Exception as exc:  # noqa: BLE001  ours broke: the scheme's line says so, the other schemes run
+            traceback.print_exc()
+            new_lines = [f"| {scheme} | ours | failed: {failure_note(exc)} |" + " - |" * 7]
+            measured = []
+        else:
+            traffic = traffic_of(scheme, generations, prompts, settings, weight_bytes, kv_position_bytes)
+            tokens = generated_tokens(scheme, generations, settings.max_new_tokens)
+            new_lines = table_rows(scheme, measured, len(prompts), tokens, traffic, bandwidth)
+            new = headline(scheme, measured, len(prompts), args, model_name, gpu_name(device), traffic, bandwidth,
+                           argv)
+            found += [new] if new else []
+        failed = failed or not measured or any(m.failed for m in measured)
+        for line in new_lines:
             lines.append(line)
             print(line, flush=True)
-        model_name = args.model + (f" ({args.path})" if args.path else "")
-        new = headline(scheme, measured, len(prompts), args, model_name, gpu_name(device), traffic, bandwidth, argv)
-        found += [new] if new else []
         if args.out:  # rewritten after every scheme: a run cut short keeps what it measured
             Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-            Path(args.out).write_text("\n".join(lines) + "\n")
+            write_text_atomic(args.out, "\n".join(lines) + "\n")
     if args.speed_json and found:
         record(found, args.speed_json)
-    return 0
+    return 1 if failed else 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    try:
+        return run(list(sys.argv[1:] if argv is None else argv))
+    except ClozeMathError as exc:
+        print(f"eval_throughput: error: {exc}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

@@ -92,3 +92,9 @@ def record(headlines: Sequence[Headline], path: Path = SPEED_JSON) -> None:
         else:
             kept.append(new)
     write_text_atomic(path, json.dumps(kept, indent=1) + "\n")
+
+
+def failure_note(exc: BaseException) -> str:
+    """The one line a measurement that failed leaves in its table's row (the traceback goes to stderr)."""
+    lines = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {lines[0] if lines else ''}".replace("|", "/")

@@ -46,6 +46,7 @@ import random
 import statistics
 import sys
 import time
+import traceback
 from collections.abc import Callable, Sequence
 from contextlib import nullcontext
 from dataclasses import dataclass
@@ -61,7 +62,7 @@ sys.path.insert(0, str(ROOT))
 from bench.limits import (  # noqa: E402
     MFU_CONVENTION, PEAK_BF16_FLOPS, TrainingShape, Work, card_value, flops_per_token, mfu,
 )
-from bench.speed_record import SPEED_JSON, Headline, Side, command_line, record  # noqa: E402
+from bench.speed_record import SPEED_JSON, Headline, Side, command_line, failure_note, record  # noqa: E402
 from clozemath.config import (  # noqa: E402
     DataConfig, ExperimentConfig, MethodConfig, ModelConfig, TrainConfig, read_yaml,
 )
@@ -441,7 +442,7 @@ def measure(mode: Mode, context: Context, work: Work, profile_dir: Path | None) 
 
 
 def fastest_baseline(results: dict[str, dict[str, Any]]) -> str | None:
-    baselines = [name for name in results if MODES[name].baseline]
+    baselines = [name for name in results if MODES[name].baseline and "failed" not in results[name]]
     return max(baselines, key=lambda name: results[name]["tokens_per_s"], default=None)
 
 
@@ -464,6 +465,9 @@ def table(results: dict[str, dict[str, Any]], args: argparse.Namespace, device_n
         "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
     for name, values in results.items():
+        if "failed" in values:
+            lines.append(f"| {name} | failed: {values['failed']} |" + " - |" * 8)
+            continue
         ratio = f"{values['tokens_per_s'] / base:.2f}x" if base else "n/a"
         share = f"{mfu(values['tokens_per_s'], values['flops_per_token'], peak):.1%}" if peak else "n/a"
         fastest, median, slowest = values["ms_per_step_min_median_max"]
@@ -493,7 +497,7 @@ def headlines(results: dict[str, dict[str, Any]], model_name: str, device_name: 
               "packed-causal": "training IT (causal, packed) against the fastest baseline"}
     found = []
     for name, claim in claims.items():
-        if name in results:
+        if name in results and "failed" not in results[name]:
             commands = dict.fromkeys([results[name]["command"], results[best]["command"]])
             found.append(Headline(claim, model_name, device_name, side(name), side(best), " && ".join(commands)))
     return found
@@ -624,10 +628,16 @@ def run(argv: list[str]) -> int:
     for name in args.modes:
         mode = MODES[name]
         if mode.baseline and args.step_tokens is None:
-            packed = next((results[n] for n in results if MODES[n].packed), None)
+            packed = next((results[n] for n in results if MODES[n].packed and "failed" not in results[n]), None)
             step_tokens = round(packed["tokens_per_step"]) if packed else step_tokens
         context = Context(rows, sentinels, device, model, args, step_tokens)
-        results[name] = {**measure(mode, context, work, args.profile), "command": command}
+        try:
+            measured = measure(mode, context, work, args.profile)
+        except Exception as exc:  # noqa: BLE001  a mode that breaks leaves its line in the table, not the whole run
+            traceback.print_exc()
+            measured = {"failed": failure_note(exc)}
+            free_memory(device)
+        results[name] = {**measured, "command": command}
         print(f"{name}: {results[name]}", flush=True)
         if torch._dynamo.utils.counters["stats"]["unique_graphs"]:
             print(f"{name} compile: {torch._dynamo.utils.compile_times()}", flush=True)
@@ -640,7 +650,7 @@ def run(argv: list[str]) -> int:
     print(report)
     if args.speed_json:
         record(headlines(results, model_name, device_name), args.speed_json)
-    return 0
+    return 1 if any("failed" in results[name] for name in args.modes) else 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -164,3 +164,14 @@ def test_every_training_mode_runs_on_a_gpu(tmp_path: Path) -> None:
     rows = rows_of(out.read_text())
     assert set(rows) == set(bench.MODES)
     assert all(row[3].endswith("%") for row in rows.values())  # MFU on a known card
+
+
+def test_a_mode_that_breaks_leaves_its_line_and_the_exit_status(tmp_path: Path, monkeypatch) -> None:
+    def broken(*_args) -> None:
+        raise RuntimeError("out of luck | twice\nsecond line")
+
+    monkeypatch.setitem(bench.RUNNERS, "plain", broken)
+    out = tmp_path / "table.md"
+    argv = ["--model", "tiny-llama", "--data", "synthetic", "--seq", "32", "--modes", "hf-causal", "--out", str(out)]
+    assert bench.main(argv) == 1
+    assert "| hf-causal | failed: RuntimeError: out of luck / twice |" in out.read_text()
