@@ -340,7 +340,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     if args.max_new_tokens < 2:
         parser.error("--max-new-tokens must be at least 2 (the CoT reference forces the first token)")
     if set(schemes) - set(SCHEMES):
-        parser.error(f"unknown scheme(s) {', '.join(sorted(set(schemes) - set(SCHEMES)))} (known: {', '.join(SCHEMES)})")
+        unknown = ", ".join(sorted(set(schemes) - set(SCHEMES)))
+        parser.error(f"unknown scheme(s) {unknown} (known: {', '.join(SCHEMES)})")
     if set(sides) - set(SIDES) or "ours" not in sides:
         parser.error(f"--sides: ours and any of {', '.join(SIDES[1:])}")
     if args.batch_size != "auto" and not (args.batch_size.isdigit() and int(args.batch_size) > 0):

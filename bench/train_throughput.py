@@ -7,8 +7,8 @@ in configs/models; `--path` points it elsewhere, e.g. at the SmolLM2 GGUF). Mode
 
 - ours: `packed` (what `clozemath run` does on a GPU for ClozeMath: `clozemath.train.loop.train` on packed rows,
   PrefixLM FlexAttention document masks, compiled decoder layers (`--compile`, on by default as in a long run), the
-  fused loss at target positions) and `packed-causal` (the same for IT: causal attention within each sample); one sample a row:
-  `causal`, `prefix_lm-sdpa`, `prefix_lm-flex` (micro-batches of `--batch`).
+  fused loss at target positions) and `packed-causal` (the same for IT: causal attention within each sample); one
+  sample a row: `causal`, `prefix_lm-sdpa`, `prefix_lm-flex` (micro-batches of `--batch`).
 - the baselines (`bench/trl_baseline.py` says how TRL is set up and why):
   `trl-flex`, `trl-sdpa`: TRL's `SFTTrainer`, padding-free packing, liger-kernel, bf16, its fused LM head at target
   positions, FlexAttention or sdpa; `trl-flex-compiled`: the same with `torch_compile=True`. TRL has no PrefixLM:
@@ -25,6 +25,11 @@ fastest baseline. Times are per optimizer step: `--steps` steps after `--warmup`
 one per bucket), then one more step that is not timed (ours writes the run's checkpoint and adapter in its last
 step); the first step's time (compilation included, loading the model not) is reported apart. MFU follows
 `bench/limits.py` (`MFU_CONVENTION`, stated in the table).
+
+The modes run ours' packed ones first (the baselines take their step's real tokens from them), TRL's last (see
+`run_order`). A mode that breaks leaves its error in its row and the others run. `--keep` adds the modes of this
+command to the table an earlier one wrote to the same `--out` (its numbers are kept in the `.json` beside it): on a
+cold machine the compiled modes take minutes each to compile, so one table can come from a command per few modes.
 
     python bench/train_throughput.py --out bench/results/x.md --speed-json
     python bench/train_throughput.py --model tiny-llama --problems 20 --modes packed,hf-causal,trl-sdpa \\
@@ -509,11 +514,13 @@ def headlines(results: dict[str, dict[str, Any]], model_name: str, device_name: 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", default="llama-3.2-1b-random", help="a name in configs/models (default: %(default)s)")
+    parser.add_argument("--model", default="llama-3.2-1b-random",
+                        help="a name in configs/models (default: %(default)s)")
     parser.add_argument("--path", help="override the model config's path (e.g. a folder holding the SmolLM2 GGUF)")
     parser.add_argument("--data", choices=("synthetic", "gsm8k"), default="gsm8k", help="(default: %(default)s)")
     parser.add_argument("--problems", type=int, default=2000, help="--data gsm8k: problems (default: %(default)s)")
-    parser.add_argument("--batch", type=int, default=8, help="ours one sample a row: micro-batch (default: %(default)s)")
+    parser.add_argument("--batch", type=int, default=8,
+                        help="ours, one sample a row: samples a micro-batch (default: %(default)s)")
     parser.add_argument("--seq", type=int, default=512, help="--data synthetic: tokens a sample")
     parser.add_argument("--prefix-share", type=float, default=0.66, help="--data synthetic: the prefix's share")
     parser.add_argument("--steps", type=int, default=20, help="timed steps (default: %(default)s)")

@@ -1,5 +1,5 @@
-"""`bench/eval_throughput.py`: the bytes a decoding pass must read, counted from what it generated, and the benchmark end
-to end on a tiny model (every side: ours, our eager side, generate with a dynamic and with a static cache)."""
+"""`bench/eval_throughput.py`: the bytes a decoding pass must read, counted from what it generated, and the benchmark
+end to end on a tiny model (every side: ours, our eager side, generate with a dynamic and with a static cache)."""
 
 from __future__ import annotations
 
@@ -53,7 +53,8 @@ def test_the_decoding_benchmark_runs_every_side_on_cpu(tmp_path: Path) -> None:
     argv = ["--model", "tiny-llama", "--limit", "3", "--max-new-tokens", "6", "--num-beams", "2", "--cot-k", "2",
             "--out", str(out), "--speed-json", str(speed)]
     assert bench.main(argv) == 0
-    rows = [line.split(" | ") for line in out.read_text().splitlines() if line.startswith(("| greedy", "| beam", "| cot"))]
+    lines = out.read_text().splitlines()
+    rows = [line.split(" | ") for line in lines if line.startswith(("| greedy", "| beam", "| cot"))]
     assert [(row[0].lstrip("| "), row[1]) for row in rows] == [(s, side) for s in bench.SCHEMES for side in SIDES]
     assert all(row[-1].rstrip(" |") == ("-" if row[1] == "ours" else "100.0%") for row in rows)
     live = {row[0].lstrip("| "): row[6].split("(")[1].split(" x ")[0] for row in rows}
