@@ -3,7 +3,8 @@
 Each object: `claim` (what is compared, in words), `model`, `card`, `ours` and `baseline` (each: `name`, `settings`,
 `value`, `unit`, and what else the benchmark measured beside it, e.g. `peak_gib`), `ratio` (ours / baseline) and the
 `command` that reproduces it. A benchmark run replaces the object of the same claim, model and card, and appends the
-others; the file is rewritten whole (never left half written).
+others; the file is rewritten whole (never left half written). `python bench/speed_record.py FILE...` merges the
+files a GPU machine wrote into `bench/results/speed.json` the same way.
 """
 
 from __future__ import annotations
@@ -81,9 +82,12 @@ def read_headlines(path: Path) -> list[dict[str, Any]]:
 
 def record(headlines: Sequence[Headline], path: Path = SPEED_JSON) -> None:
     """Replace the objects of the same (claim, model, card) in `path` with these, append the new ones."""
+    merge_into(path, [headline.as_dict() for headline in headlines])
+
+
+def merge_into(path: Path, headlines: Sequence[dict[str, Any]]) -> None:
     kept = read_headlines(path)
-    for headline in headlines:
-        new = headline.as_dict()
+    for new in headlines:
         key = (new["claim"], new["model"], new["card"])
         same = [i for i, old in enumerate(kept) if (old.get("claim"), old.get("model"), old.get("card")) == key]
         if same:
@@ -94,7 +98,31 @@ def record(headlines: Sequence[Headline], path: Path = SPEED_JSON) -> None:
     write_text_atomic(path, json.dumps(kept, indent=1) + "\n")
 
 
+def main(argv: Sequence[str] | None = None) -> int:
+    """`python bench/speed_record.py FILE... [--into PATH]`: the headlines of speed.json files written elsewhere (a GPU
+    machine's) merged into `bench/results/speed.json`, later files replacing earlier objects of the same claim."""
+    import argparse
+
+    parser = argparse.ArgumentParser(description=main.__doc__)
+    parser.add_argument("files", nargs="+", type=Path)
+    parser.add_argument("--into", type=Path, default=SPEED_JSON, help="(default: %(default)s)")
+    args = parser.parse_args(argv)
+    try:
+        for path in args.files:
+            if not path.exists():
+                raise ClozeMathError(f"{path}: no such file")
+            merge_into(args.into, read_headlines(path))
+    except ClozeMathError as exc:
+        print(f"speed_record: error: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
 def failure_note(exc: BaseException) -> str:
     """The one line a measurement that failed leaves in its table's row (the traceback goes to stderr)."""
     lines = str(exc).strip().splitlines()
     return f"{type(exc).__name__}: {lines[0] if lines else ''}".replace("|", "/")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

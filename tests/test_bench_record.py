@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.speed_record import Headline, Side, command_line, record
+from bench.speed_record import Headline, Side, command_line, main, record
 from clozemath.errors import ClozeMathError
 
 
@@ -45,3 +45,14 @@ def test_a_file_that_is_not_a_list_of_headlines_is_named_and_left_alone(tmp_path
     with pytest.raises(ClozeMathError, match=f"{path}: cannot be read as JSON"):
         record([headline("training IT", 2, 1)], path)
     assert path.read_text() == "[{"
+
+
+def test_files_from_elsewhere_merge_into_one(tmp_path: Path, capsys) -> None:
+    first, second, into = tmp_path / "a.json", tmp_path / "b.json", tmp_path / "speed.json"
+    record([headline("training IT", 2, 1), headline("greedy decoding", 3, 1)], first)
+    record([headline("training IT", 5, 2)], second)
+    assert main([str(first), str(second), "--into", str(into)]) == 0
+    assert [(h["claim"], h["ratio"]) for h in json.loads(into.read_text())] == [
+        ("training IT", 2.5), ("greedy decoding", 3.0)]
+    assert main([str(tmp_path / "missing.json"), "--into", str(into)]) == 2
+    assert f"speed_record: error: {tmp_path / 'missing.json'}: no such file" in capsys.readouterr().err
