@@ -86,6 +86,27 @@ def test_a_padding_free_row_trains_each_sample_apart_on_our_targets(tiny: tuple,
     torch.testing.assert_close(their_loss, ours, rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.gpu
+def test_flex_attention_keeps_a_padding_free_rows_samples_apart_on_a_gpu(tiny: tuple) -> None:
+    """The same for `trl-flex`'s attention (FlexAttention has no backward on CPU, and its mask is built on the GPU),
+    float32 on the GPU."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    from trl.trainer.sft_trainer import DataCollatorForLanguageModeling
+
+    model, rows, sentinels = tiny
+    cfg = model.model_copy(update={"attn_implementation": "flex_attention", "dtype": "float32"})
+    loaded = load_model(cfg, sentinels, "cuda")
+    collate = DataCollatorForLanguageModeling(pad_token_id=loaded.tokenizer.pad_token_id, padding_free=True)
+    samples = rows[:3]
+    batch = collate([{"input_ids": r["input_ids"], "labels": r["labels"]} for r in samples])
+    peft_model = loaded.model.eval()
+    with torch.no_grad():
+        flat = peft_model(input_ids=batch["input_ids"].cuda(), position_ids=batch["position_ids"].cuda()).logits[0]
+        alone = [peft_model(input_ids=torch.tensor([r["input_ids"]], device="cuda")).logits[0] for r in samples]
+    torch.testing.assert_close(flat, torch.cat(alone), rtol=1e-3, atol=1e-3)
+
+
 def test_the_plain_loops_buckets() -> None:
     """Lengths 10, 20, 30 | 100, 110, 120 | 130, 200 in buckets of 64, 128, 256, 240 tokens a step. Up to 64: mean 20,
     12 rows would make 240 tokens, there are 3: one batch of all 3. (64, 128]: mean 110, 2 rows a batch: one batch,
