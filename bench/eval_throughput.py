@@ -1,20 +1,35 @@
-"""Evaluation throughput: `clozemath.eval.decode` against transformers' own batched `model.generate`.
+"""Decoding throughput: `clozemath.eval.decode` against transformers' `model.generate`, at its best, on the same
+problems, prompts, batches and card.
 
-Problems per second on the GSM8K test problems for greedy, beam search and CoT-decoding, with the same model, prompts,
-batch size and settings on every side: ours (CUDA graphs over a static cache on a GPU), our eager side (by default
-the same static-cache steps run without graphs; `--eager-engine eager`: the DynamicCache loop CPU runs), and
-`generate`. The reference is what lm-evaluation-harness's HF backend runs: prompts
-sorted longest first, batches of `--batch-size` left-padded, one `model.generate` call per batch (greedy, or
-`num_beams`). CoT-decoding has no `generate` equivalent; its reference is one forward pass for the top-k first
-tokens, then k `generate` calls per batch, one per forced first token (each with the per-step scores, from which the
-branch margins are computed).
+Problems per second and generated tokens per second on the GSM8K test problems for greedy decoding, beam search and
+CoT-decoding, on every side:
 
-Agreement with generate: greedy, the share of problems whose generated tokens are identical (up to where ours
-stopped); beam, the share with the same text; CoT, the share whose k branches all have identical tokens. Agreement
-with our eager engine: the share with identical tokens (every branch's, for CoT). Bidirectional prompts have no
-`generate` counterpart: the reference stays causal and agreement is not measured.
+- `ours`: `decode` (CUDA graphs over a static cache on a GPU; the eager DynamicCache loop on CPU);
+- `eager`: our eager side, for agreement (`--eager-engine static`: the graph engine's own steps run without graphs;
+  `eager`: the DynamicCache loop);
+- `generate`: `model.generate` with its default (dynamic) cache, batches of `--batch-size` prompts sorted longest
+  first and left-padded (as lm-evaluation-harness's HF backend batches them);
+- `generate-static`: `model.generate(cache_implementation="static")`, which transformers 5.x compiles itself on a GPU
+  (`generation_config.compile_config`, default `CompileConfig`: inductor, mode "reduce-overhead", i.e. CUDA graphs),
+  with `max_cache_len` set to the longest prompt + `max_new_tokens` so that every batch of the set shares one cache
+  shape (transformers' advice against recompiling). Its first pass over the set (compiling every shape it meets) is
+  timed and reported apart; the rate is its second pass's.
 
-    python bench/eval_throughput.py --out bench/results/eval_throughput_<gpu>.md
+`generate` runs under the same sdpa backends as ours (`decode.SDPA_BACKENDS`: not cuDNN's, which plans every new
+shape), unless `--reference-cudnn`. Every side is first warmed on the set's first batch (`--warmup-tokens` new
+tokens). Beam search is `generate(num_beams=...)`. CoT-decoding has no `generate` of its own: one forward pass gives
+each prompt's top-k first tokens, then one `generate` over the k x B branch rows (each prompt's k copies with their
+forced first token, left-padded), recording each step's margin p(top-1) - p(top-2) as CoT-decoding scores with.
+
+Each row also gives the bytes a decoding step must read (`bench/limits.py`: the weights once, plus the live rows'
+key-value cache at their mean live context) and the share of the card's memory bandwidth that makes over the pass.
+The bytes come from ours' generated lengths on our batches, which are generate's batches too (the same size and order).
+
+Agreement with ours: greedy, the share of problems whose tokens are identical (up to where ours stopped); beam, the
+share with the same text; CoT, the share whose k branches all have identical tokens. Bidirectional prompts have no
+`generate` counterpart: its prompts stay causal and agreement is not measured.
+
+    python bench/eval_throughput.py --schemes greedy --batch-size 64 --out bench/results/x.md --speed-json
     python bench/eval_throughput.py --model tiny-llama --limit 4 --max-new-tokens 8   # a CPU smoke run
 
 Needs torch, transformers, peft, tokenizers and this repository only.
@@ -26,11 +41,13 @@ import argparse
 import os
 import sys
 import time
-from contextlib import nullcontext
+import traceback
 from collections.abc import Callable, Sequence
+from contextlib import nullcontext
 from dataclasses import dataclass, replace
 from functools import partial
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch.nn.attention import sdpa_kernel
@@ -39,15 +56,27 @@ from transformers import LogitsProcessor, LogitsProcessorList
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench.limits import (  # noqa: E402
+    BANDWIDTH_CONVENTION, MEMORY_BANDWIDTH, Traffic, card_value, decode_traffic, decode_weight_bytes,
+    kv_bytes_per_position,
+)
+from bench.speed_record import SPEED_JSON, Headline, Side, command_line, failure_note, record  # noqa: E402
 from clozemath.config import ModelConfig, read_yaml  # noqa: E402
 from clozemath.data.sources import DATA_DIR_ENV, Problem, load_problems  # noqa: E402
-from clozemath.eval.decode import SDPA_BACKENDS, Generation, decode  # noqa: E402
+from clozemath.eval.decode import (  # noqa: E402
+    CPU_BATCH_SIZE, SDPA_BACKENDS, Generation, ModelShape, auto_batch_size, decode,
+)
 from clozemath.eval.evaluate import Prompting, build_prompts, stop_strings  # noqa: E402
+from clozemath.errors import ClozeMathError  # noqa: E402
 from clozemath.eval.prompts import DEFAULT_TEMPLATE  # noqa: E402
-from clozemath.tasks import answer_span, get_task  # noqa: E402
+from clozemath.files import write_text_atomic  # noqa: E402
 from clozemath.model.load import load_model  # noqa: E402
+from clozemath.model.memory import free_bytes  # noqa: E402
+from clozemath.tasks import answer_span, get_task  # noqa: E402
 
 SCHEMES = ("greedy", "beam", "cot")
+SIDES = ("ours", "eager", "generate", "generate-static")
+DEFAULT_PROBLEMS = 512
 
 
 def model_config(spec: str) -> ModelConfig:
@@ -64,7 +93,7 @@ def synchronize(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def timed(device: torch.device, run: Callable[[], object]) -> tuple[object, float]:
+def timed(device: torch.device, run: Callable[[], Any]) -> tuple[Any, float]:
     synchronize(device)
     started = time.perf_counter()
     result = run()
@@ -73,7 +102,7 @@ def timed(device: torch.device, run: Callable[[], object]) -> tuple[object, floa
 
 
 # --------------------------------------------------------------------------------------------------------------
-# The reference: batched model.generate, as lm-evaluation-harness's HF backend calls it
+# The reference: batched model.generate
 
 
 @dataclass(frozen=True)
@@ -85,9 +114,14 @@ class Settings:
     stop: tuple[str, ...]
     eos_ids: tuple[int, ...]
     pad_id: int
+    vocab: int
+    """Ids the tokenizer has (the model's rows past them only align its matrices)."""
+    static_cache_len: int | None = None
+    """`generate(cache_implementation="static", max_cache_len=...)`; None: the default dynamic cache."""
 
 
 def length_batches(prompts: Sequence[list[int]], batch_size: int) -> list[list[int]]:
+    """Prompt indices, longest first, cut into batches (ours batches the same way)."""
     order = sorted(range(len(prompts)), key=lambda i: -len(prompts[i]))
     return [order[i : i + batch_size] for i in range(0, len(order), batch_size)]
 
@@ -101,6 +135,8 @@ def left_padded(prompts: Sequence[list[int]], pad_id: int, device: torch.device)
 
 def generate(model, tokenizer, ids: torch.Tensor, mask: torch.Tensor, settings: Settings, new_tokens: int, **kwargs):
     stops = {"stop_strings": list(settings.stop), "tokenizer": tokenizer} if settings.stop else {}
+    if settings.static_cache_len is not None:
+        kwargs.update(cache_implementation="static", max_cache_len=settings.static_cache_len)
     return model.generate(
         input_ids=ids, attention_mask=mask, max_new_tokens=new_tokens, do_sample=False, temperature=None, top_p=None,
         top_k=None, pad_token_id=settings.pad_id, eos_token_id=list(settings.eos_ids), use_cache=True, **stops,
@@ -136,24 +172,31 @@ class MarginRecorder(LogitsProcessor):
 
 
 def reference_cot(model, tokenizer, prompts, settings: Settings) -> list[list[list[int]]]:
-    """Each prompt's k branches (first token included): a forward pass for the top-k first tokens, then one greedy
-    `generate` per forced first token, recording the margins as it goes."""
+    """Each prompt's k branches (first token included): a forward pass for each prompt's top-k first tokens (among
+    the tokenizer's ids), then ONE greedy `generate` over the batch's k x B branch rows, recording the margins."""
     results: list[list[list[int]]] = [[] for _ in prompts]
+    k = settings.cot_k
     for indices in length_batches(prompts, settings.batch_size):
         ids, mask = left_padded([prompts[i] for i in indices], settings.pad_id, model.device)
         with torch.inference_mode():
             first = model(input_ids=ids, attention_mask=mask, logits_to_keep=1).logits[:, -1]
-        firsts = first.topk(settings.cot_k, dim=-1).indices
-        forced_mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)
-        for j in range(settings.cot_k):
-            forced = torch.cat([ids, firsts[:, j : j + 1]], dim=1)
-            out = generate(
-                model, tokenizer, forced, forced_mask, settings, settings.max_new_tokens - 1,
-                logits_processor=LogitsProcessorList([MarginRecorder()]),
-            )
-            for index, row in zip(indices, out[:, ids.shape[1] :].tolist()):
-                results[index].append(until_eos(row, settings.eos_ids))
+            first[:, settings.vocab :] = -float("inf")
+            firsts = first.topk(k, dim=-1).indices.tolist()
+        branches = [prompts[i] + [token] for i, tokens in zip(indices, firsts) for token in tokens]
+        forced, forced_mask = left_padded(branches, settings.pad_id, model.device)
+        out = generate(model, tokenizer, forced, forced_mask, settings, settings.max_new_tokens - 1,
+                       logits_processor=LogitsProcessorList([MarginRecorder()]))
+        continued = out[:, forced.shape[1] :].tolist()
+        for row, (index, tokens) in enumerate(zip(indices, firsts)):
+            for j, token in enumerate(tokens):
+                results[index].append([token] + until_eos(continued[row * k + j], settings.eos_ids))
     return results
+
+
+def reference(model, tokenizer, prompts, scheme: str, settings: Settings):
+    if scheme == "cot":
+        return reference_cot(model, tokenizer, prompts, settings)
+    return reference_greedy_or_beam(model, tokenizer, prompts, settings, settings.num_beams if scheme == "beam" else 1)
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -183,10 +226,6 @@ def agreement(scheme: str, ours: list[Generation], theirs: list, tokenizer, stop
     return sum(same) / len(same)
 
 
-# --------------------------------------------------------------------------------------------------------------
-# The run
-
-
 def same_as_eager(ours: list[Generation], eager: list[Generation]) -> float:
     def tokens(generation: Generation) -> list[list[int]]:
         return [branch.token_ids for branch in generation.branches or [generation]]
@@ -195,21 +234,48 @@ def same_as_eager(ours: list[Generation], eager: list[Generation]) -> float:
     return sum(same) / len(same)
 
 
-def ours(
-    model, tokenizer, prompts, scheme: str, settings: Settings, attention: str, engine: str = "auto"
-) -> list[Generation]:
+# --------------------------------------------------------------------------------------------------------------
+# What a pass must read
+
+
+def generated_length(generation: Generation, max_new_tokens: int) -> int:
+    """Tokens the row generated: its ids, and the end-of-sequence token it stopped at."""
+    return min(len(generation.token_ids) + (generation.finish_reason == "eos"), max_new_tokens)
+
+
+def traffic_of(scheme: str, generations: list[Generation], prompts: Sequence[list[int]], settings: Settings,
+               weight_bytes: int, kv_position_bytes: int) -> Traffic:
+    """The pass's bytes (`bench.limits.decode_traffic`) over `length_batches`: greedy, a row per prompt; beam,
+    `num_beams` rows of the chosen hypothesis' length (the other beams' lengths are not returned); CoT, a row per
+    branch."""
+    batches = []
+    for indices in length_batches(prompts, settings.batch_size):
+        rows = []
+        for i in indices:
+            generation = generations[i]
+            outputs = generation.branches if scheme == "cot" and generation.branches else [generation]
+            copies = settings.num_beams if scheme == "beam" else 1
+            rows += [(len(prompts[i]), generated_length(o, settings.max_new_tokens)) for o in outputs] * copies
+        batches.append(rows)
+    return decode_traffic(batches, weight_bytes, kv_position_bytes)
+
+
+def generated_tokens(scheme: str, generations: list[Generation], max_new_tokens: int) -> int:
+    outputs = [b for g in generations for b in (g.branches or [g])] if scheme == "cot" else generations
+    return sum(generated_length(o, max_new_tokens) for o in outputs)
+
+
+# --------------------------------------------------------------------------------------------------------------
+# The run
+
+
+def ours(model, tokenizer, prompts, scheme: str, settings: Settings, attention: str, engine: str = "auto"):
     return decode(
         model, tokenizer, prompts, scheme, max_new_tokens=settings.max_new_tokens, stop=settings.stop,
         eos_token_ids=list(settings.eos_ids), prompt_attention=attention, batch_size=settings.batch_size,
         num_beams=settings.num_beams, cot_k=settings.cot_k, answer_span=partial(answer_span, "gsm8k"),
         normalize_answer=get_task("gsm8k").answer_key, engine=engine,
     )
-
-
-def reference(model, tokenizer, prompts, scheme: str, settings: Settings):
-    if scheme == "cot":
-        return reference_cot(model, tokenizer, prompts, settings)
-    return reference_greedy_or_beam(model, tokenizer, prompts, settings, settings.num_beams if scheme == "beam" else 1)
 
 
 def gpu_name(device: torch.device) -> str:
@@ -223,16 +289,32 @@ def problems_of(args: argparse.Namespace) -> list[Problem]:
     return problems[: args.limit] if args.limit else problems
 
 
+def batch_rows(batch_size: str, model, prompts: Sequence[list[int]], max_new_tokens: int, copies: int) -> int:
+    """Prompts a batch: the number given, or what `decode(batch_size="auto")` would pick now (its `auto_batch_size`
+    over the free memory, `CPU_BATCH_SIZE` off a GPU), handed to every side alike."""
+    if batch_size != "auto":
+        return int(batch_size)
+    if model.device.type != "cuda":
+        return CPU_BATCH_SIZE
+    width = max(map(len, prompts))
+    return auto_batch_size(ModelShape.of(model), free_bytes(model.device), width, max_new_tokens, copies, len(prompts))
+
+
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default="llama-3.2-1b-random",
                         help="a name in configs/models, a model YAML or a local model folder (default: %(default)s)")
+    parser.add_argument("--path", help="override the model config's path (e.g. a folder holding the SmolLM2 GGUF)")
     parser.add_argument("--data", help=f"GSM8K test JSONL or folder (default: ${DATA_DIR_ENV}/gsm8k)")
-    parser.add_argument("--limit", type=int, help="the first N test problems (default: all 1319)")
-    parser.add_argument("--batch-size", type=int, default=64,
-                        help="prompts per batch, on every side (default: %(default)s)")
+    parser.add_argument("--limit", type=int, default=DEFAULT_PROBLEMS,
+                        help="the first N test problems (default: %(default)s; 0: all 1,319)")
+    parser.add_argument("--batch-size", default="64",
+                        help="prompts a batch on every side: a number, or auto (ours' memory-sized choice) "
+                        "(default: %(default)s)")
     parser.add_argument("--max-new-tokens", type=int, default=256, help="(default: %(default)s)")
     parser.add_argument("--schemes", default=",".join(SCHEMES), help="comma-separated (default: %(default)s)")
+    parser.add_argument("--sides", default=",".join(SIDES),
+                        help="comma-separated, ours always among them (default: %(default)s)")
     parser.add_argument("--num-beams", type=int, default=5)
     parser.add_argument("--cot-k", type=int, default=9)
     parser.add_argument("--prompt-attention", choices=["causal", "bidirectional"], default="causal")
@@ -242,86 +324,219 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                         help="auto: bfloat16 on GPU, float32 on CPU")
     parser.add_argument("--attn", choices=["sdpa", "eager"], default="sdpa")
     parser.add_argument("--eager-engine", choices=["static", "eager"], default="static",
-                        help="the side without CUDA graphs: static, the graph engine's own steps run eagerly (the same "
+                        help="our side without CUDA graphs: static, the graph engine's own steps run eagerly (the same "
                         "kernels, so agreement measures what the graphs change); eager, the DynamicCache loop CPU runs "
-                        "(sdpa attention, so bfloat16 rounding differs) (default: %(default)s)")
-    parser.add_argument("--no-reference", action="store_true", help="time ours only")
-    parser.add_argument("--reference-no-cudnn", action="store_true",
-                        help="run generate under decode's sdpa backends too (no cuDNN attention), for a like-for-like"
-                        " comparison; by default generate runs as lm-evaluation-harness runs it")
+                        "(default: %(default)s)")
+    parser.add_argument("--warmup-tokens", type=int, default=16,
+                        help="new tokens of every side's warm-up on the first batch (default: %(default)s)")
+    parser.add_argument("--reference-cudnn", action="store_true",
+                        help="let generate use cuDNN's attention too (as lm-evaluation-harness runs it); by default it "
+                        "runs under ours' sdpa backends")
     parser.add_argument("--out", help="also write the markdown table to this file")
+    parser.add_argument("--speed-json", nargs="?", const=str(SPEED_JSON), type=Path,
+                        help=f"record the headline ratios in this file (default when given: {SPEED_JSON})")
     args = parser.parse_args(argv)
-    unknown = set(args.schemes.split(",")) - set(SCHEMES)
+    schemes, sides = args.schemes.split(","), args.sides.split(",")
     if args.max_new_tokens < 2:
         parser.error("--max-new-tokens must be at least 2 (the CoT reference forces the first token)")
-    if unknown:
-        parser.error(f"unknown scheme(s) {', '.join(sorted(unknown))} (known: {', '.join(SCHEMES)})")
+    if set(schemes) - set(SCHEMES):
+        unknown = ", ".join(sorted(set(schemes) - set(SCHEMES)))
+        parser.error(f"unknown scheme(s) {unknown} (known: {', '.join(SCHEMES)})")
+    if set(sides) - set(SIDES) or "ours" not in sides:
+        parser.error(f"--sides: ours and any of {', '.join(SIDES[1:])}")
+    if args.batch_size != "auto" and not (args.batch_size.isdigit() and int(args.batch_size) > 0):
+        parser.error(f"--batch-size: a positive number or auto, not '{args.batch_size}'")
+    args.schemes, args.sides = schemes, sides
     if args.data is None and not os.environ.get(DATA_DIR_ENV):
         os.environ[DATA_DIR_ENV] = str(ROOT.parent / "shared" / "data")
     return args
 
 
-def header(args: argparse.Namespace, cfg: ModelConfig, device: torch.device, dtype: torch.dtype, n: int) -> list[str]:
+def header(args: argparse.Namespace, cfg: ModelConfig, device: torch.device, dtype: torch.dtype, n: int,
+           weight_bytes: int) -> list[str]:
     note = " A random model never emits EOS: every row runs to max_new_tokens." if cfg.random_init else ""
+    cudnn = "with cuDNN's attention allowed" if args.reference_cudnn else "under ours' sdpa backends (no cuDNN)"
     return [
-        f"Evaluation throughput on {gpu_name(device)}: model `{cfg.name}` ({str(dtype).removeprefix('torch.')}, "
-        f"{cfg.attn_implementation}), {n} GSM8K test problems, {args.prompt} prompts with {args.prompt_attention} "
-        f"attention, batch {args.batch_size} prompts, max_new_tokens {args.max_new_tokens}, beams {args.num_beams}, "
-        f"CoT k {args.cot_k}. Our eager side: the `{args.eager_engine}` engine.{note}",
+        f"Decoding throughput on {gpu_name(device)}: model `{cfg.name}` ({str(dtype).removeprefix('torch.')}, "
+        f"{cfg.attn_implementation}, {weight_bytes / 1e9:.2f} GB of weights a step), {n} GSM8K test problems, "
+        f"{args.prompt} prompts with {args.prompt_attention} attention, batch {args.batch_size} prompts, "
+        f"max_new_tokens {args.max_new_tokens}, beams {args.num_beams}, CoT k {args.cot_k}. generate runs {cudnn}; "
+        f"every side warmed on the first batch first. Our eager side: the `{args.eager_engine}` engine.{note}",
         "",
-        "| GPU | scheme | prompt attention | ours problems/s | our eager problems/s | generate problems/s | speedup "
-        "| agreement with generate | agreement with our eager |",
-        "| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |",
+        f"{BANDWIDTH_CONVENTION}.",
+        "",
+        "| scheme | side | settings | problems/s | tokens/s | first pass s | GB/step (live rows x context) "
+        "| bandwidth | ours vs this | agreement with ours |",
+        "| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+@dataclass
+class Measured:
+    side: str
+    settings: str
+    seconds: float
+    first_pass_seconds: float | None = None
+    agreement: str = "-"
+    failed: str | None = None
+
+
+def side_settings(side: str, args: argparse.Namespace, rows: int) -> str:
+    return {
+        "ours": f"clozemath decode, batch {rows}",
+        "eager": f"clozemath decode, engine {args.eager_engine}, batch {rows}",
+        "generate": f"HF generate, dynamic cache, batch {rows}",
+        "generate-static": f"HF generate, static cache (compiled by transformers), batch {rows}",
+    }[side]
+
+
+def run_scheme(scheme: str, args: argparse.Namespace, model, tokenizer, prompts, base: Settings) -> tuple[
+        list[Measured], Settings, list[Generation]]:
+    device = model.device
+    copies = {"greedy": 1, "beam": base.num_beams, "cot": base.cot_k}[scheme]
+    rows = batch_rows(args.batch_size, model, prompts, base.max_new_tokens, copies)
+    settings = replace(base, batch_size=rows)
+    first_batch = [prompts[i] for i in length_batches(prompts, rows)[0]]
+    warm = replace(settings, max_new_tokens=max(2, min(args.warmup_tokens, settings.max_new_tokens)))
+    attention = args.prompt_attention
+
+    ours(model, tokenizer, first_batch, scheme, warm, attention)
+    our_generations, our_seconds = timed(device, lambda: ours(model, tokenizer, prompts, scheme, settings, attention))
+    measured = [Measured("ours", side_settings("ours", args, rows), our_seconds)]
+    if "eager" in args.sides:
+        ours(model, tokenizer, first_batch, scheme, warm, attention, args.eager_engine)
+        eager, seconds = timed(
+            device, lambda: ours(model, tokenizer, prompts, scheme, settings, attention, args.eager_engine))
+        measured.append(Measured("eager", side_settings("eager", args, rows), seconds,
+                                 agreement=f"{100 * same_as_eager(our_generations, eager):.1f}%"))
+
+    def backends() -> Any:
+        return nullcontext() if args.reference_cudnn else sdpa_kernel(SDPA_BACKENDS)
+
+    for side in ("generate", "generate-static"):
+        if side not in args.sides:
+            continue
+        static_len = max(map(len, prompts)) + 1 + settings.max_new_tokens if side == "generate-static" else None
+        theirs_settings = replace(settings, static_cache_len=static_len)
+        try:
+            with backends():
+                if static_len is None:
+                    reference(model, tokenizer, first_batch, scheme, warm)
+                    first_pass = None
+                else:  # the first pass over the whole set compiles every shape it meets
+                    _, first_pass = timed(device, lambda: reference(model, tokenizer, prompts, scheme, theirs_settings))
+                theirs, seconds = timed(device, lambda: reference(model, tokenizer, prompts, scheme, theirs_settings))
+        except Exception as exc:  # noqa: BLE001  a side that breaks leaves its line in the table, not the whole run
+            traceback.print_exc()
+            measured.append(Measured(side, side_settings(side, args, rows), float("nan"), failed=failure_note(exc)))
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
+            continue
+        agreed = (f"{100 * agreement(scheme, our_generations, theirs, tokenizer, settings.stop):.1f}%"
+                  if attention == "causal" else "n/a (generate is causal)")
+        measured.append(Measured(side, side_settings(side, args, rows), seconds, first_pass, agreed))
+    return measured, settings, our_generations
+
+
+def table_rows(scheme: str, measured: list[Measured], n: int, tokens: int, traffic: Traffic,
+               bandwidth: float | None) -> list[str]:
+    lines = []
+    our_rate = n / measured[0].seconds
+    for m in measured:
+        if m.failed:
+            lines.append(f"| {scheme} | {m.side} | {m.settings}, failed: {m.failed} |" + " - |" * 7)
+            continue
+        rate = n / m.seconds
+        share = f"{traffic.bandwidth_share(m.seconds, bandwidth):.1%}" if bandwidth else "n/a"
+        first = "-"
+        if m.first_pass_seconds is not None:  # the first pass compiles (on a GPU), then runs as the timed one does
+            compiling = m.first_pass_seconds - m.seconds
+            first = f"{m.first_pass_seconds:.1f}" + (f" (compiling ~{compiling:.1f})" if compiling > 0 else "")
+        lines.append(
+            f"| {scheme} | {m.side} | {m.settings} | {rate:.2f} | {tokens / m.seconds:,.0f} | {first} | "
+            f"{traffic.bytes_per_step / 1e9:.3f} ({traffic.mean_live_rows:.0f} x {traffic.mean_context:.0f}) | "
+            f"{share} | {our_rate / rate:.2f}x | {m.agreement} |"
+        )
+    return lines
+
+
+def headline(scheme: str, measured: list[Measured], n: int, args: argparse.Namespace, model_name: str, card: str,
+             traffic: Traffic, bandwidth: float | None, argv: list[str]) -> Headline | None:
+    """Ours against the fastest generate (its warm rate)."""
+    theirs = [m for m in measured if m.side.startswith("generate") and not m.failed]
+    if not theirs:
+        return None
+    best = min(theirs, key=lambda m: m.seconds)
+
+    def side(m: Measured) -> Side:
+        extra: dict[str, Any] = {"agreement_with_ours": m.agreement} if m.side != "ours" else {}
+        if bandwidth:
+            extra["bandwidth_share"] = round(traffic.bandwidth_share(m.seconds, bandwidth), 4)
+        if m.first_pass_seconds is not None:
+            extra["first_pass_s"] = round(m.first_pass_seconds, 1)
+        return Side(m.side, m.settings, round(n / m.seconds, 2), "problems/s", extra)
+
+    claim = (f"{scheme} decoding of {n} GSM8K problems, batch {args.batch_size}, max_new_tokens "
+             f"{args.max_new_tokens}, against HF generate's fastest")
+    return Headline(claim, model_name, card, side(measured[0]), side(best), command_line("eval_throughput.py", argv))
+
+
+def run(argv: list[str]) -> int:
     args = parse_args(argv)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     cfg = model_config(args.model).model_copy(update={"dtype": args.dtype, "attn_implementation": args.attn})
+    if args.path:
+        cfg = cfg.model_copy(update={"path": args.path})
     loaded = load_model(cfg, 0, device, training=False)
     model, tokenizer = loaded.model, loaded.tokenizer
     problems = problems_of(args)
     prompting = Prompting(args.prompt == "few-shot", args.prompt_attention, DEFAULT_TEMPLATE)
     prompts = [prompt.ids for prompt in build_prompts(problems, loaded, prompting)]
-    settings = Settings(
-        args.max_new_tokens, args.batch_size, args.num_beams, args.cot_k, stop_strings("gsm8k", prompting),
-        (tokenizer.eos_token_id,), tokenizer.pad_token_id,  # load_model gives the model the tokenizer's EOS
+    base = Settings(
+        args.max_new_tokens, 0, args.num_beams, args.cot_k, stop_strings("gsm8k", prompting),
+        (tokenizer.eos_token_id,), tokenizer.pad_token_id, len(tokenizer),  # load_model gives the model the EOS
     )
-    lines = header(args, cfg, device, model.dtype, len(problems))
+    shape = ModelShape.of(model)
+    weight_bytes = decode_weight_bytes(model)
+    kv_position_bytes = kv_bytes_per_position(shape.layers, shape.kv_heads, shape.head_dim, shape.dtype_bytes)
+    bandwidth = card_value(MEMORY_BANDWIDTH, gpu_name(device))
+    model_name = args.model + (f" ({args.path})" if args.path else "")
+    lines = header(args, cfg, device, model.dtype, len(problems), weight_bytes)
     print("\n".join(lines), flush=True)
-    name = gpu_name(device)
-    warmup = prompts[: min(len(prompts), 2)]
-    for scheme in args.schemes.split(","):
-        warm = replace(settings, max_new_tokens=2)
-        ours(model, tokenizer, warmup, scheme, warm, args.prompt_attention)
-        our_generations, our_seconds = timed(
-            device, lambda: ours(model, tokenizer, prompts, scheme, settings, args.prompt_attention)
-        )
-        speed = len(prompts) / our_seconds
-        eager, eager_seconds = timed(
-            device, lambda: ours(model, tokenizer, prompts, scheme, settings, args.prompt_attention, args.eager_engine)
-        )
-        cells = [f"{speed:.2f}", f"{len(prompts) / eager_seconds:.2f}", "-", "-", "-"]
-        if not args.no_reference:
-            backends = sdpa_kernel(SDPA_BACKENDS) if args.reference_no_cudnn else nullcontext()
-            with backends:
-                reference(model, tokenizer, warmup, scheme, warm)
-                theirs, their_seconds = timed(device, lambda: reference(model, tokenizer, prompts, scheme, settings))
-            their_speed = len(prompts) / their_seconds
-            cells[2:] = [
-                f"{their_speed:.2f}{' (no cuDNN)' if args.reference_no_cudnn else ''}", f"{speed / their_speed:.2f}x",
-                f"{100 * agreement(scheme, our_generations, theirs, tokenizer, settings.stop):.1f}%"
-                if args.prompt_attention == "causal" else "n/a (generate is causal)",
-            ]
-        row = f"| {name} | {scheme} | {args.prompt_attention} | {' | '.join(cells)} | "
-        row += f"{100 * same_as_eager(our_generations, eager):.1f}% |"
-        lines.append(row)
-        print(row, flush=True)
+    found: list[Headline] = []
+    failed = False
+    for scheme in args.schemes:
+        try:
+            measured, settings, generations = run_scheme(scheme, args, model, tokenizer, prompts, base)
+        except Exception as exc:  # noqa: BLE001  ours broke: the scheme's line says so, the other schemes run
+            traceback.print_exc()
+            new_lines = [f"| {scheme} | ours | failed: {failure_note(exc)} |" + " - |" * 7]
+            measured = []
+        else:
+            traffic = traffic_of(scheme, generations, prompts, settings, weight_bytes, kv_position_bytes)
+            tokens = generated_tokens(scheme, generations, settings.max_new_tokens)
+            new_lines = table_rows(scheme, measured, len(prompts), tokens, traffic, bandwidth)
+            new = headline(scheme, measured, len(prompts), args, model_name, gpu_name(device), traffic, bandwidth,
+                           argv)
+            found += [new] if new else []
+        failed = failed or not measured or any(m.failed for m in measured)
+        for line in new_lines:
+            lines.append(line)
+            print(line, flush=True)
         if args.out:  # rewritten after every scheme: a run cut short keeps what it measured
             Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-            Path(args.out).write_text("\n".join(lines) + "\n")
-    return 0
+            write_text_atomic(args.out, "\n".join(lines) + "\n")
+    if args.speed_json and found:
+        record(found, args.speed_json)
+    return 1 if failed else 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    try:
+        return run(list(sys.argv[1:] if argv is None else argv))
+    except ClozeMathError as exc:
+        print(f"eval_throughput: error: {exc}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

@@ -3,7 +3,6 @@ Ray Data job behind `clozemath eval` with an adapter saved here, and the through
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import sys
 from dataclasses import replace
@@ -333,23 +332,6 @@ def test_a_model_the_actor_cannot_load_is_a_one_line_error(ray_session, tmp_path
     assert main(argv) == 2
     last = capsys.readouterr().err.strip().splitlines()[-1]
     assert last == "clozemath: error: tokenizer path '/nowhere/tokenizer': no such folder"
-
-
-# --------------------------------------------------------------------------------------------------------------
-# The throughput benchmark's CPU path
-
-
-def test_throughput_benchmark_runs_on_cpu(tmp_path, monkeypatch):
-    spec = importlib.util.spec_from_file_location("eval_throughput", ROOT / "bench" / "eval_throughput.py")
-    bench = importlib.util.module_from_spec(spec)
-    monkeypatch.setitem(sys.modules, spec.name, bench)  # its dataclasses look their module up
-    spec.loader.exec_module(bench)
-    out = tmp_path / "table.md"
-    argv = ["--model", "tiny-llama", "--limit", "4", "--max-new-tokens", "8", "--cot-k", "3", "--out", str(out)]
-    assert bench.main(argv) == 0
-    rows = [line for line in out.read_text().splitlines() if line.startswith("| CPU")]
-    assert [row.split(" | ")[1] for row in rows] == list(DECODINGS)
-    assert all(row.endswith("| 100.0% | 100.0% |") for row in rows)  # float32 on CPU: the same tokens as generate
 
 
 # --------------------------------------------------------------------------------------------------------------

@@ -1,0 +1,74 @@
+"""`bench/eval_throughput.py`: the bytes a decoding pass must read, counted from what it generated, and the benchmark
+end to end on a tiny model (every side: ours, our eager side, generate with a dynamic and with a static cache)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from bench import eval_throughput as bench
+from clozemath.eval.decode import Generation
+
+
+def settings(batch_size: int, max_new_tokens: int = 4, num_beams: int = 2) -> bench.Settings:
+    return bench.Settings(max_new_tokens, batch_size, num_beams, cot_k=2, stop=(), eos_ids=(0,), pad_id=0, vocab=50)
+
+
+def test_the_bytes_a_pass_reads_follow_its_batches_and_rows() -> None:
+    """Prompts of 3 and 2 tokens, one a batch (longest first). Prompt 0 ended at EOS after 3 tokens: 4 generated
+    (the EOS too), 3 steps reading 4 + 5 + 6 = 15 positions; prompt 1 ran to max_new_tokens=2: 1 step reading 3.
+    4 steps, 18 positions: 4 x 100 + 18 x 10 = 580 bytes. Beam search (2 beams) doubles each batch's rows, not its
+    steps: 4 steps, 36 positions, 760 bytes. CoT: each branch a row (prompt 0's: 4 and 1 generated; prompt 1's: 2 and
+    2): 3 + 1 steps, 15 + 0 + 3 + 3 = 21 positions."""
+    prompts = [[1, 2, 3], [4, 5]]
+    greedy = [Generation("abc", [7, 8, 9], "eos"), Generation("de", [5, 6], "length")]
+    traffic = bench.traffic_of("greedy", greedy, prompts, settings(batch_size=1, max_new_tokens=2 + 2), 100, 10)
+    assert (traffic.steps, traffic.kv_positions, traffic.total_bytes) == (4, 18, 580)
+    assert bench.generated_tokens("greedy", greedy, max_new_tokens=4) == 6
+
+    clipped = bench.traffic_of("greedy", greedy, prompts, settings(batch_size=2, max_new_tokens=2), 100, 10)
+    # one batch; prompt 0's 4 tokens capped at max_new_tokens=2: both rows live for 1 step (3 + 1 and 2 + 1)
+    assert (clipped.steps, clipped.kv_positions) == (1, 7)
+
+    beam = bench.traffic_of("beam", greedy, prompts, settings(batch_size=1), 100, 10)
+    assert (beam.steps, beam.kv_positions, beam.total_bytes) == (4, 36, 760)
+
+    cot = [
+        Generation("", [], "length", branches=[Generation("abc", [7, 8, 9], "eos"), Generation("", [7], "length")]),
+        Generation("", [], "length", branches=[Generation("", [5, 6], "length"), Generation("", [5, 1], "length")]),
+    ]
+    traffic = bench.traffic_of("cot", cot, prompts, settings(batch_size=1), 100, 10)
+    assert (traffic.steps, traffic.kv_positions) == (4, 21)
+    assert bench.generated_tokens("cot", cot, max_new_tokens=4) == 4 + 1 + 2 + 2
+
+
+SIDES = ("ours", "eager", "generate", "generate-static")
+
+
+def test_the_decoding_benchmark_runs_every_side_on_cpu(tmp_path: Path) -> None:
+    """float32 on CPU: every side makes the same tokens as ours. The random tiny model never ends a row early, so
+    every batch's rows are all live for all 5 steps after the first token: 3 rows greedy, 3 x 2 beams, 3 x 2
+    branches."""
+    out, speed = tmp_path / "table.md", tmp_path / "speed.json"
+    argv = ["--model", "tiny-llama", "--limit", "3", "--max-new-tokens", "6", "--num-beams", "2", "--cot-k", "2",
+            "--out", str(out), "--speed-json", str(speed)]
+    assert bench.main(argv) == 0
+    lines = out.read_text().splitlines()
+    rows = [line.split(" | ") for line in lines if line.startswith(("| greedy", "| beam", "| cot"))]
+    assert [(row[0].lstrip("| "), row[1]) for row in rows] == [(s, side) for s in bench.SCHEMES for side in SIDES]
+    assert all(row[-1].rstrip(" |") == ("-" if row[1] == "ours" else "100.0%") for row in rows)
+    live = {row[0].lstrip("| "): row[6].split("(")[1].split(" x ")[0] for row in rows}
+    assert live == {"greedy": "3", "beam": "6", "cot": "6"}
+    headlines = json.loads(speed.read_text())
+    assert [h["claim"].split(" decoding")[0] for h in headlines] == list(bench.SCHEMES)
+    assert all(h["ours"]["name"] == "ours" and h["baseline"]["name"].startswith("generate") for h in headlines)
+
+
+def test_an_auto_batch_is_ours_choice_for_every_side(tmp_path: Path) -> None:
+    """Off a GPU, `decode(batch_size="auto")` takes `CPU_BATCH_SIZE` prompts a batch: generate gets as many."""
+    out = tmp_path / "table.md"
+    argv = ["--model", "tiny-llama", "--limit", "2", "--max-new-tokens", "3", "--schemes", "greedy", "--sides",
+            "ours,generate", "--batch-size", "auto", "--out", str(out)]
+    assert bench.main(argv) == 0
+    rows = [line for line in out.read_text().splitlines() if line.startswith("| greedy")]
+    assert len(rows) == 2 and all(f"batch {bench.CPU_BATCH_SIZE} |" in row for row in rows)
