@@ -4,7 +4,6 @@ Ray Data job behind `clozemath eval` with an adapter saved here, and the through
 from __future__ import annotations
 
 import json
-import sys
 from dataclasses import replace
 from pathlib import Path
 
