@@ -617,32 +617,35 @@ def _decode_continuously(
     fill(list(range(units)))
     assert batch is not None
     ended: list[tuple[int, list[_Row]]] = []
-    while live := [unit for unit in range(units) if occupant[unit] is not None]:
-        steps = min(batch.sync_every, max(stops.max_new_tokens - produced[unit] for unit in live))
-        batch.advance(steps)
-        stats.steps += steps
-        stats.row_steps += steps * units * copies
-        for prompt, unit_rows in ended:  # the host's text work while the device runs the steps
+    try:
+        while live := [unit for unit in range(units) if occupant[unit] is not None]:
+            steps = min(batch.sync_every, max(stops.max_new_tokens - produced[unit] for unit in live))
+            assert steps or fresh, "a row that made max_new_tokens has ended"
+            batch.advance(steps)
+            stats.steps += steps
+            stats.row_steps += steps * units * copies
+            for prompt, unit_rows in ended:  # the host's text work while the device runs the steps
+                emit(prompt, branching.generation(unit_rows))
+            ended = []
+            tokens, margins = batch.read(steps)
+            free = []
+            for unit in live:
+                first = 0 if unit in fresh else 1
+                unit_rows = rows[unit * copies : (unit + 1) * copies]
+                for row_index, row in enumerate(unit_rows, start=unit * copies):
+                    row.extend(tokens[row_index][first:], margins and margins[row_index][first:], stops)
+                produced[unit] += steps
+                if all(row.finish_reason is not None for row in unit_rows):
+                    prompt = occupant[unit]
+                    assert prompt is not None
+                    ended.append((prompt, unit_rows))
+                    occupant[unit] = None
+                    free.append(unit)
+            fresh.clear()
+            fill(free)
+    finally:  # out of memory at a refill: the prompts that have ended are done
+        for prompt, unit_rows in ended:
             emit(prompt, branching.generation(unit_rows))
-        ended = []
-        tokens, margins = batch.read(steps)
-        free = []
-        for unit in live:
-            first = 0 if unit in fresh else 1
-            unit_rows = rows[unit * copies : (unit + 1) * copies]
-            for row_index, row in enumerate(unit_rows, start=unit * copies):
-                row.extend(tokens[row_index][first:], margins and margins[row_index][first:], stops)
-            produced[unit] += steps
-            if all(row.finish_reason is not None for row in unit_rows):
-                prompt = occupant[unit]
-                assert prompt is not None
-                ended.append((prompt, unit_rows))
-                occupant[unit] = None
-                free.append(unit)
-        fresh.clear()
-        fill(free)
-    for prompt, unit_rows in ended:
-        emit(prompt, branching.generation(unit_rows))
 
 
 def _stop_hits(tokenizer: PreTrainedTokenizerBase, tails: torch.Tensor, stops: tuple[str, ...]) -> torch.Tensor:
