@@ -1,21 +1,24 @@
 """Batched greedy decoding, beam search and CoT-decoding over the KV cache.
 
-Each batch of prompts (grouped by length, left-padded) is encoded in one forward pass, causally or, for
+Prompts are decoded longest first. A batch of them (left-padded) is encoded in one forward pass, causally or, for
 PrefixLM-trained models, with bidirectional attention over the whole prompt; that pass fills the KV cache, and
 generation continues causally over it, one token per row per step. A row ends at an end-of-sequence token, at a stop
-string, or after `max_new_tokens`; finished rows leave the batch, and the batch ends when its last row does.
+string, or after `max_new_tokens`.
 
 CoT-decoding (Wang & Zhou 2024) branches on the top-k first tokens, continues every branch greedily in the same batch
-(the prompt's cache is shared by repeating it), scores each branch by the mean margin p(top-1) - p(top-2) over its
-answer tokens, and picks the answer with the largest summed score. Answer tokens are the tokens whose characters
+(each branch's row starting from its prompt's cache), scores each branch by the mean margin p(top-1) - p(top-2) over
+its answer tokens, and picks the answer with the largest summed score. Answer tokens are the tokens whose characters
 overlap the answer's character span in the text, the offsets coming from decoding token by token.
 
 Two engines step the rows. The eager one (CPU, and ZeRO-3 during training) grows transformers' DynamicCache and drops
-finished rows. The graph one (CUDA) copies the prompt pass's cache into a preallocated StaticCache of the batch's rows
-and `prompt + max_new_tokens` positions, and replays the per-token step (its attention grouped by key-value head) as one
-CUDA graph captured per batch: finished rows ride along (no re-capture), the host reads the new tokens only every
-`_GPU_SYNC_EVERY` steps (end-of-sequence, stop strings and the margins are checked then), and beam search keeps its
-bookkeeping on the GPU.
+finished rows; a batch ends when its last row does. The static one (CUDA) keeps a preallocated cache of
+`prompt + max_new_tokens` positions a row, each row's prompt at its first slots, and replays the per-token step (its
+attention grouped by key-value head, the greedy choice and the margins included) as one CUDA graph; the host reads
+the new tokens only every `_GPU_SYNC_EVERY` steps (end-of-sequence, stop strings and the margins are checked then).
+Greedy and CoT rows batch continuously: when a prompt's rows have all ended, the next waiting prompt's pass is moved
+into them, so that the step keeps one shape for the whole run and its rows work for live prompts; ended rows ride
+along only until that look. Beam search keeps its batches (a batch ends when its last item does) and its bookkeeping
+on the GPU.
 """
 
 from __future__ import annotations
@@ -44,13 +47,15 @@ FinishReason = Literal["eos", "stop", "length"]
 AnswerSpan = Callable[[str], "tuple[int, int] | None"]
 
 _COMPACT_SHARE = 0.25
-"""Greedy rows: drop finished rows once they are this share of the batch (a copy of the cache, against wasted work)."""
+"""Eager engine, greedy rows: drop finished rows once they are this share of the batch (a copy of the cache, against
+wasted work)."""
 _NEG = -1.0e9
 """Beam search: the score that takes a beam out of the running (transformers' constant, for identical tie-breaks)."""
 _BIDIRECTIONAL_ATTENTION = ("sdpa", "eager")
 """Attention implementations that take the additive 4D PrefixLM mask."""
 _GPU_SYNC_EVERY = 16
-"""Graph engine: steps between the host's looks at the new tokens (each look waits for the GPU)."""
+"""Static engine: steps between the host's looks at the new tokens (each look waits for the GPU; refills happen
+there)."""
 _CACHE_ALIGN = 16
 """Static cache positions are a multiple of this (aligned rows for the attention's matmuls)."""
 SDPA_BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
@@ -153,21 +158,25 @@ class _Row:
     finish_reason: FinishReason | None = None
 
     def extend(self, token_ids: Sequence[int], margins: Sequence[float] | None, stops: _Stops) -> None:
-        """Add the row's next tokens (and their margins) until it ends; tokens after its end are ignored."""
-        for j, token_id in enumerate(token_ids):
-            if self.finish_reason is not None:
-                return
-            if token_id in stops.eos_ids:
-                self.finish_reason = "eos"
-                return
-            self.token_ids.append(token_id)
-            if self.margins is not None:
-                assert margins is not None
-                self.margins.append(margins[j])
-            if stops.strings and self.stream.push(token_id):
-                self.finish_reason = "stop"
-            elif len(self.token_ids) >= stops.max_new_tokens:
-                self.finish_reason = "length"
+        """Add the row's next tokens (and their margins) until it ends: before an end-of-sequence id, after the token
+        that completes a stop string or the `max_new_tokens`-th; the tokens after its end are ignored."""
+        if self.finish_reason is not None:
+            return
+        kept = token_ids[: stops.max_new_tokens - len(self.token_ids)]
+        if not stops.eos_ids.isdisjoint(kept):
+            kept = kept[: next(j for j, token_id in enumerate(kept) if token_id in stops.eos_ids)]
+            self.finish_reason = "eos"
+        if stops.strings:
+            for j, token_id in enumerate(kept):
+                if self.stream.push(token_id):
+                    kept, self.finish_reason = kept[: j + 1], "stop"
+                    break
+        self.token_ids.extend(kept)
+        if self.margins is not None:
+            assert margins is not None
+            self.margins.extend(margins[: len(kept)])
+        if self.finish_reason is None and len(self.token_ids) >= stops.max_new_tokens:
+            self.finish_reason = "length"
 
     def generation(self) -> Generation:
         assert self.finish_reason is not None
@@ -570,7 +579,7 @@ def _decode_eagerly(
 
 
 def _decode_continuously(
-    model: Any, prompts: Sequence[Sequence[int]], order: Sequence[int], size: int, pad_id: int,
+    model: Any, prompts: list[list[int]], order: Sequence[int], size: int, pad_id: int,
     attention: PromptAttention, stops: _Stops, backend: Any, branching: _Branching, graphs: bool,
     emit: Callable[[int, Generation], None], stats: DecodeStats,
 ) -> None:
@@ -601,7 +610,7 @@ def _decode_continuously(
         targets = [unit * copies + copy for unit in free[: len(taken)] for copy in range(copies)]
         sources = [prompt for prompt in range(len(taken)) for _ in range(copies)]
         lengths = [len(prompts[taken[prompt]]) for prompt in sources]
-        prefill, logits = _prefill(model, [list(prompts[i]) for i in taken], pad_id, attention)
+        prefill, logits = _prefill(model, [prompts[i] for i in taken], pad_id, attention)
         tokens, margins = branching.first(logits, stops)
         if batch is None:
             batch = _StaticBatch(model, units * copies, slots, prefill.cache, graphs, stops.vocab, margins is not None)
@@ -788,8 +797,9 @@ class ModelShape:
 
 
 AUTO_MAX_ROWS = 1024
-"""`batch_size="auto"` fills memory up to this many rows (prompts x beams or branches): beyond, finished rows that
-ride along in the graph engine cost more than a bigger batch saves."""
+"""`batch_size="auto"` fills memory up to this many rows (prompts x beams or branches): beyond, ended rows that ride
+along in the static engine (a beam batch's done items; the run's last rows once no prompt waits) cost more than a
+bigger batch saves (set before greedy and CoT rows were refilled)."""
 AUTO_MEMORY_SHARE = 0.8
 """Of the free device memory, what `batch_size="auto"` plans to use (the rest: the allocator's fragmentation, the
 graphs' own pools)."""
@@ -906,10 +916,12 @@ def decode(
 
     `model` is a causal LM (transformers or peft, in eval mode); `batch_size` counts prompts (a batch holds
     `batch_size * num_beams` rows for beam search, `batch_size * cot_k` for CoT-decoding); "auto": as many as fit
-    the GPU's free memory (`auto_batch_size`), `CPU_BATCH_SIZE` elsewhere. `engine` "auto": CUDA graphs over a static
-    cache on CUDA, the eager DynamicCache loop elsewhere; "static": the graph engine's steps run eagerly (its kernels
-    without the graphs, for comparisons). End-of-sequence ids
-    default to the tokenizer's and the model's generation config's. `prompt_attention="bidirectional"` encodes each
+    the GPU's free memory (`auto_batch_size`), `CPU_BATCH_SIZE` elsewhere; with the static engines, greedy and CoT
+    batches refill a prompt's rows once they have all ended (continuous batching: the tokens are the same). `engine`
+    "auto": CUDA graphs over a static cache on CUDA, the eager DynamicCache loop elsewhere; "static": the graph
+    engine's steps run eagerly (its kernels without the graphs, for comparisons). `stats`, if given, counts the
+    static engines' greedy and CoT steps and refills (`DecodeStats`). End-of-sequence ids default to the tokenizer's
+    and the model's generation config's. `prompt_attention="bidirectional"` encodes each
     whole prompt with bidirectional attention (PrefixLM). Beam search follows `model.generate(num_beams=...,
     length_penalty=..., early_stopping=...)`. CoT-decoding needs `answer_span(text) -> (start, end) | None`; answers
     are compared after `normalize_answer`.
