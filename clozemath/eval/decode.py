@@ -590,7 +590,9 @@ def _decode_continuously(
     Every `sync_every` steps (fewer where every prompt's rows reach `max_new_tokens` sooner) the host reads the new
     tokens: each prompt whose rows have all ended goes to `emit`, and the next waiting prompts take its rows, their
     prompt pass batched and moved into those rows (`_StaticBatch.place`). A prompt's rows compute what they would in
-    a batch of their own: rows never see each other, and a refilled row's mask hides its former occupant.
+    any other batch: rows never see each other, and a refilled row's mask hides its former occupant (only the
+    rounding may differ, as between any two batch shapes). The text of ended prompts is decoded while the device runs
+    the next steps.
     """
     copies = branching.copies
     units = min(size, len(order))  # a unit: one prompt's rows
