@@ -241,6 +241,28 @@ def test_a_sliding_window_model_past_its_window_decodes_with_the_eager_engine(to
     assert (stats.steps > 0) == (new == 4)  # the prompts that fit the window decode with the static engine
 
 
+@ENGINES
+@pytest.mark.parametrize("scheme", ["greedy", "beam", "cot"])
+def test_ids_past_the_tokenizer_are_never_decoded(tokenizer, engine, scheme):
+    """A model whose output rows outnumber the tokenizer's ids (`load.VOCAB_MULTIPLE`), those rows made the likeliest
+    tokens: no engine picks them, at the first token or within the step."""
+    torch.manual_seed(0)
+    config = LlamaConfig(
+        vocab_size=len(tokenizer) + 7, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+        num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=256,
+    )
+    padded = LlamaForCausalLM(config).eval()
+    with torch.no_grad():
+        padded.lm_head.weight[len(tokenizer) :] = 50.0 * torch.randn(7, 32)
+        assert (padded(**tokenizer(PROMPTS[:1], return_tensors="pt")).logits[0, -1].argmax() >= len(tokenizer))
+    ours = decode(
+        padded, tokenizer, PROMPTS, scheme, max_new_tokens=6, num_beams=2, cot_k=2, answer_span=last_word,
+        engine=engine, eos_token_ids=tokenizer.eos_token_id,
+    )
+    tokens = [token for g in ours for branch in g.branches or [g] for token in branch.token_ids]
+    assert len(tokens) >= 6 * len(PROMPTS) and max(tokens) < len(tokenizer)
+
+
 def test_bidirectional_needs_an_additive_mask_implementation(model, tokenizer):
     flash = SimpleNamespace(config=SimpleNamespace(_attn_implementation="flash_attention_2"))
     with pytest.raises(ClozeMathError, match="flash_attention_2"):
