@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import importlib.util
 import re
-from pathlib import Path
 from dataclasses import dataclass
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -74,6 +74,12 @@ def eos_inside(reference: list[list[int]], row: int, at: int) -> int:
     token = reference[row][at]
     assert token not in reference[row][:at]
     return token
+
+
+def last_word(text: str) -> tuple[int, int] | None:
+    """CoT-decoding's answer span in tests: the text's last word."""
+    match = re.search(r"\S+$", text)
+    return match.span() if match else None
 
 
 ENGINES = pytest.mark.parametrize("engine", ["eager", "static"])
@@ -271,10 +277,6 @@ def test_bidirectional_needs_an_additive_mask_implementation(model, tokenizer):
 
 @ENGINES
 def test_cot_first_branch_is_greedy(model, tokenizer, reference, engine):
-    def last_word(text):
-        match = re.search(r"\S+$", text)
-        return match.span() if match else None
-
     ours = decode(
         model, tokenizer, PROMPTS, "cot", cot_k=3, max_new_tokens=NEW, eos_token_ids=tokenizer.eos_token_id,
         answer_span=last_word, engine=engine,
@@ -535,11 +537,6 @@ def test_refills_when_each_prompt_makes_one_or_two_tokens(model, tokenizer, mixe
     ours = decode(model, tokenizer, MIXED, max_new_tokens=new, batch_size=3, engine="static", stats=stats)
     assert [g.token_ids for g in ours] == [row[:new] for row in mixed.free]
     assert stats.refills == len(MIXED) - 3 and stats.steps == 3 * (new - 1)  # 3 fills of 3, 3 and 2 prompts
-
-
-def last_word(text: str) -> tuple[int, int] | None:
-    match = re.search(r"\S+$", text)
-    return match.span() if match else None
 
 
 @pytest.mark.usefixtures("frequent_looks")
