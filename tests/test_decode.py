@@ -450,8 +450,6 @@ MIXED = [  # lengths 8, 14, 2, 12, 14, 5, 11, 7 tokens, in no order
 ]
 LONG = 24
 """max_new_tokens of the refill tests: several looks at the tokens (every 3 steps there)."""
-
-
 ENDS = [3, None, 0, 7, 12, None, 5, 1]
 """The step at which each of MIXED's rows is to end (None: at max_new_tokens)."""
 
