@@ -1000,16 +1000,16 @@ def decode(
     with sdpa_kernel(SDPA_BACKENDS):
         for part_engine, part in _engine_parts(model, encoded, max_new_tokens, engine):
             while pending := [index for index in part if results[index] is None]:
-                rows = min(size, len(pending))
+                in_batch = min(size, len(pending))
                 try:
                     run(pending, size, part_engine)
                     continue
                 except torch.OutOfMemoryError:
                     # The auto size is an estimate, and a share of a GPU (`train.gpu_share`) leaves it little slack.
-                    if batch_size != "auto" or rows == 1:
+                    if batch_size != "auto" or in_batch == 1:
                         raise
                 # out of the except block: its traceback no longer holds the batch's tensors
-                size = max(1, rows // 2)
+                size = max(1, in_batch // 2)
                 torch.cuda.empty_cache()
-                warnings.warn(f"decode: out of memory with {rows} prompts a batch; going on with {size}")
+                warnings.warn(f"decode: out of memory with {in_batch} prompts a batch; going on with {size}")
     return [generation for generation in results if generation is not None]
