@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 import re
+from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -12,7 +13,7 @@ import pytest
 import torch
 from transformers import AutoTokenizer, DynamicCache, Gemma3ForCausalLM, Gemma3TextConfig, LlamaConfig, LlamaForCausalLM
 
-from clozemath.eval.decode import AUTO_MAX_ROWS, ModelShape, auto_batch_size, bytes_per_prompt, decode
+from clozemath.eval.decode import AUTO_MAX_ROWS, DecodeStats, ModelShape, auto_batch_size, bytes_per_prompt, decode
 from clozemath.eval.prompts import finetuned_prompt
 from clozemath.errors import ClozeMathError
 from clozemath.model.attention import additive_mask, prefix_mask_from_lengths
@@ -50,15 +51,16 @@ def model(tokenizer):
     return model
 
 
-def hf_generate(model, tokenizer, prompts, eos: int, **kwargs) -> list[list[int]]:
+def hf_generate(model, tokenizer, prompts, eos: int | list[int], new: int = NEW, **kwargs) -> list[list[int]]:
     """transformers' own batched generate (left padding), each row cut at its first EOS."""
     inputs = tokenizer(prompts, padding=True, padding_side="left", return_tensors="pt")
     out = model.generate(
-        **inputs, do_sample=False, max_new_tokens=NEW, pad_token_id=tokenizer.pad_token_id, eos_token_id=eos,
+        **inputs, do_sample=False, max_new_tokens=new, pad_token_id=tokenizer.pad_token_id, eos_token_id=eos,
         **kwargs,
     )
     rows = out[:, inputs.input_ids.shape[1] :].tolist()
-    return [row[: row.index(eos)] if eos in row else row for row in rows]
+    eos_ids = [eos] if isinstance(eos, int) else eos
+    return [row[: min((row.index(e) for e in eos_ids if e in row), default=len(row))] for row in rows]
 
 
 @pytest.fixture(scope="module")
@@ -72,6 +74,12 @@ def eos_inside(reference: list[list[int]], row: int, at: int) -> int:
     token = reference[row][at]
     assert token not in reference[row][:at]
     return token
+
+
+def last_word(text: str) -> tuple[int, int] | None:
+    """CoT-decoding's answer span in tests: the text's last word."""
+    match = re.search(r"\S+$", text)
+    return match.span() if match else None
 
 
 ENGINES = pytest.mark.parametrize("engine", ["eager", "static"])
@@ -219,9 +227,11 @@ def test_bidirectional_prompt_equals_full_prefix_lm_passes(model, tokenizer, eng
     assert not torch.allclose(recorder.logits[0], causal_first, atol=1e-3)  # the prompt really was bidirectional
 
 
-def test_a_sliding_window_model_past_its_window_decodes_with_the_eager_engine(tokenizer):
+@pytest.mark.parametrize("new", [NEW, 4])
+def test_a_sliding_window_model_past_its_window_decodes_with_the_eager_engine(tokenizer, new):
     """Gemma 3's sliding-window layers keep a static cache of the window only; the static engine's mask spans every
-    slot and broke there (a size mismatch in attention). Past the window a batch falls back to the eager engine."""
+    slot and broke there (a size mismatch in attention). A prompt whose static cache would outgrow the window falls
+    back to the eager engine (with 16 new tokens every prompt; with 4 the longest one, of 14 tokens: 18 > 16)."""
     torch.manual_seed(0)
     config = Gemma3TextConfig(
         vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
@@ -229,10 +239,34 @@ def test_a_sliding_window_model_past_its_window_decodes_with_the_eager_engine(to
         max_position_embeddings=256, attn_implementation="sdpa",
     )
     gemma = Gemma3ForCausalLM(config).eval()
-    eager = decode(gemma, tokenizer, PROMPTS, max_new_tokens=NEW, engine="eager")
+    eager = decode(gemma, tokenizer, PROMPTS, max_new_tokens=new, engine="eager")
+    stats = DecodeStats()
     with pytest.warns(UserWarning, match="sliding-window layers holds 16 tokens"):
-        static = decode(gemma, tokenizer, PROMPTS, max_new_tokens=NEW, engine="static")
+        static = decode(gemma, tokenizer, PROMPTS, max_new_tokens=new, engine="static", stats=stats)
     assert [g.token_ids for g in static] == [g.token_ids for g in eager] and all(len(g.token_ids) for g in eager)
+    assert (stats.steps > 0) == (new == 4)  # the prompts that fit the window decode with the static engine
+
+
+@ENGINES
+@pytest.mark.parametrize("scheme", ["greedy", "beam", "cot"])
+def test_ids_past_the_tokenizer_are_never_decoded(tokenizer, engine, scheme):
+    """A model whose output rows outnumber the tokenizer's ids (`load.VOCAB_MULTIPLE`), those rows made the likeliest
+    tokens: no engine picks them, at the first token or within the step."""
+    torch.manual_seed(0)
+    config = LlamaConfig(
+        vocab_size=len(tokenizer) + 7, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+        num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=256,
+    )
+    padded = LlamaForCausalLM(config).eval()
+    with torch.no_grad():
+        padded.lm_head.weight[len(tokenizer) :] = 50.0 * torch.randn(7, 32)
+        assert (padded(**tokenizer(PROMPTS[:1], return_tensors="pt")).logits[0, -1].argmax() >= len(tokenizer))
+    ours = decode(
+        padded, tokenizer, PROMPTS, scheme, max_new_tokens=6, num_beams=2, cot_k=2, answer_span=last_word,
+        engine=engine, eos_token_ids=tokenizer.eos_token_id,
+    )
+    tokens = [token for g in ours for branch in g.branches or [g] for token in branch.token_ids]
+    assert len(tokens) >= 6 * len(PROMPTS) and max(tokens) < len(tokenizer)
 
 
 def test_bidirectional_needs_an_additive_mask_implementation(model, tokenizer):
@@ -243,10 +277,6 @@ def test_bidirectional_needs_an_additive_mask_implementation(model, tokenizer):
 
 @ENGINES
 def test_cot_first_branch_is_greedy(model, tokenizer, reference, engine):
-    def last_word(text):
-        match = re.search(r"\S+$", text)
-        return match.span() if match else None
-
     ours = decode(
         model, tokenizer, PROMPTS, "cot", cot_k=3, max_new_tokens=NEW, eos_token_ids=tokenizer.eos_token_id,
         answer_span=last_word, engine=engine,
@@ -409,3 +439,151 @@ def test_beam_search_with_a_stop_string_and_several_eos_ids_equals_generate(mode
             assert generation.finish_reason == ("eos" if ends else "length")
     assert [g.score for g in ours] == pytest.approx(out.sequences_scores.tolist(), abs=1e-4)
     assert {g.finish_reason for g in ours} >= {"stop", "eos"}
+
+
+# --------------------------------------------------------------------------------------------------------------
+# The static engine's continuous batching: a prompt's rows, once ended, go to the next waiting prompt
+
+MIXED = [  # lengths 8, 14, 2, 12, 14, 5, 11, 7 tokens, in no order
+    PROMPTS[2], "The capital of France is Paris, and the capital of Germany is", "Hi", "1, 2, 3, 4,", PROMPTS[0],
+    "Once upon a time", PROMPTS[1], "def f(x):\n    return",
+]
+LONG = 24
+"""max_new_tokens of the refill tests: several looks at the tokens (every 3 steps there)."""
+ENDS = [3, None, 0, 7, 12, None, 5, 1]
+"""The step at which each of MIXED's rows is to end (None: at max_new_tokens)."""
+
+
+@dataclass(frozen=True)
+class Mixed:
+    free: list[list[int]]
+    """MIXED's greedy continuations (generate) that no end-of-sequence token cuts short."""
+    eos: list[int]
+    """End-of-sequence ids that end rows all along: the tokens MIXED's rows make at the steps ENDS gives."""
+    expected: list[list[int]]
+    """MIXED's greedy continuations (generate) with `eos`."""
+
+
+@pytest.fixture(scope="module")
+def mixed(model, tokenizer) -> Mixed:
+    free = hf_generate(model, tokenizer, MIXED, eos=tokenizer.eos_token_id, new=LONG)
+    eos = [row[end] for row, end in zip(free, ENDS) if end is not None]
+    expected = hf_generate(model, tokenizer, MIXED, eos=eos, new=LONG)
+    assert [len(row) for row in expected] == [LONG if end is None else end for end in ENDS]
+    return Mixed(free, eos, expected)
+
+
+@pytest.fixture
+def frequent_looks(monkeypatch):
+    """The host looks at the new tokens every 3 steps (16 on a GPU): refills within a short generation, and looks
+    at steps that do not divide max_new_tokens."""
+    import clozemath.eval.decode as decoding
+
+    monkeypatch.setattr(decoding, "_GPU_SYNC_EVERY", 3)
+
+
+@pytest.mark.usefixtures("frequent_looks")
+@pytest.mark.parametrize(("engine", "batch_size"), [("eager", 3), ("static", 1), ("static", 3), ("static", len(MIXED))])
+def test_refilled_rows_give_each_prompt_its_own_greedy_tokens(model, tokenizer, mixed, engine, batch_size):
+    """Rows that end (at the end-of-sequence id, at any step) take the next waiting prompt; every prompt gets the
+    tokens `generate` gives it, in the prompts' order, whichever rows it shared the batch with."""
+    stats = DecodeStats()
+    ours = decode(
+        model, tokenizer, MIXED, max_new_tokens=LONG, eos_token_ids=mixed.eos, batch_size=batch_size, engine=engine,
+        stats=stats,
+    )
+    assert [g.token_ids for g in ours] == mixed.expected
+    assert [g.finish_reason for g in ours] == ["length" if len(row) == LONG else "eos" for row in mixed.expected]
+    assert [g.text for g in ours] == tokenizer.batch_decode(mixed.expected, skip_special_tokens=True)
+    # every prompt after the first batch's took rows of one that had ended (the eager engine has no refills)
+    assert stats.refills == (len(MIXED) - batch_size if engine == "static" else 0)
+    if batch_size == len(MIXED):  # no refill: the longest row's first token comes from the prompt pass, then 1 a step
+        assert (stats.steps, stats.row_steps) == (LONG - 1, (LONG - 1) * len(MIXED))
+
+
+@pytest.mark.usefixtures("frequent_looks")
+def test_refilled_rows_encode_their_prompt_bidirectionally(model, tokenizer, mixed):
+    def run(engine: str, batch_size: int, attention: str = "bidirectional"):
+        return [
+            g.token_ids for g in decode(
+                model, tokenizer, MIXED, max_new_tokens=LONG, eos_token_ids=mixed.eos, batch_size=batch_size,
+                engine=engine, prompt_attention=attention,
+            )
+        ]
+
+    refilled = run("static", 2)
+    assert refilled == run("eager", len(MIXED))  # the eager engine's bidirectional prompts: see the test above
+    assert refilled != run("static", 2, "causal")
+
+
+@pytest.mark.usefixtures("frequent_looks")
+def test_refilled_rows_end_at_stop_strings(model, tokenizer, mixed):
+    stop = tokenizer.decode(mixed.free[1][4:6])  # one row's text holds it from its 5th or 6th token on
+    kwargs = dict(max_new_tokens=LONG, eos_token_ids=mixed.eos, stop=[stop, "\n\n"])
+    refilled = decode(model, tokenizer, MIXED, batch_size=2, engine="static", **kwargs)
+    eager = decode(model, tokenizer, MIXED, batch_size=len(MIXED), engine="eager", **kwargs)
+    assert [(g.token_ids, g.text, g.finish_reason) for g in refilled] == [
+        (g.token_ids, g.text, g.finish_reason) for g in eager
+    ]
+    assert refilled[1].finish_reason == "stop" and len(refilled[1].token_ids) <= 6
+
+
+@pytest.mark.usefixtures("frequent_looks")
+@pytest.mark.parametrize("new", [1, 2])
+def test_refills_when_each_prompt_makes_one_or_two_tokens(model, tokenizer, mixed, new):
+    stats = DecodeStats()
+    ours = decode(model, tokenizer, MIXED, max_new_tokens=new, batch_size=3, engine="static", stats=stats)
+    assert [g.token_ids for g in ours] == [row[:new] for row in mixed.free]
+    assert stats.refills == len(MIXED) - 3 and stats.steps == 3 * (new - 1)  # 3 fills of 3, 3 and 2 prompts
+
+
+@pytest.mark.usefixtures("frequent_looks")
+def test_cot_branches_take_and_leave_rows_together(model, tokenizer, mixed):
+    """A prompt's k branches enter the batch together and leave it when the last of them ends."""
+
+    def run(engine: str, batch_size: int, stats: DecodeStats | None = None):
+        return decode(
+            model, tokenizer, MIXED, "cot", cot_k=3, max_new_tokens=LONG, eos_token_ids=mixed.eos,
+            answer_span=last_word, batch_size=batch_size, engine=engine, stats=stats,
+        )
+
+    def branches(generations):
+        return [[(b.token_ids, b.text, b.finish_reason, b.answer) for b in g.branches] for g in generations]
+
+    stats = DecodeStats()
+    refilled = run("static", 2, stats)
+    assert stats.refills == len(MIXED) - 2
+    assert [g.branches[0].token_ids for g in refilled] == mixed.expected  # the first branch is greedy
+    assert any(len({len(b.token_ids) for b in g.branches}) > 1 for g in refilled)  # branches end at different steps
+    for other in (run("static", len(MIXED)), run("eager", 3)):
+        assert branches(refilled) == branches(other)
+        assert [(g.text, g.answer) for g in refilled] == [(g.text, g.answer) for g in other]
+        for ours, theirs in zip(refilled, other):  # float32 sums in other orders (padding): equal to 1e-5
+            assert [b.confidence for b in ours.branches] == pytest.approx(
+                [b.confidence for b in theirs.branches], abs=1e-5
+            )
+
+
+@pytest.mark.usefixtures("frequent_looks")
+def test_an_auto_batch_out_of_memory_at_a_refill_keeps_the_prompts_done(model, tokenizer, mixed, monkeypatch):
+    import clozemath.eval.decode as decoding
+
+    prefill, prefilled = decoding._prefill, []
+
+    def out_of_memory_at_the_first_refill(model, prompts, *args):
+        prefilled.append([tokenizer.decode(ids, skip_special_tokens=True) for ids in prompts])
+        if len(prefilled) == 2:
+            raise torch.OutOfMemoryError("CUDA out of memory (simulated)")
+        return prefill(model, prompts, *args)
+
+    monkeypatch.setattr(decoding, "_prefill", out_of_memory_at_the_first_refill)
+    monkeypatch.setattr(decoding, "CPU_BATCH_SIZE", 4)
+    with pytest.warns(UserWarning, match="out of memory with 4 prompts a batch; going on with 2"):
+        ours = decode(model, tokenizer, MIXED, max_new_tokens=LONG, eos_token_ids=mixed.eos, engine="static")
+    assert [g.token_ids for g in ours] == mixed.expected
+    first = prefilled[0]  # the 4 longest prompts
+    assert sorted(first) == sorted(MIXED[i] for i in (1, 4, 3, 6))
+    finished_first = set(first) - {prompt for batch in prefilled[2:] for prompt in batch}
+    assert finished_first  # prompts that had ended before the refill failed are not decoded again
+    assert sorted(prompt for batch in prefilled[2:] for prompt in batch) == sorted(set(MIXED) - finished_first)
+    assert all(len(batch) <= 2 for batch in prefilled[2:])

@@ -1,6 +1,7 @@
 """On a GPU: the graph engine (CUDA graphs replayed over a static cache) gives the tokens of the same engine stepped
-eagerly (the same kernels), on a real model. `CLOZEMATH_GPU_MODEL`: a model YAML or a name in configs/models
-(default smollm2-135m). Give it two minutes on a GPU (most of it loading and dequantizing the GGUF weights)."""
+eagerly (the same kernels), on a real model, and its continuous batching (rows of ended prompts refilled) the tokens
+of batches that hold every prompt. `CLOZEMATH_GPU_MODEL`: a model YAML or a name in configs/models (default
+smollm2-135m). Give it three minutes on a GPU (most of it loading and dequantizing the GGUF weights)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import torch
 
 from clozemath.config import ModelConfig, read_yaml
 from clozemath.data.sources import load_problems
-from clozemath.eval.decode import decode
+from clozemath.eval.decode import DecodeStats, decode
 from clozemath.eval.evaluate import Prompting, build_prompts
 from clozemath.eval.prompts import DEFAULT_TEMPLATE
 from clozemath.tasks import answer_span, get_task
@@ -22,14 +23,23 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(),
 ROOT = Path(__file__).resolve().parents[1]
 
 
-@pytest.fixture(scope="module")
-def loaded():
+def load(dtype: str):
     from clozemath.model.load import load_model
 
     spec = os.environ.get("CLOZEMATH_GPU_MODEL", "smollm2-135m")
     path = Path(spec) if spec.endswith((".yaml", ".yml")) else ROOT / "configs" / "models" / f"{spec}.yaml"
-    cfg = ModelConfig.model_validate(read_yaml(path)).model_copy(update={"dtype": "bfloat16"})
+    cfg = ModelConfig.model_validate(read_yaml(path)).model_copy(update={"dtype": dtype})
     return load_model(cfg, 0, torch.device("cuda"), training=False)
+
+
+@pytest.fixture(scope="module")
+def loaded():
+    return load("bfloat16")
+
+
+@pytest.fixture(scope="module")
+def loaded32():
+    return load("float32")
 
 
 @pytest.fixture(scope="module")
@@ -47,18 +57,37 @@ def tokens(generations) -> list[list[list[int]]]:
     ("scheme", "attention"), [("greedy", "causal"), ("greedy", "bidirectional"), ("beam", "causal"), ("cot", "causal")]
 )
 def test_graphs_give_the_tokens_of_the_same_steps_run_eagerly(loaded, prompts, scheme, attention):
-    def run(engine: str):
+    def run(engine: str, stats: DecodeStats | None = None):
         return decode(
             loaded.model, loaded.tokenizer, prompts, scheme, max_new_tokens=128, prompt_attention=attention,
             batch_size=16, num_beams=5, cot_k=9, answer_span=partial(answer_span, "gsm8k"),
-            normalize_answer=get_task("gsm8k").answer_key, engine=engine,
+            normalize_answer=get_task("gsm8k").answer_key, engine=engine, stats=stats,
         )
 
-    graphs, static = run("graphs"), run("static")
+    stats = DecodeStats()
+    graphs, static = run("graphs", stats), run("static")
     assert tokens(graphs) == tokens(static)
     assert [g.finish_reason for g in graphs] == [g.finish_reason for g in static]
     if attention == "causal":  # SmolLM2 was not trained with bidirectional prompts: there it may never stop
         assert any(g.finish_reason == "eos" for g in graphs)  # a real model ends rows at different steps
+    assert stats.refills == (0 if scheme == "beam" else len(prompts) - 16)  # beam search keeps its batches
+
+
+@pytest.mark.parametrize("scheme", ["greedy", "cot"])
+def test_refilled_rows_give_the_tokens_of_a_batch_of_all_prompts(loaded32, prompts, scheme):
+    """In float32 (no bfloat16 rounding that another batch's shapes could tip): 8 prompts' rows, refilled as prompts
+    end, give every prompt the tokens it gets in one batch of all 32."""
+    def run(batch_size: int, stats: DecodeStats):
+        return decode(
+            loaded32.model, loaded32.tokenizer, prompts, scheme, max_new_tokens=128, batch_size=batch_size, cot_k=9,
+            answer_span=partial(answer_span, "gsm8k"), normalize_answer=get_task("gsm8k").answer_key,
+            engine="graphs", stats=stats,
+        )
+
+    refilling, whole = DecodeStats(), DecodeStats()
+    refilled, one_batch = run(8, refilling), run(len(prompts), whole)
+    assert tokens(refilled) == tokens(one_batch)
+    assert (refilling.refills, whole.refills) == (len(prompts) - 8, 0)
 
 
 def test_a_model_in_training_decodes_with_the_engine_chosen_for_it(prompts):

@@ -1,27 +1,31 @@
 """Batched greedy decoding, beam search and CoT-decoding over the KV cache.
 
-Each batch of prompts (grouped by length, left-padded) is encoded in one forward pass, causally or, for
+Prompts are decoded longest first. A batch of them (left-padded) is encoded in one forward pass, causally or, for
 PrefixLM-trained models, with bidirectional attention over the whole prompt; that pass fills the KV cache, and
 generation continues causally over it, one token per row per step. A row ends at an end-of-sequence token, at a stop
-string, or after `max_new_tokens`; finished rows leave the batch, and the batch ends when its last row does.
+string, or after `max_new_tokens`.
 
 CoT-decoding (Wang & Zhou 2024) branches on the top-k first tokens, continues every branch greedily in the same batch
-(the prompt's cache is shared by repeating it), scores each branch by the mean margin p(top-1) - p(top-2) over its
-answer tokens, and picks the answer with the largest summed score. Answer tokens are the tokens whose characters
+(each branch's row starting from its prompt's cache), scores each branch by the mean margin p(top-1) - p(top-2) over
+its answer tokens, and picks the answer with the largest summed score. Answer tokens are the tokens whose characters
 overlap the answer's character span in the text, the offsets coming from decoding token by token.
 
 Two engines step the rows. The eager one (CPU, and ZeRO-3 during training) grows transformers' DynamicCache and drops
-finished rows. The graph one (CUDA) copies the prompt pass's cache into a preallocated StaticCache of the batch's rows
-and `prompt + max_new_tokens` positions, and replays the per-token step (its attention grouped by key-value head) as one
-CUDA graph captured per batch: finished rows ride along (no re-capture), the host reads the new tokens only every
-`_GPU_SYNC_EVERY` steps (end-of-sequence, stop strings and the margins are checked then), and beam search keeps its
-bookkeeping on the GPU.
+finished rows; a batch ends when its last row does. The static one (CUDA) keeps a preallocated cache of
+`prompt + max_new_tokens` positions a row, each row's prompt at its first slots, and replays the per-token step (its
+attention grouped by key-value head, the greedy choice and the margins included) as one CUDA graph; the host reads
+the new tokens only every `_GPU_SYNC_EVERY` steps (end-of-sequence, stop strings and the margins are checked then).
+Greedy and CoT rows batch continuously: when a prompt's rows have all ended, the next waiting prompt's pass is moved
+into them, so that the step keeps one shape for the whole run and its rows work for live prompts; ended rows ride
+along only until that look. Beam search keeps its batches (a batch ends when its last item does) and its bookkeeping
+on the GPU.
 """
 
 from __future__ import annotations
 
 import math
 import warnings
+from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -29,7 +33,8 @@ from typing import Any, Literal
 import torch
 from tokenizers.decoders import DecodeStream
 from torch.nn.attention import SDPBackend, sdpa_kernel
-from transformers import AttentionInterface, PreTrainedTokenizerBase, StaticCache
+from transformers import AttentionInterface, Cache, PreTrainedTokenizerBase
+from transformers.cache_utils import StaticLayer
 
 from clozemath.errors import ClozeMathError
 from clozemath.model.attention import additive_mask, head_dim
@@ -42,13 +47,15 @@ FinishReason = Literal["eos", "stop", "length"]
 AnswerSpan = Callable[[str], "tuple[int, int] | None"]
 
 _COMPACT_SHARE = 0.25
-"""Greedy rows: drop finished rows once they are this share of the batch (a copy of the cache, against wasted work)."""
+"""Eager engine, greedy rows: drop finished rows once they are this share of the batch (a copy of the cache, against
+wasted work)."""
 _NEG = -1.0e9
 """Beam search: the score that takes a beam out of the running (transformers' constant, for identical tie-breaks)."""
 _BIDIRECTIONAL_ATTENTION = ("sdpa", "eager")
 """Attention implementations that take the additive 4D PrefixLM mask."""
 _GPU_SYNC_EVERY = 16
-"""Graph engine: steps between the host's looks at the new tokens (each look waits for the GPU)."""
+"""Static engine: steps between the host's looks at the new tokens (each look waits for the GPU; refills happen
+there)."""
 _CACHE_ALIGN = 16
 """Static cache positions are a multiple of this (aligned rows for the attention's matmuls)."""
 SDPA_BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
@@ -139,28 +146,56 @@ class _TextStream:
 
 @dataclass
 class _Row:
-    """A greedy (or CoT branch) row as it grows."""
+    """A greedy (or CoT branch) row as it grows.
+
+    Only a stop string needs the text while the row grows: without stop strings the text is decoded once the row has
+    ended (the same text: the stream sees the same tokens), which keeps the host's look at the new tokens short.
+    """
 
     stream: _TextStream
     margins: list[float] | None = None
     token_ids: list[int] = field(default_factory=list)
     finish_reason: FinishReason | None = None
 
-    def add(self, token_id: int, margin: float | None, stops: _Stops) -> None:
-        if token_id in stops.eos_ids:
-            self.finish_reason = "eos"
+    def extend(self, token_ids: Sequence[int], margins: Sequence[float] | None, stops: _Stops) -> None:
+        """Add the row's next tokens (and their margins) until it ends: before an end-of-sequence id, after the token
+        that completes a stop string or the `max_new_tokens`-th; the tokens after its end are ignored."""
+        if self.finish_reason is not None:
             return
-        self.token_ids.append(token_id)
+        kept = token_ids[: stops.max_new_tokens - len(self.token_ids)]
+        if not stops.eos_ids.isdisjoint(kept):
+            kept = kept[: next(j for j, token_id in enumerate(kept) if token_id in stops.eos_ids)]
+            self.finish_reason = "eos"
+        if stops.strings:
+            for j, token_id in enumerate(kept):
+                if self.stream.push(token_id):
+                    kept, self.finish_reason = kept[: j + 1], "stop"
+                    break
+        self.token_ids.extend(kept)
         if self.margins is not None:
-            self.margins.append(margin)
-        if self.stream.push(token_id):
-            self.finish_reason = "stop"
-        elif len(self.token_ids) >= stops.max_new_tokens:
+            assert margins is not None
+            self.margins.extend(margins[: len(kept)])
+        if self.finish_reason is None and len(self.token_ids) >= stops.max_new_tokens:
             self.finish_reason = "length"
 
     def generation(self) -> Generation:
         assert self.finish_reason is not None
+        for token_id in self.token_ids[len(self.stream.ends) :]:
+            self.stream.push(token_id)
         return Generation(self.stream.text, self.token_ids, self.finish_reason)
+
+
+@dataclass
+class DecodeStats:
+    """What the static and graph engines' greedy and CoT decoding did (`decode(stats=...)` adds to it): how much of
+    the batch's work went to live rows, and how often freed rows took a waiting prompt."""
+
+    steps: int = 0
+    """Decoding steps (each runs every row of the batch)."""
+    row_steps: int = 0
+    """Rows run over all steps: the generated tokens over this is the share of work that live rows got."""
+    refills: int = 0
+    """Prompts that took the rows of a prompt that had ended."""
 
 
 class _KVBatch:
@@ -205,14 +240,13 @@ class _KVBatch:
 
 
 def _slots(width: int, max_new_tokens: int) -> int:
-    """Static cache positions for prompts of `width` tokens."""
+    """Static cache positions for prompts of up to `width` tokens."""
     return -(-(width + max_new_tokens) // _CACHE_ALIGN) * _CACHE_ALIGN
 
 
 def _sliding_window(model: Any) -> int | None:
-    """The window of a model with sliding-window layers (Gemma 3), None for one without. transformers caps those
-    layers' static cache at the window, and the static engine's one mask spans every slot: past the window it breaks
-    (checked with transformers 5.17)."""
+    """The window of a model with sliding-window layers (Gemma 3), None for one without. The static engine gives every
+    layer every slot under one mask: right only while a row's prompt and generation fit the window."""
     config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
     if "sliding_attention" not in (getattr(config, "layer_types", None) or ()):
         return None
@@ -240,39 +274,110 @@ _DECODE_ATTENTION = "clozemath_grouped_decode"
 AttentionInterface.register(_DECODE_ATTENTION, _grouped_decode_attention)
 
 
-class _StaticBatch:
-    """Rows decoding over a preallocated StaticCache, filled from the prompt pass's cache; all of a batch's rows run
-    every step (finished ones too), in place, so that the step can be replayed as a CUDA graph.
+class _SlotLayer(StaticLayer):
+    """A static cache layer whose rows each write at their own position: a row's prompt sits at slots 0..len-1, so the
+    position a step feeds is also the slot it writes (transformers' StaticLayer writes every row at one shared slot)."""
 
-    The step's inputs live in fixed tensors: the token, each row's position, the next cache slot and the additive
-    attention mask over every slot (a slot opens when the step writes it); its attention is
-    `_grouped_decode_attention`. `graphs=False` runs the same step eagerly.
+    def __init__(self, keys: torch.Tensor, values: torch.Tensor, positions: torch.Tensor):
+        super().__init__(max_cache_len=keys.shape[2])
+        self.keys, self.values, self.device, self.is_initialized = keys, values, keys.device, True
+        rows = keys.shape[0]
+        self._key_slots = positions.view(rows, 1, 1, 1).expand(rows, keys.shape[1], 1, keys.shape[3])
+        self._value_slots = positions.view(rows, 1, 1, 1).expand(rows, values.shape[1], 1, values.shape[3])
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any):
+        self.keys.scatter_(2, self._key_slots, key_states)
+        self.values.scatter_(2, self._value_slots, value_states)
+        return self.keys, self.values
+
+
+def _on_device(values: Sequence[int], device: torch.device) -> torch.Tensor:
+    """Host ints as a device tensor, copied without waiting for the device's queue (pinned, non-blocking)."""
+    host = torch.tensor(values, dtype=torch.long)
+    if device.type != "cuda":
+        return host
+    return host.pin_memory().to(device, non_blocking=True)
+
+
+def _greedy_choice(logits: torch.Tensor, vocab: int) -> torch.Tensor:
+    """The argmax over the tokenizer's ids (as `_without_padding` then argmax picks, without writing the logits:
+    argmax returns the first of equal maxima either way)."""
+    return logits[:, :vocab].argmax(dim=-1)
+
+
+class _StaticBatch:
+    """Rows decoding over a preallocated cache of `slots` positions a row, in place and in fixed shapes, so that the
+    step can be replayed as a CUDA graph (`graphs=True`; else it runs eagerly, the same kernels).
+
+    A row holds its prompt at slots 0..len-1 and its generated tokens after. The step's inputs live in fixed tensors:
+    each row's token, its position (the slot the step writes) and its additive attention mask over every slot (its
+    prompt's slots open, each further slot opening as the step writes it; everything else, a former occupant's
+    included, masked). `place` fills rows from a prompt pass, at the start or into rows freed later; a row that has
+    ended rides along until then (its position stops at the last slot). Greedy and CoT rows choose their next token
+    within the step (`advance`) and keep every step's tokens and margins on the device until the host `read`s them;
+    beam search takes the step's logits (`step`) and reorders its rows (`take`).
     """
 
     drops_rows = False
-    sync_every = _GPU_SYNC_EVERY
 
-    def __init__(self, eager: _KVBatch, max_new_tokens: int, graphs: bool):
-        model = eager.model
-        rows, self._width = eager.attention_mask.shape
-        slots = _slots(self._width, max_new_tokens)
-        self.model = model
-        self.cache = StaticCache(config=model.config, max_cache_len=slots)
-        for index, layer in enumerate(eager.cache.layers):
-            self.cache.update(layer.keys, layer.values, index)
-        device = eager.attention_mask.device
-        self._mask = torch.full((rows, 1, 1, slots), torch.finfo(model.dtype).min, dtype=model.dtype, device=device)
-        self._mask[:, 0, 0, : self._width].masked_fill_(eager.attention_mask.bool(), 0.0)
+    def __init__(self, model: Any, rows: int, slots: int, like: Any, graphs: bool, vocab: int, margins: bool):
+        """`like`: a prompt pass's cache, for each layer's heads, head size and dtype."""
+        device = like.layers[0].keys.device
+        self.model, self.slots, self.sync_every, self._vocab, self._graphs = model, slots, _GPU_SYNC_EVERY, vocab, graphs
+        self._positions = torch.zeros(rows, dtype=torch.long, device=device)
+        self._slot_index = self._positions.view(rows, 1, 1, 1)
+        self.cache = Cache(layers=[
+            _SlotLayer(
+                layer.keys.new_zeros((rows, layer.keys.shape[1], slots, layer.keys.shape[3])),
+                layer.values.new_zeros((rows, layer.values.shape[1], slots, layer.values.shape[3])),
+                self._positions,
+            )
+            for layer in like.layers
+        ])  # zeros, not empty: a masked slot adds 0 x value, and 0 x NaN would poison the row
+        self._closed = torch.finfo(model.dtype).min
+        self._mask = torch.full((rows, 1, 1, slots), self._closed, dtype=model.dtype, device=device)
         self._tokens = torch.zeros(rows, dtype=torch.long, device=device)
-        self._positions = eager.positions.clone()
-        self._slot = torch.tensor([self._width], device=device)
-        self._written = self._width
-        self._graphs = graphs
+        self._history = torch.zeros((rows, self.sync_every + 1), dtype=torch.long, device=device)
+        """Column 0: the first token of rows placed since the host's last look; column j: step j's tokens."""
+        self._margin_history = torch.zeros((rows, self.sync_every + 1), device=device) if margins else None
+        self._column = torch.ones(1, dtype=torch.long, device=device)
         self._graph: torch.cuda.CUDAGraph | None = None
-        self._logits: torch.Tensor | None = None
+        self._captured: Callable[[], torch.Tensor] | None = None
+        self._output: torch.Tensor | None = None
+        self._generated = (slots, 0)
+        """Beam search: the slots that generated tokens may occupy, [first, end)."""
+
+    def place(
+        self, rows: Sequence[int], prefill: _KVBatch, sources: Sequence[int], lengths: Sequence[int],
+        tokens: torch.Tensor | None = None, margins: torch.Tensor | None = None,
+    ) -> None:
+        """Rows `rows` take the prompts of rows `sources` of a prompt pass (left-padded; `lengths`: their tokens): its
+        keys and values moved to slots 0..len-1, a mask that opens those only, the next position; for greedy and CoT
+        rows their first token (and margin)."""
+        device = self._tokens.device
+        index, source_index, length = (_on_device(values, device) for values in (rows, sources, lengths))
+        width = prefill.attention_mask.shape[1]
+        offsets = torch.arange(width, device=device)
+        moved = (width - length[:, None] + offsets).clamp_(max=width - 1)  # slot t <- position width - len + t
+        for source, target in zip(prefill.cache.layers, self.cache.layers):
+            for states, into in ((source.keys, target.keys), (source.values, target.values)):
+                picked = states.index_select(0, source_index)
+                picked = picked.gather(2, moved[:, None, :, None].expand(-1, picked.shape[1], -1, picked.shape[3]))
+                into[:, :, :width].index_copy_(0, index, picked)
+        opened = torch.arange(self.slots, device=device) < length[:, None]
+        mask = torch.full(opened.shape, self._closed, dtype=self._mask.dtype, device=device).masked_fill_(opened, 0.0)
+        self._mask.index_copy_(0, index, mask[:, None, None, :])
+        self._positions.index_copy_(0, index, length)
+        if tokens is not None:
+            self._tokens.index_copy_(0, index, tokens)
+            self._history[:, 0].index_copy_(0, index, tokens)
+        if margins is not None and self._margin_history is not None:
+            self._margin_history[:, 0].index_copy_(0, index, margins)
+        self._generated = (min(self._generated[0], *lengths), max(self._generated[1], *lengths))
 
     def _forward(self) -> torch.Tensor:
-        self._mask.index_fill_(3, self._slot, 0.0)
+        """One step: every row feeds its token at its position (and slot); the next-token logits [rows, vocab]."""
+        self._mask.scatter_(3, self._slot_index, 0.0)
         config = self.model.config
         implementation = config._attn_implementation
         config._attn_implementation = _DECODE_ATTENTION
@@ -283,39 +388,63 @@ class _StaticBatch:
             )
         finally:
             config._attn_implementation = implementation
-        self._positions.add_(1)
-        self._slot.add_(1)
+        self._positions.add_(1).clamp_(max=self.slots - 1)  # only an ended row gets there: live ones stop 1 before
         return out.logits[:, -1]
+
+    def _choose(self) -> torch.Tensor:
+        """One step, then each row's greedy choice (and margin) as its next token, kept in the history's next column."""
+        logits = self._forward()
+        if self._margin_history is not None:
+            self._margin_history.index_copy_(1, self._column, _top2_margin(logits)[:, None])
+        self._tokens.copy_(_greedy_choice(logits, self._vocab))
+        self._history.index_copy_(1, self._column, self._tokens[:, None])
+        self._column.add_(1)
+        return logits
+
+    def _replayed(self, run: Callable[[], torch.Tensor]) -> torch.Tensor:
+        """`run()`; with graphs, captured at its first call (run eagerly on a side stream first, as capture needs) and
+        replayed after: its output is then valid until the next step."""
+        self._generated = (self._generated[0], min(self._generated[1] + 1, self.slots))
+        if not self._graphs:
+            return run()
+        if self._graph is not None:
+            assert self._captured is run and self._output is not None
+            self._graph.replay()
+            return self._output
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            output = run()
+        torch.cuda.current_stream().wait_stream(stream)
+        self._graph, self._captured = torch.cuda.CUDAGraph(), run
+        with torch.cuda.graph(self._graph, stream=stream):
+            self._output = run()
+        return output
 
     def step(self, tokens: torch.Tensor) -> torch.Tensor:
         """Feed one token per row; the next-token logits [rows, vocab] (with graphs: valid until the next step)."""
         self._tokens.copy_(tokens)
-        self._written += 1
-        if not self._graphs:
-            return self._forward()
-        if self._graph is None:
-            return self._capture()
-        self._graph.replay()
-        assert self._logits is not None
-        return self._logits
+        return self._replayed(self._forward)
 
-    def _capture(self) -> torch.Tensor:
-        """Run the first step eagerly on a side stream (the warm-up capture needs), then capture the step."""
-        stream = torch.cuda.Stream()
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream):
-            logits = self._forward()
-        torch.cuda.current_stream().wait_stream(stream)
-        self._graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(self._graph, stream=stream):
-            self._logits = self._forward()
-        return logits
+    def advance(self, steps: int) -> None:
+        """`steps` (at most `sync_every`) greedy steps, their tokens and margins kept on the device."""
+        self._column.fill_(1)
+        for _ in range(steps):
+            self._replayed(self._choose)
+
+    def read(self, steps: int) -> tuple[list[list[int]], list[list[float]] | None]:
+        """For each row: its first token (if placed since the last look), then the tokens of the last `steps` steps;
+        the same for the margins."""
+        tokens = self._history[:, : steps + 1].tolist()
+        margins = self._margin_history[:, : steps + 1].tolist() if self._margin_history is not None else None
+        return tokens, margins
 
     def take(self, index: torch.Tensor) -> None:
         """Reorder rows within their prompt's group (beams): only the generated slots differ between them."""
+        first, end = self._generated
         for layer in self.cache.layers:
             for states in (layer.keys, layer.values):
-                generated = states[:, :, self._width : self._written]
+                generated = states[:, :, first:end]
                 generated.copy_(generated.index_select(0, index))
 
 
@@ -347,49 +476,6 @@ def _prefill(
 def _top2_margin(logits: torch.Tensor) -> torch.Tensor:
     top2 = logits.float().softmax(dim=-1).topk(2, dim=-1).values
     return top2[:, 0] - top2[:, 1]
-
-
-def _continue_greedily(
-    batch: _Batch, tokens: torch.Tensor, rows: list[_Row], stops: _Stops, margins: torch.Tensor | None
-) -> None:
-    """Extend every row greedily from its first token (`tokens`, one per row) until it ends; fills in `rows`.
-
-    The new tokens (and margins) stay on the device for `batch.sync_every` steps, then the host reads them at once.
-    """
-    slots = list(range(len(rows)))  # batch slot -> row
-    produced = 1  # tokens per row so far
-    chunk, margin_chunk = [tokens], [margins]
-    while True:
-        if len(chunk) == batch.sync_every or produced == stops.max_new_tokens:
-            token_rows = torch.stack(chunk, dim=1).tolist()
-            margin_rows = torch.stack(margin_chunk, dim=1).tolist() if margins is not None else None
-            for slot, row_index in enumerate(slots):
-                row = rows[row_index]
-                for j, token in enumerate(token_rows[slot]):
-                    if row.finish_reason is not None:
-                        break
-                    row.add(token, margin_rows[slot][j] if margin_rows is not None else None, stops)
-            live = [slot for slot, row_index in enumerate(slots) if rows[row_index].finish_reason is None]
-            if not live:
-                return
-            if batch.drops_rows and len(slots) - len(live) >= _COMPACT_SHARE * len(slots):
-                index = torch.tensor(live, device=tokens.device)
-                batch.take(index)
-                tokens = tokens[index]
-                slots = [slots[slot] for slot in live]
-            chunk, margin_chunk = [], []
-        logits = batch.step(tokens)
-        margins = _top2_margin(logits) if margins is not None else None
-        tokens = _without_padding(logits, stops).argmax(dim=-1)
-        produced += 1
-        chunk.append(tokens)
-        margin_chunk.append(margins)
-
-
-def _greedy(batch: _Batch, logits: torch.Tensor, backend: Any, stops: _Stops) -> list[Generation]:
-    rows = [_Row(_TextStream(backend, stops.strings)) for _ in range(logits.shape[0])]
-    _continue_greedily(batch, _without_padding(logits, stops).argmax(dim=-1), rows, stops, margins=None)
-    return [row.generation() for row in rows]
 
 
 def _answer_confidence(row: _Row, span: tuple[int, int]) -> float | None:
@@ -434,19 +520,143 @@ def _aggregate(branches: list[Generation], normalize: Callable[[str], str]) -> G
     )
 
 
-def _cot(
-    batch: _Batch, logits: torch.Tensor, backend: Any, stops: _Stops, k: int, answer_span: AnswerSpan,
-    normalize: Callable[[str], str],
+@dataclass(frozen=True)
+class _Branching:
+    """How a prompt's rows begin (from its prompt pass's logits) and what they make: one greedy row, or CoT-decoding's
+    `copies` branches, adjacent, in the order of their first token's probability (the first is greedy)."""
+
+    copies: int = 1
+    answer_span: AnswerSpan | None = None
+    """CoT-decoding's; None: greedy."""
+    normalize: Callable[[str], str] = str.strip
+
+    def first(self, logits: torch.Tensor, stops: _Stops) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Each row's first token, prompt-major [prompts * copies], and for CoT its margin."""
+        if self.answer_span is None:
+            return _greedy_choice(logits, stops.vocab), None
+        margins = _top2_margin(logits).repeat_interleave(self.copies)
+        return _without_padding(logits, stops).topk(self.copies, dim=-1).indices.flatten(), margins
+
+    def rows(self, prompts: int, backend: Any, stops: _Stops) -> list[_Row]:
+        margins = self.answer_span is not None
+        return [_Row(_TextStream(backend, stops.strings), [] if margins else None) for _ in range(prompts * self.copies)]
+
+    def generation(self, rows: Sequence[_Row]) -> Generation:
+        """A prompt's generation from its rows."""
+        if self.answer_span is None:
+            return rows[0].generation()
+        return _aggregate([_branch(row, self.answer_span) for row in rows], self.normalize)
+
+
+def _decode_eagerly(
+    batch: _KVBatch, logits: torch.Tensor, branching: _Branching, backend: Any, stops: _Stops
 ) -> list[Generation]:
-    """`batch` holds each prompt's rows `k` times, copies adjacent; `logits` are the prompts' [prompts, vocab]."""
+    """The eager engine: `batch` holds each prompt's rows `branching.copies` times, copies adjacent; `logits` are the
+    prompts' [prompts, vocab]. The host reads each step's tokens; finished rows leave the batch once they are
+    `_COMPACT_SHARE` of it."""
     prompts = logits.shape[0]
-    first_margins = _top2_margin(logits).repeat_interleave(k)
-    # prompt-major: row p * k + j is prompt p's branch j
-    first_tokens = _without_padding(logits, stops).topk(k, dim=-1).indices.flatten()
-    rows = [_Row(_TextStream(backend, stops.strings), margins=[]) for _ in range(prompts * k)]
-    _continue_greedily(batch, first_tokens, rows, stops, first_margins)
-    branches = [_branch(row, answer_span) for row in rows]
-    return [_aggregate(branches[p * k : (p + 1) * k], normalize) for p in range(prompts)]
+    tokens, margins = branching.first(logits, stops)
+    rows = branching.rows(prompts, backend, stops)
+    slots = list(range(len(rows)))  # batch row -> row
+    while True:
+        token_list = tokens.tolist()
+        margin_list = margins.tolist() if margins is not None else None
+        for slot, row_index in enumerate(slots):
+            rows[row_index].extend(token_list[slot : slot + 1], margin_list and margin_list[slot : slot + 1], stops)
+        live = [slot for slot, row_index in enumerate(slots) if rows[row_index].finish_reason is None]
+        if not live:
+            break
+        if len(slots) - len(live) >= _COMPACT_SHARE * len(slots):
+            index = torch.tensor(live, device=tokens.device)
+            batch.take(index)
+            tokens = tokens[index]
+            slots = [slots[slot] for slot in live]
+        logits = batch.step(tokens)
+        margins = _top2_margin(logits) if margins is not None else None
+        tokens = _greedy_choice(logits, stops.vocab)
+    copies = branching.copies
+    return [branching.generation(rows[p * copies : (p + 1) * copies]) for p in range(prompts)]
+
+
+def _decode_continuously(
+    model: Any, prompts: list[list[int]], order: Sequence[int], size: int, pad_id: int,
+    attention: PromptAttention, stops: _Stops, backend: Any, branching: _Branching, graphs: bool,
+    emit: Callable[[int, Generation], None], stats: DecodeStats,
+) -> None:
+    """The static engine's greedy and CoT decoding, with continuous batching: the prompts `order` (longest first)
+    through one `_StaticBatch` of `size` prompts' rows (`branching.copies` a prompt), its step one shape for the whole
+    run (one CUDA graph).
+
+    Every `sync_every` steps (fewer where every prompt's rows reach `max_new_tokens` sooner) the host reads the new
+    tokens: each prompt whose rows have all ended goes to `emit`, and the next waiting prompts take its rows, their
+    prompt pass batched and moved into those rows (`_StaticBatch.place`). A prompt's rows compute what they would in
+    any other batch: rows never see each other, and a refilled row's mask hides its former occupant (only the
+    rounding may differ, as between any two batch shapes). The text of ended prompts is decoded while the device runs
+    the next steps.
+    """
+    copies = branching.copies
+    units = min(size, len(order))  # a unit: one prompt's rows
+    waiting = deque(order)
+    slots = _slots(max(len(prompts[i]) for i in order), stops.max_new_tokens)
+    batch: _StaticBatch | None = None
+    occupant: list[int | None] = [None] * units
+    rows = branching.rows(units, backend, stops)  # placeholders until placed
+    produced = [0] * units  # tokens the device has made for a unit's prompt (its first included)
+    fresh: set[int] = set()  # units placed since the host's last look: the history's column 0 is theirs
+
+    def fill(free: list[int]) -> None:
+        nonlocal batch
+        taken = [waiting.popleft() for _ in free[: len(waiting)]]
+        if not taken:
+            return
+        targets = [unit * copies + copy for unit in free[: len(taken)] for copy in range(copies)]
+        sources = [prompt for prompt in range(len(taken)) for _ in range(copies)]
+        lengths = [len(prompts[taken[prompt]]) for prompt in sources]
+        prefill, logits = _prefill(model, [prompts[i] for i in taken], pad_id, attention)
+        tokens, margins = branching.first(logits, stops)
+        if batch is None:
+            batch = _StaticBatch(model, units * copies, slots, prefill.cache, graphs, stops.vocab, margins is not None)
+        else:
+            stats.refills += len(taken)
+        batch.place(targets, prefill, sources, lengths, tokens, margins)
+        for target, row in zip(targets, branching.rows(len(taken), backend, stops)):
+            rows[target] = row
+        for unit, prompt in zip(free, taken):
+            occupant[unit], produced[unit] = prompt, 1
+            fresh.add(unit)
+
+    fill(list(range(units)))
+    assert batch is not None
+    ended: list[tuple[int, list[_Row]]] = []
+    try:
+        while live := [unit for unit in range(units) if occupant[unit] is not None]:
+            steps = min(batch.sync_every, max(stops.max_new_tokens - produced[unit] for unit in live))
+            assert steps or fresh, "a row that made max_new_tokens has ended"
+            batch.advance(steps)
+            stats.steps += steps
+            stats.row_steps += steps * units * copies
+            for prompt, unit_rows in ended:  # the host's text work while the device runs the steps
+                emit(prompt, branching.generation(unit_rows))
+            ended = []
+            tokens, margins = batch.read(steps)
+            free = []
+            for unit in live:
+                first = 0 if unit in fresh else 1
+                unit_rows = rows[unit * copies : (unit + 1) * copies]
+                for row_index, row in enumerate(unit_rows, start=unit * copies):
+                    row.extend(tokens[row_index][first:], margins and margins[row_index][first:], stops)
+                produced[unit] += steps
+                if all(row.finish_reason is not None for row in unit_rows):
+                    prompt = occupant[unit]
+                    assert prompt is not None
+                    ended.append((prompt, unit_rows))
+                    occupant[unit] = None
+                    free.append(unit)
+            fresh.clear()
+            fill(free)
+    finally:  # out of memory at a refill: the prompts that have ended are done
+        for prompt, unit_rows in ended:
+            emit(prompt, branching.generation(unit_rows))
 
 
 def _stop_hits(tokenizer: PreTrainedTokenizerBase, tails: torch.Tensor, stops: tuple[str, ...]) -> torch.Tensor:
@@ -589,8 +799,9 @@ class ModelShape:
 
 
 AUTO_MAX_ROWS = 1024
-"""`batch_size="auto"` fills memory up to this many rows (prompts x beams or branches): beyond, finished rows that
-ride along in the graph engine cost more than a bigger batch saves."""
+"""`batch_size="auto"` fills memory up to this many rows (prompts x beams or branches): beyond, ended rows that ride
+along in the static engine (a beam batch's done items; the run's last rows once no prompt waits) cost more than a
+bigger batch saves (set before greedy and CoT rows were refilled)."""
 AUTO_MEMORY_SHARE = 0.8
 """Of the free device memory, what `batch_size="auto"` plans to use (the rest: the allocator's fragmentation, the
 graphs' own pools)."""
@@ -664,6 +875,23 @@ def _encode(
     return encoded
 
 
+def _engine_parts(
+    model: Any, encoded: list[list[int]], max_new_tokens: int, engine: Engine
+) -> list[tuple[Engine, list[int]]]:
+    """The prompts' indices, longest first, with the engine each decodes with: the static engines fall back to the
+    eager one for prompts whose static cache would outgrow a sliding window (`_sliding_window`)."""
+    order = _longest_first([len(ids) for ids in encoded])
+    window = _sliding_window(model)
+    if engine == "eager" or window is None:
+        return [(engine, order)]
+    too_long = [index for index in order if _slots(len(encoded[index]), max_new_tokens) > window]
+    if not too_long:
+        return [(engine, order)]
+    warnings.warn(f"decode: the static cache of the model's sliding-window layers holds {window} tokens; "
+                  "prompts longer than that with max_new_tokens decode with the eager engine")
+    return [("eager", too_long), (engine, order[len(too_long) :])]
+
+
 @torch.inference_mode()
 def decode(
     model: Any,
@@ -684,15 +912,18 @@ def decode(
     normalize_answer: Callable[[str], str] = str.strip,
     add_special_tokens: bool = True,
     engine: Engine = "auto",
+    stats: DecodeStats | None = None,
 ) -> list[Generation]:
     """Decode every prompt (text, or token ids as they are) with `scheme`; one `Generation` per prompt, in order.
 
     `model` is a causal LM (transformers or peft, in eval mode); `batch_size` counts prompts (a batch holds
     `batch_size * num_beams` rows for beam search, `batch_size * cot_k` for CoT-decoding); "auto": as many as fit
-    the GPU's free memory (`auto_batch_size`), `CPU_BATCH_SIZE` elsewhere. `engine` "auto": CUDA graphs over a static
-    cache on CUDA, the eager DynamicCache loop elsewhere; "static": the graph engine's steps run eagerly (its kernels
-    without the graphs, for comparisons). End-of-sequence ids
-    default to the tokenizer's and the model's generation config's. `prompt_attention="bidirectional"` encodes each
+    the GPU's free memory (`auto_batch_size`), `CPU_BATCH_SIZE` elsewhere; with the static engines, greedy and CoT
+    batches refill a prompt's rows once they have all ended (continuous batching: the tokens are the same). `engine`
+    "auto": CUDA graphs over a static cache on CUDA, the eager DynamicCache loop elsewhere; "static": the graph
+    engine's steps run eagerly (its kernels without the graphs, for comparisons). `stats`, if given, counts the
+    static engines' greedy and CoT steps and refills (`DecodeStats`). End-of-sequence ids default to the tokenizer's
+    and the model's generation config's. `prompt_attention="bidirectional"` encodes each
     whole prompt with bidirectional attention (PrefixLM). Beam search follows `model.generate(num_beams=...,
     length_penalty=..., early_stopping=...)`. CoT-decoding needs `answer_span(text) -> (start, end) | None`; answers
     are compared after `normalize_answer`.
@@ -727,50 +958,58 @@ def decode(
     cot_k = min(cot_k, len(tokenizer))
     copies = {"greedy": 1, "beam": num_beams, "cot": cot_k}[scheme]
     size = _batch_size(batch_size, model, encoded, max_new_tokens, copies)
-
-    window = _sliding_window(model)
-
-    def engine_for(indices: list[int]) -> Engine:
-        width = max(len(encoded[i]) for i in indices)
-        if engine == "eager" or window is None or _slots(width, max_new_tokens) <= window:
-            return engine
-        warnings.warn(f"decode: the static cache of the model's sliding-window layers holds {window} tokens; "
-                      "batches longer than that decode with the eager engine")
-        return "eager"
-
-    def decode_batch(indices: list[int]) -> list[Generation]:
-        batch_engine = engine_for(indices)
-        eager, logits = _prefill(model, [encoded[i] for i in indices], pad_id, prompt_attention)
-        if copies > 1:
-            eager.repeat(copies)
-        static = batch_engine != "eager"
-        batch = _StaticBatch(eager, max_new_tokens, graphs=batch_engine == "graphs") if static else eager
-        del eager
-        if scheme == "greedy":
-            return _greedy(batch, logits, backend, stops)
-        if scheme == "beam":
-            return _beam(batch, logits, tokenizer, stops, num_beams, length_penalty, early_stopping)
-        assert answer_span is not None
-        return _cot(batch, logits, backend, stops, cot_k, answer_span, normalize_answer)
-
+    branching = {"greedy": _Branching(), "beam": None, "cot": _Branching(cot_k, answer_span, normalize_answer)}[scheme]
+    stats = stats if stats is not None else DecodeStats()
     results: list[Generation | None] = [None] * len(encoded)
-    order, done = _longest_first([len(ids) for ids in encoded]), 0
+
+    def emit(index: int, generation: Generation) -> None:
+        results[index] = generation
+
+    def decode_batch(indices: list[int], batch_engine: Engine) -> list[Generation]:
+        prefill, logits = _prefill(model, [encoded[i] for i in indices], pad_id, prompt_attention)
+        if batch_engine == "eager":
+            if copies > 1:
+                prefill.repeat(copies)
+            if branching is not None:
+                return _decode_eagerly(prefill, logits, branching, backend, stops)
+            batch: _Batch = prefill
+        else:
+            width = prefill.attention_mask.shape[1]
+            batch = _StaticBatch(
+                model, len(indices) * copies, _slots(width, max_new_tokens), prefill.cache,
+                graphs=batch_engine == "graphs", vocab=stops.vocab, margins=False,
+            )
+            sources = [prompt for prompt in range(len(indices)) for _ in range(copies)]
+            batch.place(range(len(sources)), prefill, sources, [len(encoded[indices[p]]) for p in sources])
+        del prefill
+        return _beam(batch, logits, tokenizer, stops, num_beams, length_penalty, early_stopping)
+
+    def run(indices: list[int], size: int, part_engine: Engine) -> None:
+        """Decode `indices` (longest first), `size` prompts a batch, each generation to `emit` when it is done."""
+        if part_engine != "eager" and branching is not None:
+            _decode_continuously(
+                model, encoded, indices, size, pad_id, prompt_attention, stops, backend, branching,
+                part_engine == "graphs", emit, stats,
+            )
+            return
+        for start in range(0, len(indices), size):
+            batch_indices = indices[start : start + size]
+            for index, generation in zip(batch_indices, decode_batch(batch_indices, part_engine)):
+                emit(index, generation)
+
     with sdpa_kernel(SDPA_BACKENDS):
-        while done < len(order):
-            indices = order[done : done + size]
-            try:
-                generations = decode_batch(indices)
-            except torch.OutOfMemoryError:
-                # The auto size is an estimate, and a share of a GPU (`train.gpu_share`) leaves it little slack.
-                if batch_size != "auto" or size == 1:
-                    raise
-                generations = None
-            if generations is None:  # out of the except block: its traceback no longer holds the batch's tensors
-                size = max(1, len(indices) // 2)
+        for part_engine, part in _engine_parts(model, encoded, max_new_tokens, engine):
+            while pending := [index for index in part if results[index] is None]:
+                in_batch = min(size, len(pending))
+                try:
+                    run(pending, size, part_engine)
+                    continue
+                except torch.OutOfMemoryError:
+                    # The auto size is an estimate, and a share of a GPU (`train.gpu_share`) leaves it little slack.
+                    if batch_size != "auto" or in_batch == 1:
+                        raise
+                # out of the except block: its traceback no longer holds the batch's tensors
+                size = max(1, in_batch // 2)
                 torch.cuda.empty_cache()
-                warnings.warn(f"decode: out of memory with {len(indices)} prompts a batch; going on with {size}")
-                continue
-            for index, generation in zip(indices, generations):
-                results[index] = generation
-            done += len(indices)
+                warnings.warn(f"decode: out of memory with {in_batch} prompts a batch; going on with {size}")
     return [generation for generation in results if generation is not None]
