@@ -54,8 +54,8 @@ class GgufChunksConfig(_Strict):
     packages: list[str] | None = None
     """Installed distributions holding one chunk each, in the file's order: `name` or `name==version` (the installed
     version must then be that one). Each chunk is checked against the size and hash its package's RECORD gives."""
-    file: str = "*"
-    """Which of a package's files is its chunk: a glob matched against the end of its recorded paths
+    file: str | None = None
+    """With `packages`: which of a package's files is its chunk, a glob matched against the end of its recorded paths
     (`data/part*.bin`); exactly one must match."""
     files: str | list[str] | None = None
     """Chunk files in order: a list of paths, or one glob whose matches, in natural order of their names (part2 before
@@ -77,6 +77,8 @@ class GgufChunksConfig(_Strict):
             raise ValueError("set one of `packages` and `files` (the other null)")
         if self.packages == [] or self.files == [] or self.files == "":
             raise ValueError("no chunks: `packages` or `files` is empty")
+        if self.packages is not None and self.file is None:
+            raise ValueError("`packages` needs `file`, the glob that finds each package's chunk (`data/part*.bin`)")
         return self
 
     @field_validator("files", "cache_dir")

