@@ -339,7 +339,7 @@ def real_model(name: str) -> ModelConfig:
 @pytest.mark.slow
 @pytest.mark.parametrize("name", list(REAL_MODELS))
 def test_a_real_chunked_model_joins_and_loads_with_lora_and_its_special_tokens(name: str) -> None:
-    """Minutes on a 2-core CPU (Qwen: ~5 to load, dequantized to float32; ~2 for the step)."""
+    """Minutes on a 2-core CPU (on a shared one: Qwen 9, dequantized to float32; Gemma 3.5)."""
     import torch
 
     from clozemath.data.tokenize import EOS, SEP
