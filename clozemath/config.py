@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import itertools
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -46,12 +47,58 @@ class LoraConfig(_Strict):
     train_special_tokens: bool = True
 
 
+class GgufChunksConfig(_Strict):
+    """A GGUF file shipped in chunks (PyPI caps a file's size), joined in order into a cache folder once
+    (`clozemath.model.chunks`). The chunks come from installed packages or from plain files: set one of the two."""
+
+    packages: list[str] | None = None
+    """Installed distributions holding one chunk each, in the file's order: `name` or `name==version` (the installed
+    version must then be that one). Each chunk is checked against the size and hash its package's RECORD gives."""
+    file: str | None = None
+    """With `packages`: which of a package's files is its chunk, a glob matched against the end of its recorded paths
+    (`data/part*.bin`); exactly one must match."""
+    files: str | list[str] | None = None
+    """Chunk files in order: a list of paths, or one glob whose matches, in natural order of their names (part2 before
+    part10), are the order (`chunks/part*.bin`). Relative paths are taken from the folder the command runs in."""
+    size: AtLeastOne | None = None
+    """Bytes of the whole file: a missing, short or surplus chunk is caught before anything is written."""
+    chunk_bytes: AtLeastOne | None = None
+    """Bytes of every chunk but the last (at most this many): names the chunk that is short or too long where no
+    package records its size (plain `files`)."""
+    sha256: Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")] | None = None
+    """Hex SHA-256 of the whole file, checked as it is written."""
+    cache_dir: str | None = None
+    """Where the joined file is kept; default `$CLOZEMATH_CACHE_DIR`, else `$XDG_CACHE_HOME/clozemath` (or
+    `~/.cache/clozemath`), under `gguf/`."""
+
+    @model_validator(mode="after")
+    def _one_source(self) -> GgufChunksConfig:
+        if (self.packages is None) == (self.files is None):
+            raise ValueError("set one of `packages` and `files` (the other null)")
+        if self.packages == [] or self.files == [] or self.files == "":
+            raise ValueError("no chunks: `packages` or `files` is empty")
+        if self.packages is not None and self.file is None:
+            raise ValueError("`packages` needs `file`, the glob that finds each package's chunk (`data/part*.bin`)")
+        return self
+
+    @field_validator("files", "cache_dir")
+    @classmethod
+    def _absolute(cls, value: str | list[str] | None) -> str | list[str] | None:
+        """Relative paths against this process's folder: a Tune trial runs in a folder of its own."""
+        if isinstance(value, list):
+            return [os.path.abspath(os.path.expanduser(path)) for path in value]
+        return None if value is None else os.path.abspath(os.path.expanduser(value))
+
+
 class ModelConfig(_Strict):
     name: str
     path: str | None = None
     """Hub id, local directory, `package:<module>[/sub/dir]` (a folder inside an installed package), or None."""
     gguf_file: str | None = None
-    """File name of a GGUF checkpoint inside `path` (transformers dequantizes it)."""
+    """File name of a GGUF checkpoint inside `path` (transformers dequantizes it); with `gguf_chunks`, the name the
+    joined file is given."""
+    gguf_chunks: GgufChunksConfig | None = None
+    """The GGUF file is joined from these chunks (in place of `path`)."""
     tokenizer: str | None = None
     """Where the tokenizer lives when not beside the weights (same forms as `path`)."""
     random_init: dict[str, Any] | None = None
@@ -66,8 +113,14 @@ class ModelConfig(_Strict):
 
     @model_validator(mode="after")
     def _has_weights(self) -> ModelConfig:
+        if self.gguf_chunks is not None:
+            if self.path is not None or self.random_init is not None:
+                raise ValueError("`gguf_chunks` makes the weights: drop `path` and `random_init`")
+            if self.gguf_file is None:
+                raise ValueError("`gguf_chunks` needs `gguf_file`, the name of the joined file")
+            return self
         if self.path is None and self.random_init is None:
-            raise ValueError("set `path` (hub id, folder or package) or `random_init`")
+            raise ValueError("set `path` (hub id, folder or package), `gguf_chunks` or `random_init`")
         if self.random_init is not None and self.tokenizer is None and self.path is None:
             raise ValueError("a `random_init` model needs a `tokenizer`")
         return self

@@ -88,7 +88,10 @@ def code_version() -> str:
 
 
 def tokenizer_settings(model: ModelConfig) -> dict[str, Any]:
-    return {key: getattr(model, key) for key in ("path", "gguf_file", "tokenizer", "eos_token")}
+    settings = {key: getattr(model, key) for key in ("path", "gguf_file", "tokenizer", "eos_token")}
+    if model.gguf_chunks is not None:  # only then: the keys of earlier caches stay what they were
+        settings["gguf_chunks"] = model.gguf_chunks.model_dump(mode="json", exclude={"cache_dir"})
+    return settings
 
 
 def cache_key(config: ExperimentConfig, problems: list[Problem]) -> str:

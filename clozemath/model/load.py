@@ -1,4 +1,4 @@
-"""Base model + tokenizer (hub id, local folder, GGUF file, or random init), the method's special tokens, LoRA.
+"""Base model + tokenizer (hub id, local folder, GGUF file or its chunks, or random init), the method's special tokens, LoRA.
 
 The special tokens' rows of the input embedding (and of the output matrix when it is untied) train along with LoRA
 through peft's `trainable_token_indices`: peft keeps a small trainable copy of those rows and writes them over the
@@ -32,6 +32,7 @@ from clozemath.config import LoraConfig, ModelConfig
 from clozemath.data.tokenize import SpecialTokens, install_special_tokens, special_names
 from clozemath.errors import ClozeMathError
 from clozemath.files import write_text_atomic
+from clozemath.model.chunks import joined_gguf
 
 PACKAGE_PREFIX = "package:"
 SPECIALS_FILE = "special_tokens.json"
@@ -67,8 +68,16 @@ def load_tokenizer(cfg: ModelConfig) -> PreTrainedTokenizerBase:
     if cfg.tokenizer is not None:
         location, gguf_file = _checked_location(cfg.tokenizer, None, "tokenizer path")
     else:
-        location, gguf_file = _checked_location(cfg.path, cfg.gguf_file)
+        location, gguf_file = weights_location(cfg)
     return _from_pretrained(AutoTokenizer, location, gguf_file=gguf_file)
+
+
+def weights_location(cfg: ModelConfig) -> tuple[str, str | None]:
+    """The folder (or hub id) of the weights and the GGUF file in it, if any; chunks are joined into the cache."""
+    if cfg.gguf_chunks is not None:
+        assert cfg.gguf_file is not None, "ModelConfig guarantees a name for the joined file"
+        return str(joined_gguf(cfg.gguf_chunks, cfg.gguf_file).parent), cfg.gguf_file
+    return _checked_location(cfg.path, cfg.gguf_file)
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -148,7 +157,7 @@ def _random_model(cfg: ModelConfig, tokenizer: PreTrainedTokenizerBase, attn_imp
 
 
 def _pretrained_model(cfg: ModelConfig, dtype: torch.dtype, attn_implementation: str) -> PreTrainedModel:
-    location, gguf_file = _checked_location(cfg.path, cfg.gguf_file)
+    location, gguf_file = weights_location(cfg)
     return _from_pretrained(
         AutoModelForCausalLM,
         location,
