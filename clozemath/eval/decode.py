@@ -408,7 +408,7 @@ class _StaticBatch:
         if not self._graphs:
             return run()
         if self._graph is not None:
-            assert self._captured is run and self._output is not None
+            assert self._captured == run and self._output is not None
             self._graph.replay()
             return self._output
         stream = torch.cuda.Stream()
