@@ -200,7 +200,11 @@ class TrainConfig(_Strict):
     """The share of one GPU each training worker and each evaluation actor takes (Ray's fractional GPUs; PyTorch's
     memory is capped at it too): 0.25 runs four trials of a small model on one GPU at once, where one alone would
     leave it mostly idle. The memory-sized defaults (`pack_tokens`, `eval.batch_size` auto) size to the share."""
-    zero_stage: Literal[2, 3] = 2
+    zero_stage: Literal[2, 3, "auto"] = "auto"
+    """DeepSpeed's ZeRO stage. 2: the frozen model whole on every card, gradients and optimizer state partitioned;
+    3: the frozen weights partitioned too, each decoder layer gathered as it runs (a model too large for one card).
+    auto: 2 where the frozen model, the optimizer state and a packed row fit one card, else 3 (with several workers);
+    2 on CPU (`clozemath.train.zero`)."""
     micro_batch_size: AtLeastOne = 4
     grad_accum: AtLeastOne = 1
     group_by_length: bool = True

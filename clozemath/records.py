@@ -84,7 +84,7 @@ def partial_predictions_file(eval_dir: Path, set_name: str) -> Path:
 # --------------------------------------------------------------------------------------------------------------
 # Metric keys
 
-TRAIN_METRICS = ("train/loss", "train/lr", "train/tokens_per_s", "train/pad_share")
+TRAIN_METRICS = ("train/loss", "train/lr", "train/tokens_per_s", "train/pad_share", "train/seconds", "train/peak_memory_gib")
 TRAIN_PREFIX = "train"
 EVAL_PREFIX = "eval"
 """`eval/<set>/<decoding>/<stat>`: an evaluation after (or without) training."""

@@ -100,6 +100,7 @@ def train_worker(settings: dict[str, Any]) -> None:
     from clozemath.model.load import load_model
     from clozemath.model.memory import share_gpu
     from clozemath.train.loop import train
+    from clozemath.train.zero import with_zero_stage
 
     # DeepSpeed's gloo path calls torch.distributed functions torch has deprecated: nothing a user can act on.
     warnings.filterwarnings("ignore", message=r"`torch\.distributed\.\w+` is deprecated", category=FutureWarning)
@@ -113,6 +114,7 @@ def train_worker(settings: dict[str, Any]) -> None:
     if ray.train.get_context().get_world_rank() == 0:
         console.phase(f"[{config.name}] loading the model ({config.model.name}) on {device.type}")
     loaded = load_model(config.model, settings["num_sentinels"], device, training=True)
+    config = with_zero_stage(config, loaded.model, device)  # the evaluation during training decodes by the stage
     rows = worker_rows(settings["rows"])
     evaluation = step_evaluation(config)
     context = ray.train.get_context()
@@ -191,9 +193,10 @@ def fit(
     gpu = use_gpu(config)
     streamed = streams(config, prepared)
     table = None if streamed else ray.put(prepared.table())
+    stage = config.train.zero_stage
+    zero = "ZeRO auto (2 where the model fits a card)" if stage == "auto" else f"ZeRO-{stage}"
     console.phase(
-        f"[{config.name}] training: starting {config.train.num_workers} {'GPU' if gpu else 'CPU'} worker(s), "
-        f"ZeRO-{config.train.zero_stage}"
+        f"[{config.name}] training: starting {config.train.num_workers} {'GPU' if gpu else 'CPU'} worker(s), {zero}"
     )
     trainer = TorchTrainer(
         train_worker,
