@@ -240,6 +240,10 @@ class TrainConfig(_Strict):
     document masks. auto: when packing on a GPU under ZeRO-2 and the run trains enough tokens to pay back the
     compilation (`clozemath.train.loop.COMPILE_PAYS_OFF_TOKENS`); otherwise packed rows of at most
     `EAGER_PACK_TOKENS` through sdpa with dense masks, which starts at once."""
+    compile_cache: str | None = None
+    """Where the workers keep torch.compile's artifacts (Inductor's compiled graphs and kernels, Triton's binaries):
+    the first trial of a grid compiles, every later one with the same model, row size and card loads what it made.
+    On a cluster, a folder every node sees. Default: `compile_cache/` under `train.output_dir`."""
     fused_loss: bool | Literal["auto"] = "auto"
     """The output layer and cross-entropy fused and chunked (liger-kernel's Triton kernel: no float32 logits over the
     vocabulary in memory). auto: on a GPU when liger-kernel is installed (`pip install 'clozemath[gpu]'`)."""

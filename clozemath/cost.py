@@ -8,15 +8,15 @@ start, model load, the first step's compilation, preprocessing). The grid's wall
 in order, each starting when enough are free, as Tune runs them. The figures come from `configs/throughput.yaml`,
 each with its source; where one is missing it is derived and the estimate says how.
 
-Nothing here starts Ray, loads weights or reaches the network: the shapes are built on PyTorch's meta device, and a
-tokenizer is used only where it is on this machine (else the shape's own, Llama 3's, and the counts say "estimated").
+Nothing here starts Ray or loads weights: the shapes are built on PyTorch's meta device, and a tokenizer is used only
+where it is on this machine (else the shape's own, Llama 3's, and the counts say "estimated"); the caller keeps
+transformers off the network (`HF_HUB_OFFLINE`, as the CLI sets it).
 """
 
 from __future__ import annotations
 
 import heapq
 import math
-import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -567,7 +567,6 @@ class GridEstimate:
 
 def estimate(plan: RunPlan, gpus: float, card_name: str, nodes: int = 1) -> GridEstimate:
     """The cost of `plan` on `nodes` nodes of `gpus / nodes` GPUs of `card_name` each."""
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")  # a tokenizer not on this machine is estimated, never fetched
     table = Throughput(plan.root)
     card = table.card(card_name)
     estimator = Estimator(table, card, gpus / nodes)

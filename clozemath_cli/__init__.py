@@ -5,6 +5,7 @@ the `clozemath` package, which never imports Ray. Run it as `clozemath ...` or `
 from __future__ import annotations
 
 import argparse
+import os
 import shlex
 import sys
 from collections.abc import Callable, Sequence
@@ -99,6 +100,7 @@ def _run(args: argparse.Namespace) -> int | None:
 
 def _dry_run(args: argparse.Namespace, plan: RunPlan) -> None:
     """`clozemath run CONFIG --dry-run`: the cost estimate, on the GPUs this machine sees or those the flags name."""
+    os.environ["HF_HUB_OFFLINE"] = "1"  # before transformers reads it: a tokenizer not here is estimated, never fetched
     import torch
 
     from clozemath.cost import estimate, estimate_text

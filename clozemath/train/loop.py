@@ -432,6 +432,21 @@ def decoder_layers(model: torch.nn.Module) -> torch.nn.ModuleList:
     return causal_lm.get_decoder().layers
 
 
+COMPILE_CACHE_ENV = {"TORCHINDUCTOR_CACHE_DIR": "inductor", "TRITON_CACHE_DIR": "triton"}
+"""Where torch.compile keeps what it builds (torch 2.11-2.13): Inductor's compiled graphs (its FX graph and AOTAutograd
+caches, on by default) and Triton's kernel binaries, each read from the environment when a compilation looks them
+up. Both caches write by atomic rename, so concurrent trials can share a folder; their keys hold the torch and Triton
+versions and the card, so a different machine misses rather than loads a wrong kernel."""
+
+
+def use_compile_cache(folder: Path) -> None:
+    """Keep this process's compilations in `folder` (created), to be found by every later process pointed there:
+    the trials after the first of a grid, on any node that sees the folder, compile from the cache."""
+    folder.mkdir(parents=True, exist_ok=True)
+    for variable, sub in COMPILE_CACHE_ENV.items():
+        os.environ[variable] = str(folder / sub)
+
+
 def compile_decoder_layers(model: torch.nn.Module) -> None:
     """Regional compilation: each decoder layer (with its LoRA adapters) compiled in place, fixed shapes. The layers
     share one compiled graph (their weights are its inputs), so compiling costs about one layer's time; the
