@@ -268,26 +268,27 @@ class Estimator:
     gpus_per_node: float
     notes: dict[str, str] = field(default_factory=dict)
     """Each figure used, by what it is, with its source or derivation."""
-    _shapes: dict[str, Shape] = field(default_factory=dict)
+    _shapes: dict[str, tuple[Shape, ModelConfig]] = field(default_factory=dict)
     _counts: dict[str, DataCount] = field(default_factory=dict)
     _prepared: set[str] = field(default_factory=set)
     _compiled: set[tuple[Any, ...]] = field(default_factory=set)
     _problems: dict[str, int] = field(default_factory=dict)
+    _figures: dict[tuple[Any, ...], Figure] = field(default_factory=dict)
 
     # -- shapes and counts
 
     def shape(self, model: ModelConfig) -> tuple[Shape, ModelConfig]:
-        """The model's shape (once per model) and the model config its tokens are counted with."""
-        shape_cfg = self.table.shape_of(model)
-        counting, note = local_tokenizer_model(model, shape_cfg)
+        """The model's shape and the model config its tokens are counted with (once per model)."""
         key = model.model_dump_json()
         if key not in self._shapes:
             from clozemath.model.load import load_tokenizer
 
+            shape_cfg = self.table.shape_of(model)
+            counting, note = local_tokenizer_model(model, shape_cfg)
             built = meta_shape(shape_cfg, len(load_tokenizer(counting)))
             params = sum({id(p): p.numel() for p in built.parameters()}.values())
-            self._shapes[key] = Shape(built, params, note)
-        return self._shapes[key], counting
+            self._shapes[key] = (Shape(built, params, note), counting)
+        return self._shapes[key]
 
     def count(self, config: ExperimentConfig, counting: ModelConfig, note: str) -> DataCount:
         """Counted once per training set, method and tokenizer (the first seed's counts stand for the others')."""
@@ -313,6 +314,12 @@ class Estimator:
     def train_rate(self, model: ModelConfig, shape: Shape, data: DataCount, compiled: bool) -> Figure:
         """Real tokens/s of one GPU for this model, compiled or not: measured on this card; else measured on another
         card, by the ratio of their peaks; else of the model nearest in FLOPs a token on this card, by that ratio."""
+        key = ("train", self.table.figures_name(model), compiled, id(data))
+        if key not in self._figures:
+            self._figures[key] = self._train_rate(model, shape, data, compiled)
+        return self._figures[key]
+
+    def _train_rate(self, model: ModelConfig, shape: Shape, data: DataCount, compiled: bool) -> Figure:
         kind = "compiled" if compiled else "eager"
         name = self.table.figures_name(model)
         what = f"training {name} {kind} on {self.card.name}, tokens/s"
@@ -346,6 +353,12 @@ class Estimator:
     def eval_rate(self, model: ModelConfig, shape: Shape, decoding: str, engine: str) -> Figure:
         """Problems/s of one GPU at `FIGURE_NEW_TOKENS`: measured on this card; else the measured entry nearest in
         parameters (decoding reads every weight each step), by the ratio of their parameters."""
+        key = ("eval", self.table.figures_name(model), decoding, engine)
+        if key not in self._figures:
+            self._figures[key] = self._eval_rate(model, shape, decoding, engine)
+        return self._figures[key]
+
+    def _eval_rate(self, model: ModelConfig, shape: Shape, decoding: str, engine: str) -> Figure:
         name = self.table.figures_name(model)
         what = f"evaluating {name} {decoding} ({engine}) on {self.card.name}, problems/s"
         entry = self.table.measured(name, "eval", self.card.name)
@@ -475,7 +488,8 @@ class Estimator:
         for set_cfg in config.eval.sets:
             key = set_cfg.model_dump_json()
             if key not in self._problems:  # a grid names the same sets in many trials: read once
-                self._problems[key] = len(eval_problems(set_cfg))
+                # a set with a limit is taken to hold that many (generating GSM-Symbolic's takes a minute)
+                self._problems[key] = set_cfg.limit or len(eval_problems(set_cfg))
             problems = self._problems[key]
             for decoding in config.eval.decodings_of(set_cfg):
                 rate = self.eval_rate(config.model, shape, decoding, "graphs").value * max(gpus, 1.0)
