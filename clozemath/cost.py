@@ -428,8 +428,8 @@ class Estimator:
                                                                                       root)})
         layout = self.layout(train, shape, memory, data)
         rate = self.train_rate(config.model, shape, data, layout.compiled)
-        scaling = self._note(f"ZeRO-{stage} on {train.num_workers} GPUs, share of linear", self.table.scaling_factor(
-            stage, train.num_workers))
+        scaling = self._note(f"tokens/s a GPU with {train.num_workers} worker(s) under ZeRO-{stage}, against one",
+                             self.table.scaling_factor(stage, train.num_workers))
         trained = layout.plan.total_steps * train.grad_accum / layout.plan.micro_batches_per_epoch * data.tokens
         train_s = trained / (rate.value * train.num_workers * train.gpu_share * scaling.value)
         compile_key = (self.table.figures_name(config.model), layout.budget, stage) if layout.compiled else None
@@ -621,11 +621,12 @@ def estimate_text(result: GridEstimate) -> str:
         "",
         f"Total: {result.gpu_hours:,.1f} GPU-hours; wall time {_duration(result.wall_s)} on {cluster} "
         f"(Ray's start {result.ray_start_s:.0f} s, then the trials in order, each as soon as its GPUs are free).",
-        "Training set counts: " + "; ".join(result.counts) if result.counts else "No trial trains.",
+        *(["Training sets counted: " + "; ".join(result.counts)] if result.counts else []),
         "Figures (configs/throughput.yaml):",
         *(f"- {what}: {how}" for what, how in result.notes.items()),
         "A compiled trial's first step is cold once per model, row size and stage, warm after (the compile cache that "
-        "every trial and node shares: train.compile_cache). Evaluation runs on the trial's GPUs.",
+        "every trial and node shares: train.compile_cache). Evaluation runs on the trial's GPUs; its figures are of "
+        "random weights, whose rows never stop before max_new_tokens: an upper bound for a trained model.",
     ]
     return "\n".join(rows)
 
