@@ -433,10 +433,13 @@ def decoder_layers(model: torch.nn.Module) -> torch.nn.ModuleList:
 
 
 COMPILE_CACHE_ENV = {"TORCHINDUCTOR_CACHE_DIR": "inductor", "TRITON_CACHE_DIR": "triton"}
-"""Where torch.compile keeps what it builds (torch 2.11-2.13): Inductor's compiled graphs (its FX graph and AOTAutograd
-caches, on by default) and Triton's kernel binaries, each read from the environment when a compilation looks them
-up. Both caches write by atomic rename, so concurrent trials can share a folder; their keys hold the torch and Triton
-versions and the card, so a different machine misses rather than loads a wrong kernel."""
+"""Where compiled code is kept (torch 2.11-2.13, read from the environment when a compilation looks it up): every
+modular cache of torch.compile (Inductor's FX graphs and the Triton kernels it generates, AOTAutograd's joint graphs,
+autotuning results; on by default) under `TORCHINDUCTOR_CACHE_DIR` (PyTorch's "Compile Time Caching" recipe), and the
+binaries of Triton kernels that Triton compiles itself (liger-kernel's fused loss) under `TRITON_CACHE_DIR`. Both write
+by atomic rename, so concurrent trials can share a folder; their keys hold the torch and Triton versions and the card,
+so another machine misses rather than loads a wrong kernel. (`torch.compiler.save_cache_artifacts` packs the same
+caches into bytes, for a store that is not a shared folder.)"""
 
 
 def use_compile_cache(folder: Path) -> None:
