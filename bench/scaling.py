@@ -106,7 +106,8 @@ def table(plan: RunPlan, card_name: str) -> str:
     ]
     for config, values in rows:
         train = config.train
-        head = f"| {config.model.name} | {train.num_workers} | {train.zero_stage} | {'yes' if train.compile else 'no'}"
+        compiled = {True: "yes", False: "no"}.get(train.compile, str(train.compile))
+        head = f"| {config.model.name} | {train.num_workers} | {train.zero_stage} | {compiled}"
         if values is None:
             lines.append(f"{head} | not finished | | | | | | | |")
             continue

@@ -231,6 +231,7 @@ def test_a_two_worker_run_trains_across_two_nodes(smoke_samples: Path, ray_of_it
         config = load_config(SMOKE, [
             f"train.output_dir={tmp_path / 'runs'}", f"tracking.uri=sqlite:///{tmp_path / 'mlruns.db'}",
             f"train.storage={tmp_path / 'shared'}", "data.limit=4", "train.num_workers=2", "train.max_steps=4",
+            "train.zero_stage=auto",  # the workers agree on a stage across the nodes (2: no card to fit)
             "train.checkpoint_every=2", "eval.sets=[]",
         ])
         cpus = {node["NodeID"]: node["Resources"].get("CPU", 0) for node in ray.nodes() if node["Alive"]}

@@ -117,3 +117,14 @@ def test_a_zero3_engine_marks_the_decoder_layers_leaves_and_keeps_trained_parame
     frozen_matrices = [p for name, p in model.named_parameters() if "layers." in name and p.ds_numel >= 64 * 64]
     assert trained and all(p.ds_persist for p in trained)
     assert frozen_matrices and not any(p.ds_persist for p in frozen_matrices)
+
+
+def test_a_cpu_run_resolves_auto_to_zero2_and_keeps_a_set_stage() -> None:
+    from test_train import experiment, tiny_peft_model
+
+    from clozemath.train.zero import with_zero_stage
+
+    model = tiny_peft_model()
+    resolved = with_zero_stage(experiment(zero_stage="auto"), model, torch.device("cpu"))
+    assert resolved.train.zero_stage == 2
+    assert with_zero_stage(experiment(zero_stage=3), model, torch.device("cpu")).train.zero_stage == 3
