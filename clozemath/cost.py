@@ -251,7 +251,6 @@ class TrialCost:
     eval_s: float
     fixed_s: float
     """Workers' start, model loads, preprocessing."""
-    compile_key: tuple[Any, ...] | None = None
 
     @property
     def wall_s(self) -> float:
@@ -412,6 +411,7 @@ class Estimator:
     # -- a trial
 
     def trial(self, config: ExperimentConfig, root: Path) -> TrialCost:
+        """One trial: its training set, the layout its workers would choose on this card, and its times."""
         train = config.train
         gpus = train.num_workers * train.gpu_share
         shape, counting = self.shape(config.model)
@@ -442,8 +442,7 @@ class Estimator:
         self._prepared.add(prepare_key)
         eval_s = self.evaluation_s(config, shape, gpus, (layout, stage))
         fixed = self.overhead_s("workers_start") + prepare_s + (2 if config.eval.sets else 1) * load_s
-        return TrialCost(config.name, gpus, data.samples, data.tokens, layout, stage, train_s, first, eval_s, fixed,
-                         compile_key)
+        return TrialCost(config.name, gpus, data.samples, data.tokens, layout, stage, train_s, first, eval_s, fixed)
 
     def epochs(self, config: ExperimentConfig, counting: ModelConfig, shape: Shape, data: DataCount,
                root: Path) -> float:
@@ -602,7 +601,7 @@ def estimate_text(result: GridEstimate) -> str:
     rows = [
         f"{result.name}: {len(result.scheduled)} trial(s) on {cluster}; an estimate, nothing was started.",
         "",
-        "| trial | GPUs | samples | tokens | steps | row | ZeRO | compiled | train | first step | eval | fixed | "
+        "| trial | GPUs | samples | their tokens | steps | row | ZeRO | compiled | train | first step | eval | fixed | "
         "starts at | wall | GPU-h |",
         "| --- | ---: | ---: | ---: | ---: | ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]

@@ -15,7 +15,7 @@ from clozemath.data.prepare import prepare_data
 
 ROOT = Path(__file__).resolve().parents[1]
 GRID = "configs/grids/smoke.yaml"
-NARROW = ["axes.dataset=[gsm8k]"]  # 3 methods x 2 models, on 8 GSM8K problems
+NARROW = ["axes.dataset=[gsm8k]", "axes.model=[tiny-llama]"]  # base, mft and clozemath on 8 GSM8K problems
 
 
 def dry_run(*args: str) -> subprocess.CompletedProcess[str]:
@@ -51,10 +51,13 @@ def test_a_grid_expands_into_its_trials_costs_and_starts_nothing(tmp_path: Path)
     assert not output.exists() and not (tmp_path / "m.db").exists()  # no run folder, no store
 
 
-def test_without_a_gpu_the_dry_run_asks_for_the_cluster(tmp_path: Path) -> None:
-    done = dry_run(GRID, *NARROW, f"train.output_dir={tmp_path}", "--dry-run")
-    assert done.returncode == 2
-    assert done.stderr.strip().splitlines()[-1].startswith("clozemath: error: --dry-run: this machine sees no GPU")
+def test_without_a_gpu_the_dry_run_asks_for_the_cluster(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from clozemath_cli import main
+
+    assert main(["run", str(ROOT / GRID), *NARROW, f"train.output_dir={tmp_path}", "--dry-run"]) == 2
+    error = capsys.readouterr().err.strip().splitlines()
+    assert error == ["clozemath: error: --dry-run: this machine sees no GPU; say which cluster to estimate for: "
+                     "--gpus N [--nodes K] [--card H100]"]
 
 
 def trial(name: str, gpus: float, seconds: float) -> TrialCost:
