@@ -3,8 +3,8 @@ ZeRO-2 and ZeRO-3, 12 steps each), then one line a trial from what its Train wor
 
 - tokens/s per GPU: the median over the steps after the second and before the last (which writes the checkpoint),
   of `train/tokens_per_s` (real tokens of all ranks a second) over the workers;
-- MFU: that rate x the FLOPs of a token (`clozemath.cost.training_flops_per_token`: the output layer at target
-  positions only, LoRA's own FLOPs included) over the card's bf16 peak (configs/throughput.yaml);
+- MFU: that rate x the FLOPs of a real token of the trial's samples, by `bench/limits.py`'s convention (the output
+  layer at target positions only, LoRA's own FLOPs included, PrefixLM's attended pairs), over the card's bf16 peak;
 - peak memory: `train/peak_memory_gib`, the most any rank held;
 - first step: `train/seconds` of step 1 (compiling included: cold for each model's first trial, from the grid's
   compile cache after); to first step: from the trial's MLflow run start to step 1 logged (workers' start, the model's
@@ -14,7 +14,7 @@ ZeRO-2 and ZeRO-3, 12 steps each), then one line a trial from what its Train wor
 
     python bench/scaling.py --out bench/results/scaling_h100.md                       # on the GPU machine
     python bench/scaling.py --out x.md axes.model=[llama-3.2-1b-random] 'axes.layout=[1xZeRO-2,2xZeRO-2]'
-    python bench/scaling.py --report-only --card H100 --tracking-uri sqlite:///mlruns.db   # the table again
+    python bench/scaling.py --report-only --card H100 tracking.uri=sqlite:///mlruns.db   # the table again
     python bench/scaling.py --out x.md model=tiny-llama 'axes.model=[tiny-llama]' train.use_gpu=false \\
         train.compile=false train.pack_tokens=512 data.limit=40 'axes.layout=[1xZeRO-2,2xZeRO-3]'  # CPU smoke
 
@@ -33,9 +33,10 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench.limits import MFU_CONVENTION, PEAK_BF16_FLOPS, TrainingShape, Work, card_value, flops_per_token, mfu  # noqa: E402
 from clozemath import tracking  # noqa: E402
 from clozemath.config import ExperimentConfig, RunPlan, load_plan  # noqa: E402
-from clozemath.cost import Throughput, count_data, estimate, meta_shape, training_flops_per_token  # noqa: E402
+from clozemath.cost import estimate, meta_shape  # noqa: E402
 from clozemath.records import GRID_TAG, ROLE_TAG, TRIAL_ROLE, TRIAL_TAG  # noqa: E402
 
 GRID = ROOT / "configs" / "grids" / "scaling.yaml"
@@ -69,19 +70,22 @@ def measured(client: Any, run: Any) -> dict[str, float]:
     }
 
 
-def flops_per_token(config: ExperimentConfig) -> float:
-    """FLOPs of one of the trial's tokens, from its own samples' target share and attended context."""
-    from clozemath.model.load import load_tokenizer
+def real_token_flops(config: ExperimentConfig) -> float:
+    """FLOPs of one real token of the trial's samples (`bench/limits.py`), its model's shape built on the meta
+    device."""
+    from clozemath.data.prepare import prepare_data
 
-    data = count_data(config, config.model, "counted")
-    shape = meta_shape(config.model, len(load_tokenizer(config.model)))
-    return training_flops_per_token(shape, data.target_share, data.context)
+    prepared = prepare_data(config)
+    sentinels = len(prepared.specials.ids) - 3  # less SEP, mask and EOS
+    shape = TrainingShape.of(meta_shape(config.model, len(prepared.tokenizer), sentinels))
+    work = Work.of(row for row in prepared.encoded if row is not None)
+    return flops_per_token(shape, work, targets_only=True, prefix_lm=config.method.attention == "prefix_lm")
 
 
 def table(plan: RunPlan, card_name: str) -> str:
     runs = trial_runs(plan)
     client = tracking.client(plan.experiments[0].tracking.uri)
-    card = Throughput(plan.root).card(card_name)
+    peak = card_value(PEAK_BF16_FLOPS, card_name)
     estimated = {s.trial.name: s.trial.wall_s for s in estimate(plan, 4, card_name).scheduled}
     flops: dict[str, float] = {}
     rows, single = [], {}
@@ -94,8 +98,8 @@ def table(plan: RunPlan, card_name: str) -> str:
         workers = config.train.num_workers
         values["per_gpu"] = values["tokens_per_s"] / workers
         key = config.model.model_dump_json()
-        flops.setdefault(key, flops_per_token(config))
-        values["mfu"] = values["per_gpu"] * flops[key] / card.peak_flops
+        flops.setdefault(key, real_token_flops(config))
+        values["mfu"] = mfu(values["per_gpu"], flops[key], peak) if peak else float("nan")
         if workers == 1 and config.train.zero_stage in (2, "auto"):
             single[config.model.name] = values["per_gpu"]
         rows.append((config, values))
@@ -119,8 +123,7 @@ def table(plan: RunPlan, card_name: str) -> str:
             f"{values['wall_s']:.0f} / {estimated.get(config.name, float('nan')):.0f} |"
         )
     header = (f"Scaling through `clozemath run` on {card_name} ({plan.grid.name}: {len(plan.experiments)} trials, one "
-              "at a time). MFU counts the output layer at target positions and LoRA's own FLOPs, against "
-              f"{card.peak_flops / 1e12:.0f} TFLOP/s.")
+              f"at a time). {MFU_CONVENTION}.")
     return "\n".join([header, "", *lines])
 
 

@@ -167,7 +167,8 @@ def training_flops_per_token(model: torch.nn.Module, target_share: float, contex
     (`target_share` of the tokens; 6x, or 4x when no token row trains and it needs no weight gradient), and attention
     12 x layers x (heads x head dim) x `context`, the mean number of positions a token attends to.
 
-    TODO: merge with the MFU helper of bench/ (issue 24) once it lands, so that both count alike."""
+    The per-token form of `bench/limits.py`'s count (the benchmarks' MFU, exact per sample), for scaling a figure
+    between models; `bench/` is no package of the library, so the two live apart: change them together."""
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
     config = base.config
     frozen = sum(p.numel() for name, p in base.named_parameters()
