@@ -200,7 +200,11 @@ class TrainConfig(_Strict):
     """The share of one GPU each training worker and each evaluation actor takes (Ray's fractional GPUs; PyTorch's
     memory is capped at it too): 0.25 runs four trials of a small model on one GPU at once, where one alone would
     leave it mostly idle. The memory-sized defaults (`pack_tokens`, `eval.batch_size` auto) size to the share."""
-    zero_stage: Literal[2, 3] = 2
+    zero_stage: Literal[2, 3, "auto"] = "auto"
+    """DeepSpeed's ZeRO stage. 2: the frozen model whole on every card, gradients and optimizer state partitioned;
+    3: the frozen weights partitioned too, each decoder layer gathered as it runs (a model too large for one card).
+    auto: 2 where the frozen model, the optimizer state and a packed row fit one card, else 3 (with several workers);
+    2 on CPU (`clozemath.train.zero`)."""
     micro_batch_size: AtLeastOne = 4
     grad_accum: AtLeastOne = 1
     group_by_length: bool = True
@@ -236,6 +240,10 @@ class TrainConfig(_Strict):
     document masks. auto: when packing on a GPU under ZeRO-2 and the run trains enough tokens to pay back the
     compilation (`clozemath.train.loop.COMPILE_PAYS_OFF_TOKENS`); otherwise packed rows of at most
     `EAGER_PACK_TOKENS` through sdpa with dense masks, which starts at once."""
+    compile_cache: str | None = None
+    """Where the workers keep torch.compile's artifacts (Inductor's compiled graphs and kernels, Triton's binaries):
+    the first trial of a grid compiles, every later one with the same model, row size and card loads what it made.
+    On a cluster, a folder every node sees. Default: `compile_cache/` under `train.output_dir`."""
     fused_loss: bool | Literal["auto"] = "auto"
     """The output layer and cross-entropy fused and chunked (liger-kernel's Triton kernel: no float32 logits over the
     vocabulary in memory). auto: on a GPU when liger-kernel is installed (`pip install 'clozemath[gpu]'`)."""

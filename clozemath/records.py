@@ -32,6 +32,9 @@ CACHE_DIR = "cache"
 """Under `train.output_dir`: preprocessed token ids, shared by the runs that make the same ones."""
 TUNE_DIR = "tune"
 """Under `train.output_dir`: the grids' Tune experiments."""
+COMPILE_CACHE_DIR = "compile_cache"
+"""Under `train.output_dir`: torch.compile's artifacts, shared by every trial and node of a grid (the default of
+`train.compile_cache`)."""
 PREDICTIONS_ARTIFACTS = f"{EVAL_DIR}/{PREDICTIONS_DIR}"
 """Where a run's predictions files are among its MLflow artifacts."""
 CONFIG_ARTIFACT = "config.yaml"
@@ -47,12 +50,19 @@ def eval_folder(cfg: ExperimentConfig) -> Path:
     return run_folder(cfg) / EVAL_DIR
 
 
+def compile_cache_folder(config: ExperimentConfig) -> Path:
+    """`train.compile_cache`, else `compile_cache/` under `train.output_dir`."""
+    return Path(config.train.compile_cache or Path(config.train.output_dir) / COMPILE_CACHE_DIR)
+
+
 def check_run_outputs(experiments: Iterable[ExperimentConfig]) -> None:
     """Every folder a run writes (its output folder, a local tracking store and its artifacts) can be written."""
     for experiment in experiments:
         check_writable_folder(experiment.train.output_dir, "train.output_dir")
         if experiment.train.storage is not None and "://" not in experiment.train.storage:
             check_writable_folder(experiment.train.storage, "train.storage")
+        if experiment.train.compile_cache is not None:
+            check_writable_folder(experiment.train.compile_cache, "train.compile_cache")
         tracking = experiment.tracking
         locations = (("tracking.uri", tracking.uri), ("tracking.artifact_location", tracking.artifact_location))
         for key, location in locations:
@@ -84,7 +94,7 @@ def partial_predictions_file(eval_dir: Path, set_name: str) -> Path:
 # --------------------------------------------------------------------------------------------------------------
 # Metric keys
 
-TRAIN_METRICS = ("train/loss", "train/lr", "train/tokens_per_s", "train/pad_share")
+TRAIN_METRICS = ("train/loss", "train/lr", "train/tokens_per_s", "train/pad_share", "train/seconds", "train/peak_memory_gib")
 TRAIN_PREFIX = "train"
 EVAL_PREFIX = "eval"
 """`eval/<set>/<decoding>/<stat>`: an evaluation after (or without) training."""

@@ -5,12 +5,17 @@ the `clozemath` package, which never imports Ray. Run it as `clozemath ...` or `
 from __future__ import annotations
 
 import argparse
+import os
 import shlex
 import sys
 from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
 from clozemath import console
 from clozemath.errors import ClozeMathError
+
+if TYPE_CHECKING:
+    from clozemath.config import RunPlan
 
 Handler = Callable[[argparse.Namespace], int | None]
 
@@ -63,6 +68,14 @@ def _add_run(commands: argparse._SubParsersAction) -> None:
         help="dotted config overrides (of a grid's base; `axes.<axis>=[...]` narrows an axis)",
     )
     _add_verbose(run)
+    run.add_argument(
+        "--dry-run", action="store_true",
+        help="start nothing: print each trial's samples, tokens and steps and the estimated GPU-hours and wall time "
+        "(from configs/throughput.yaml)",
+    )
+    run.add_argument("--gpus", type=float, help="--dry-run: GPUs of the cluster (default: the GPUs this machine sees)")
+    run.add_argument("--nodes", type=int, default=1, help="--dry-run: nodes the GPUs are spread over (default: 1)")
+    run.add_argument("--card", help="--dry-run: the GPU's name in configs/throughput.yaml (default: this machine's)")
     run.set_defaults(handler=_run)
 
 
@@ -71,6 +84,8 @@ def _run(args: argparse.Namespace) -> int | None:
     from clozemath.records import check_run_outputs
 
     plan = load_plan(args.config, args.overrides)  # a mistake is reported in a second, before Ray is imported
+    if args.dry_run:
+        return _dry_run(args, plan)
     check_run_outputs(plan.experiments)
 
     from ray_jobs.grid import run_command
@@ -81,6 +96,24 @@ def _run(args: argparse.Namespace) -> int | None:
         resume = shlex.join(["clozemath", "run", args.config, *args.overrides])
         print(f"clozemath: interrupted; the grid resumes where it stopped with: {resume}", file=sys.stderr)
         return 130
+
+
+def _dry_run(args: argparse.Namespace, plan: RunPlan) -> None:
+    """`clozemath run CONFIG --dry-run`: the cost estimate, on the GPUs this machine sees or those the flags name."""
+    os.environ["HF_HUB_OFFLINE"] = "1"  # before transformers reads it: a tokenizer not here is estimated, never fetched
+    import torch
+
+    from clozemath.cost import estimate, estimate_text
+
+    seen = torch.cuda.device_count()
+    gpus = args.gpus if args.gpus is not None else seen
+    if not gpus:
+        raise ClozeMathError("--dry-run: this machine sees no GPU; say which cluster to estimate for: --gpus N "
+                             "[--nodes K] [--card H100]")
+    if args.nodes < 1 or gpus < args.nodes:
+        raise ClozeMathError(f"--dry-run: --nodes {args.nodes} must be between 1 and the GPUs ({gpus:g})")
+    card = args.card or (torch.cuda.get_device_name(0) if seen else "H100")
+    print(estimate_text(estimate(plan, gpus, card, args.nodes)))
 
 
 def _add_score(commands: argparse._SubParsersAction) -> None:

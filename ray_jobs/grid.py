@@ -245,6 +245,7 @@ def with_absolute_paths(config: ExperimentConfig) -> ExperimentConfig:
     resolved.train.output_dir = absolute(resolved.train.output_dir)
     if resolved.train.storage is not None and "://" not in resolved.train.storage:
         resolved.train.storage = absolute(resolved.train.storage)
+    resolved.train.compile_cache = absolute(resolved.train.compile_cache)
     resolved.data.path = absolute(resolved.data.path)
     resolved.eval.adapter = absolute(resolved.eval.adapter)
     for set_cfg in resolved.eval.sets:

@@ -40,7 +40,7 @@ from clozemath.config import ExperimentConfig, from_wire, to_wire
 from clozemath.errors import ClozeMathError
 from clozemath.files import copy_folder_atomic
 from clozemath.eval.during_training import evaluate_step, step_evaluation
-from clozemath.records import ADAPTER_DIR, RAY_TRAIN_DIR, is_curve_metric
+from clozemath.records import ADAPTER_DIR, RAY_TRAIN_DIR, compile_cache_folder, is_curve_metric
 from clozemath.tracking import TrackedRun
 from clozemath.train.loop import StepMetrics, all_ranks_sum, eager_inference, plan_steps
 from ray_jobs.preprocess import Prepared
@@ -99,11 +99,13 @@ def train_worker(settings: dict[str, Any]) -> None:
 
     from clozemath.model.load import load_model
     from clozemath.model.memory import share_gpu
-    from clozemath.train.loop import train
+    from clozemath.train.loop import train, use_compile_cache
+    from clozemath.train.zero import with_zero_stage
 
     # DeepSpeed's gloo path calls torch.distributed functions torch has deprecated: nothing a user can act on.
     warnings.filterwarnings("ignore", message=r"`torch\.distributed\.\w+` is deprecated", category=FutureWarning)
     config = from_wire(settings["experiment"])
+    use_compile_cache(compile_cache_folder(config))  # before anything compiles: every trial and node shares it
     device = ray.train.torch.get_device()
     share_gpu(config.train.gpu_share)
     gpu = device.type == "cuda"
@@ -113,6 +115,7 @@ def train_worker(settings: dict[str, Any]) -> None:
     if ray.train.get_context().get_world_rank() == 0:
         console.phase(f"[{config.name}] loading the model ({config.model.name}) on {device.type}")
     loaded = load_model(config.model, settings["num_sentinels"], device, training=True)
+    config = with_zero_stage(config, loaded.model, device)  # the evaluation during training decodes by the stage
     rows = worker_rows(settings["rows"])
     evaluation = step_evaluation(config)
     context = ray.train.get_context()
@@ -191,9 +194,10 @@ def fit(
     gpu = use_gpu(config)
     streamed = streams(config, prepared)
     table = None if streamed else ray.put(prepared.table())
+    stage = config.train.zero_stage
+    zero = "ZeRO auto (2 where the model fits a card)" if stage == "auto" else f"ZeRO-{stage}"
     console.phase(
-        f"[{config.name}] training: starting {config.train.num_workers} {'GPU' if gpu else 'CPU'} worker(s), "
-        f"ZeRO-{config.train.zero_stage}"
+        f"[{config.name}] training: starting {config.train.num_workers} {'GPU' if gpu else 'CPU'} worker(s), {zero}"
     )
     trainer = TorchTrainer(
         train_worker,

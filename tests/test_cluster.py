@@ -211,3 +211,37 @@ def test_a_run_tracked_on_a_server_resumes_on_another_node_when_its_node_is_lost
     assert run.info.status == "FINISHED" and run.data.metrics["eval/gsm8k/greedy/total"] == 4
     assert {"config.yaml", "adapter", "eval"} <= {a.path for a in client.list_artifacts(outcome.run_id)}
     assert "adapter/adapter_model.safetensors" in {a.path for a in client.list_artifacts(outcome.run_id, "adapter")}
+
+
+# --------------------------------------------------------------------------------------------------------------
+# A job across nodes
+
+
+def test_a_two_worker_run_trains_across_two_nodes(smoke_samples: Path, ray_of_its_own: None, tmp_path: Path) -> None:
+    """Two Train workers on two nodes of one CPU each (a head with none): neither node holds both, so the run's
+    workers are on both nodes, and their collectives (gloo) cross between them. It trains its steps, checkpoints in
+    `train.storage` and writes the adapter."""
+    from ray.cluster_utils import Cluster
+
+    shutil.copytree(smoke_samples, tmp_path / "runs" / "cache")
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 0, "include_dashboard": False})
+    try:
+        nodes = [cluster.add_node(num_cpus=1) for _ in range(2)]
+        ray.init(address=cluster.address, runtime_env=runtime_env())
+        config = load_config(SMOKE, [
+            f"train.output_dir={tmp_path / 'runs'}", f"tracking.uri=sqlite:///{tmp_path / 'mlruns.db'}",
+            f"train.storage={tmp_path / 'shared'}", "data.limit=4", "train.num_workers=2", "train.max_steps=4",
+            "train.zero_stage=auto",  # the workers agree on a stage across the nodes (2: no card to fit)
+            "train.checkpoint_every=2", "eval.sets=[]",
+        ])
+        cpus = {node["NodeID"]: node["Resources"].get("CPU", 0) for node in ray.nodes() if node["Alive"]}
+        outcome = run_experiment(config)
+    finally:
+        ray.shutdown()
+        cluster.shutdown()
+
+    assert sorted(cpus[node.node_id] for node in nodes) == [1, 1] and sum(cpus.values()) == 2  # one worker a node
+    client = tracking.client(config.tracking.uri)
+    assert sorted(m.step for m in client.get_metric_history(outcome.run_id, "train/loss")) == [1, 2, 3, 4]
+    assert (outcome.adapter / "adapter_model.safetensors").is_file()
+    assert list((tmp_path / "shared").rglob("checkpoint_*"))

@@ -382,6 +382,7 @@ def test_zero2_run_learns_and_is_tracked(smoke_run: SmokeRun) -> None:
     assert {key: run.data.params[key] for key in expected} == expected
     for name in records.TRAIN_METRICS:
         assert len(client.get_metric_history(run_id, name)) == 8, name
+    assert records.compile_cache_folder(config).is_dir()  # the workers were pointed at the grid's compile cache
     artifacts = {info.path for info in client.list_artifacts(run_id)}
     assert {"config.yaml", "adapter", "eval"} <= artifacts
     evaluation = json.loads((records.eval_folder(config) / records.METRICS_FILE).read_text())

@@ -40,6 +40,7 @@ from clozemath.model.load import save_adapter
 from clozemath.model.memory import usable_bytes
 from clozemath.records import ADAPTER_DIR, train_metric
 from clozemath.train.packing import auto_pack_tokens, epoch_packs, packs_needed, whole_blocks
+from clozemath.train.zero import deepspeed_config, with_zero_stage
 
 CHECKPOINT_TAG = "state"
 """DeepSpeed's tag (sub-folder) for the engine state inside a checkpoint folder."""
@@ -66,6 +67,10 @@ class StepMetrics:
     """Real (non-padding) tokens of all ranks per second of this step."""
     pad_share: float
     """Share of the batch positions that are padding."""
+    seconds: float
+    """Wall time of this step on rank 0 (the first: compiling included, on a cold cache minutes)."""
+    peak_memory_gib: float
+    """The most GPU memory any rank's tensors held so far (torch's allocator; 0 on CPU)."""
 
     def as_dict(self) -> dict[str, float | int]:
         values = asdict(self)
@@ -121,27 +126,6 @@ def micro_batches_per_epoch(lengths: Sequence[int], train: TrainConfig, budget: 
     if budget is None:
         return all_ranks_reduce(len(lengths) // train.micro_batch_size, dist.ReduceOp.MIN, device)
     return all_ranks_reduce(packs_needed(lengths, budget), dist.ReduceOp.MAX, device)
-
-
-def deepspeed_config(train: TrainConfig, bf16: bool) -> dict[str, Any]:
-    """`check_grad_overflow` off: bf16 needs no loss scaling, and the check costs two reductions (and kernel
-    launches) per LoRA tensor every step; a non-finite gradient still shows in the logged loss.
-
-    ZeRO-2 without `contiguous_gradients`: its gradient hook would copy each of LoRA's hundreds of small gradients
-    into a bucket as it comes (a copy, a kernel launch and Python per tensor); left apart, the bucket is flattened
-    once when it is reduced. That buffer exists to keep a large model's gradients from fragmenting memory, and LoRA's
-    are a few MB."""
-    zero: dict[str, Any] = {"stage": train.zero_stage}
-    if train.zero_stage == 2:
-        zero["contiguous_gradients"] = False
-    return {
-        "train_micro_batch_size_per_gpu": train.micro_batch_size,
-        "gradient_accumulation_steps": train.grad_accum,
-        "gradient_clipping": train.max_grad_norm,
-        "zero_optimization": zero,
-        "bf16": {"enabled": bf16, "check_grad_overflow": False},
-        "steps_per_print": 1 << 30,
-    }
 
 
 def ensure_distributed_env() -> None:
@@ -260,7 +244,8 @@ def build_engine(model: torch.nn.Module, train: TrainConfig, total_steps: int, w
         model=TargetLoss(model, fused=use_fused_loss(train, device)),
         optimizer=optimizer,
         lr_scheduler=lambda opt: get_cosine_schedule_with_warmup(opt, warmup_steps, total_steps),
-        config=deepspeed_config(train, bf16=next(model.parameters()).dtype == torch.bfloat16),
+        config=deepspeed_config(train, bf16=next(model.parameters()).dtype == torch.bfloat16,
+                                layer=decoder_layers(model)[0], trained=trainable),
     )
     _leave_tied_frozen_weights_out(engine)
     if train.zero_stage == 3:
@@ -389,16 +374,27 @@ def training_layout(
     rows' lengths, the config and the GPU's memory). An uncompiled packed run on FlexAttention (chosen when the model
     was loaded for training) moves to sdpa: FlexAttention run eagerly compiles its own kernels all the same."""
     train = config.train
-    budget = pack_budget(train, model, lengths)
-    plan = plan_steps(micro_batches_per_epoch(lengths, train, budget, device), train)
+    layout = choose_layout(train, pack_budget(train, model, lengths), max(lengths, default=1), device,
+                           lambda budget: micro_batches_per_epoch(lengths, train, budget, device))
+    if layout.budget is not None and not layout.compiled and config.model.attn_implementation == "auto" \
+            and model.config._attn_implementation == "flex_attention":
+        model.set_attn_implementation("sdpa")
+    return layout
+
+
+def choose_layout(
+    train: TrainConfig, budget: int | None, longest: int, device: torch.device, per_epoch: Callable[[int | None], int]
+) -> Layout:
+    """`training_layout`'s choice from the row `budget` it sizes (None: padded micro-batches) and `per_epoch`, the
+    micro-batches an epoch takes in rows of a budget: compiled when `should_compile`, else an auto row capped at
+    `EAGER_PACK_TOKENS`. `clozemath.cost` makes the same choice for a run not started."""
+    plan = plan_steps(per_epoch(budget), train)
     compiled = should_compile(train, budget, plan, device)
     if budget is None or compiled:
         return Layout(budget, compiled, plan)
-    if config.model.attn_implementation == "auto" and model.config._attn_implementation == "flex_attention":
-        model.set_attn_implementation("sdpa")
     if train.pack_tokens == "auto" and budget > EAGER_PACK_TOKENS:
-        budget = max(EAGER_PACK_TOKENS, whole_blocks(max(lengths, default=1)))
-        plan = plan_steps(micro_batches_per_epoch(lengths, train, budget, device), train)
+        budget = max(EAGER_PACK_TOKENS, whole_blocks(longest))
+        plan = plan_steps(per_epoch(budget), train)
     return Layout(budget, compiled, plan)
 
 
@@ -434,6 +430,24 @@ def plan_line(layout: Layout, train: TrainConfig) -> str:
 def decoder_layers(model: torch.nn.Module) -> torch.nn.ModuleList:
     causal_lm = model.get_base_model() if hasattr(model, "get_base_model") else model
     return causal_lm.get_decoder().layers
+
+
+COMPILE_CACHE_ENV = {"TORCHINDUCTOR_CACHE_DIR": "inductor", "TRITON_CACHE_DIR": "triton"}
+"""Where compiled code is kept (torch 2.11-2.13, read from the environment when a compilation looks it up): every
+modular cache of torch.compile (Inductor's FX graphs and the Triton kernels it generates, AOTAutograd's joint graphs,
+autotuning results; on by default) under `TORCHINDUCTOR_CACHE_DIR` (PyTorch's "Compile Time Caching" recipe), and the
+binaries of Triton kernels that Triton compiles itself (liger-kernel's fused loss) under `TRITON_CACHE_DIR`. Both write
+by atomic rename, so concurrent trials can share a folder; their keys hold the torch and Triton versions and the card,
+so another machine misses rather than loads a wrong kernel. (`torch.compiler.save_cache_artifacts` packs the same
+caches into bytes, for a store that is not a shared folder.)"""
+
+
+def use_compile_cache(folder: Path) -> None:
+    """Keep this process's compilations in `folder` (created), to be found by every later process pointed there:
+    the trials after the first of a grid, on any node that sees the folder, compile from the cache."""
+    folder.mkdir(parents=True, exist_ok=True)
+    for variable, sub in COMPILE_CACHE_ENV.items():
+        os.environ[variable] = str(folder / sub)
 
 
 def compile_decoder_layers(model: torch.nn.Module) -> None:
@@ -544,14 +558,16 @@ def train(
 ) -> Any:
     """Fine-tune `model` (peft, trainable parameters already chosen) on this worker's `rows` (input_ids, labels,
     prefix_len); return the DeepSpeed engine. `resume_from`: a checkpoint folder `report` was given earlier.
-    Checkpoints are written under `scratch_dir` (default: the system's temp folder) and removed after `report`."""
-    train_cfg = config.train
+    Checkpoints are written under `scratch_dir` (default: the system's temp folder) and removed after `report`.
+    `train.zero_stage: auto` is resolved here (`clozemath.train.zero.with_zero_stage`)."""
     noise_ids = torch.tensor(specials.ordinary_ids)
     mask_id = specials.ids[MASK]
     device = next(model.parameters()).device
     if device.type == "cpu" and model.config._attn_implementation == "flex_attention":
         raise ClozeMathError("model.attn_implementation=flex_attention cannot train on CPU (no backward there): use sdpa")
     init_distributed(device)
+    config = with_zero_stage(config, model, device)
+    train_cfg = config.train
     rank = dist.get_rank()
     lengths = [len(row["input_ids"]) for row in rows]
     layout = training_layout(config, model, lengths, device)
@@ -583,6 +599,9 @@ def train(
         loss_sum, micro_batches, tokens, positions = all_ranks_sum(
             [float(tally.loss), tally.micro_batches, tally.tokens, tally.positions], device
         )
+        seconds = time.perf_counter() - started
+        peak = all_ranks_reduce(torch.cuda.max_memory_allocated(device), dist.ReduceOp.MAX, device) \
+            if device.type == "cuda" else 0
         metrics = StepMetrics(
             step=step,
             total_steps=plan.total_steps,
@@ -590,8 +609,10 @@ def train(
             loss=loss_sum / micro_batches,
             lr=lr,
             tokens=int(tokens),
-            tokens_per_s=tokens / (time.perf_counter() - started),
+            tokens_per_s=tokens / seconds,
             pad_share=1.0 - tokens / positions,
+            seconds=seconds,
+            peak_memory_gib=peak / 2**30,
         )
         if step % train_cfg.checkpoint_every == 0 or step == plan.total_steps:
             with _checkpoint_folder(scratch_dir) as folder:

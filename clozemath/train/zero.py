@@ -1,0 +1,144 @@
+"""DeepSpeed's ZeRO for LoRA: which stage a run takes (`train.zero_stage: auto`) and the engine's ZeRO settings.
+
+LoRA trains a few million parameters beside a frozen model of billions. ZeRO-2 keeps the whole frozen model on every
+card and partitions only the (small) gradients and optimizer states; ZeRO-3 also partitions the frozen weights, so
+that a model too large for one card trains at all, but then every decoder layer's weights are gathered from all the
+cards before the layer runs, forward and backward, in every micro-step. Where the frozen model and a packed row fit
+one card, that gathering buys nothing: `auto` takes ZeRO-2 there and ZeRO-3 only beyond.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from clozemath.config import ExperimentConfig, TrainConfig
+from clozemath.train.packing import MIN_PACK_TOKENS, activation_bytes_per_token
+
+OPTIMIZER_BYTES_PER_TRAINED = 16
+"""A trained parameter's bytes on the card under mixed precision: its bf16 weight and gradient, and AdamW's fp32
+master copy, first and second moments (DeepSpeed's bf16 optimizer)."""
+FIT_SHARE = 0.9
+"""The share of a card's memory a plan may fill: the rest is CUDA's context, the allocator's fragmentation, the
+collectives' buffers."""
+
+
+@dataclass(frozen=True)
+class TrainingMemory:
+    """What one worker holds under ZeRO-2 (the worst case: nothing partitioned but the optimizer)."""
+
+    frozen_bytes: int
+    """The frozen model's weights."""
+    trained_params: int
+    """LoRA and the trainable special-token rows."""
+    row_bytes: int
+    """The activations one micro-batch keeps for the backward pass."""
+
+    @property
+    def total(self) -> int:
+        return self.frozen_bytes + self.trained_params * OPTIMIZER_BYTES_PER_TRAINED + self.row_bytes
+
+
+def planned_row_tokens(train: TrainConfig, max_length: int) -> int:
+    """The tokens of the smallest micro-batch the run may take: `pack_tokens`, or for `auto` the smallest row it
+    sizes (it shrinks a row to what the card holds, down to `MIN_PACK_TOKENS`); unpacked, `micro_batch_size` rows
+    of `data.max_length`."""
+    if train.pack_tokens is None:
+        return train.micro_batch_size * max_length
+    if train.pack_tokens == "auto":
+        return max(MIN_PACK_TOKENS, max_length)
+    return train.pack_tokens
+
+
+def auto_zero_stage(memory: TrainingMemory, card_bytes: int | None, workers: int) -> int:
+    """ZeRO-2 where the frozen model, the optimizer's state and a row fit `FIT_SHARE` of one card (or the card is
+    unknown: a CPU run); ZeRO-3 beyond, when there are several workers to partition the weights across (one alone
+    has nothing to gain)."""
+    if card_bytes is None or workers < 2:
+        return 2
+    return 2 if memory.total <= FIT_SHARE * card_bytes else 3
+
+
+def model_memory(model: torch.nn.Module, row_tokens: int) -> TrainingMemory:
+    """`TrainingMemory` of a loaded model (peft-wrapped: its trainable parameters chosen), with rows of
+    `row_tokens` tokens."""
+    unique = {id(p): p for p in model.parameters()}.values()  # a tied matrix once
+    frozen = sum(p.numel() * p.element_size() for p in unique if not p.requires_grad)
+    trained = sum(p.numel() for p in unique if p.requires_grad)
+    return TrainingMemory(frozen, trained, int(row_tokens * activation_bytes_per_token(model.config)))
+
+
+def with_zero_stage(config: ExperimentConfig, model: torch.nn.Module, device: torch.device) -> ExperimentConfig:
+    """The config with `train.zero_stage: auto` made 2 or 3 for this model on this card (this process's share of
+    it); every rank takes the highest any rank chose. A set stage is kept."""
+    train = config.train
+    if train.zero_stage != "auto":
+        return config
+    card = None
+    if device.type == "cuda":
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        card = int(torch.cuda.get_device_properties(index).total_memory * train.gpu_share)
+    workers = dist.get_world_size() if dist.is_initialized() else 1
+    stage = auto_zero_stage(model_memory(model, planned_row_tokens(train, config.data.max_length)), card, workers)
+    if workers > 1:
+        chosen = torch.tensor([stage], device=device)
+        dist.all_reduce(chosen, op=dist.ReduceOp.MAX)
+        stage = int(chosen.item())
+    return config.model_copy(update={"train": train.model_copy(update={"zero_stage": stage})})
+
+
+def deepspeed_config(
+    train: TrainConfig, bf16: bool, layer: torch.nn.Module | None = None, trained: Iterable[torch.nn.Parameter] = ()
+) -> dict[str, Any]:
+    """The engine's config. `layer`: one decoder layer, `trained`: the trainable parameters (ZeRO-3's settings are
+    sized to them).
+
+    `check_grad_overflow` off: bf16 needs no loss scaling, and the check costs two reductions (and kernel launches)
+    per LoRA tensor every step; a non-finite gradient still shows in the logged loss.
+
+    No `contiguous_gradients`: its gradient hook would copy each of LoRA's hundreds of small gradients into a bucket
+    as it comes (a copy, a kernel launch and Python per tensor); left apart, the bucket is flattened once when it is
+    reduced. That buffer exists to keep a large model's gradients from fragmenting memory, and LoRA's are a few MB."""
+    if train.zero_stage == "auto":
+        raise ValueError("train.zero_stage 'auto' must be resolved first (with_zero_stage)")
+    zero: dict[str, Any] = {"stage": train.zero_stage, "contiguous_gradients": False}
+    if train.zero_stage == 3:
+        if layer is None:
+            raise ValueError("ZeRO-3's settings need a decoder layer")
+        zero |= zero3_settings(layer, max((p.numel() for p in trained), default=0))
+    return {
+        "train_micro_batch_size_per_gpu": train.micro_batch_size,
+        "gradient_accumulation_steps": train.grad_accum,
+        "gradient_clipping": train.max_grad_norm,
+        "zero_optimization": zero,
+        "bf16": {"enabled": bf16, "check_grad_overflow": False},
+        "steps_per_print": 1 << 30,
+    }
+
+
+def zero3_settings(layer: torch.nn.Module, largest_trained: int) -> dict[str, Any]:
+    """ZeRO-3 (DeepSpeed 0.19's `zero_optimization` keys) gathering a whole decoder layer at a time.
+
+    - The decoder layer is a *leaf module*: DeepSpeed installs its gather and release hooks on the layer alone, not on
+      each of the ~30 modules LoRA puts inside it (the base projection, `lora_A`, `lora_B`, dropout, for each of 7
+      projections), and fetches the layer's weights in one bucketed all-gather instead of one per projection. Those
+      per-module hooks (Python, forward and backward, every micro-step) and tiny all-gathers are what made ZeRO-3
+      host-bound on a small model.
+    - The next layer is fetched while this one computes: a prefetch bucket of two layers' weights (the default,
+      5e7 elements, is less than one layer of an 8B model: 218M), and enough live parameters for it.
+    - Trained parameters are never partitioned (`stage3_param_persistence_threshold` above the largest: LoRA's
+      matrices and the special-token rows, a few MB in all), so no gather waits on them, in the forward or in the
+      fused loss, which reads the output matrix's token rows outside its module.
+    """
+    layer_params = sum(p.numel() for p in layer.parameters())
+    kind = type(layer)
+    return {
+        "leaf_module": {"classes": [f"{kind.__module__}.{kind.__qualname__}"]},
+        "stage3_prefetch_bucket_size": 2 * layer_params,
+        "stage3_max_live_parameters": max(10**9, 3 * layer_params),
+        "stage3_param_persistence_threshold": largest_trained + 1,
+    }

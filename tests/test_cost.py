@@ -1,0 +1,87 @@
+"""`clozemath run --dry-run`: a grid's cost estimated before anything starts (clozemath/cost.py)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from clozemath.config import ModelConfig, load_plan, read_yaml
+from clozemath.cost import TrialCost, meta_shape, schedule, training_flops_per_token
+from clozemath.data.prepare import prepare_data
+
+ROOT = Path(__file__).resolve().parents[1]
+GRID = "configs/grids/smoke.yaml"
+NARROW = ["axes.dataset=[gsm8k]", "axes.model=[tiny-llama]"]  # base, mft and clozemath on 8 GSM8K problems
+
+
+def dry_run(*args: str) -> subprocess.CompletedProcess[str]:
+    """`clozemath run ... --dry-run` in a process of its own, which then says whether Ray was imported at all."""
+    code = ("import sys; from clozemath_cli import main; code = main(sys.argv[1:]); "
+            "print('ray imported:', 'ray' in sys.modules); sys.exit(code)")
+    env = {key: value for key, value in os.environ.items() if key != "RAY_ADDRESS"}
+    return subprocess.run([sys.executable, "-c", code, "run", *args], cwd=ROOT, env=env, text=True,
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=600)
+
+
+def test_a_grid_expands_into_its_trials_costs_and_starts_nothing(tmp_path: Path) -> None:
+    output = tmp_path / "runs"
+    overrides = [*NARROW, f"train.output_dir={output}", f"tracking.uri=sqlite:///{tmp_path / 'm.db'}"]
+    done = dry_run(GRID, *overrides, "--dry-run", "--gpus", "2", "--card", "H100")
+    assert done.returncode == 0, done.stderr[-2000:]
+    lines = done.stdout.splitlines()
+    plan = load_plan(ROOT / GRID, overrides)
+    rows = {line.split(" | ")[0].strip("| "): line.split(" | ") for line in lines if line.startswith("| smoke-grid/")}
+    assert sorted(rows) == sorted(e.name for e in plan.experiments)  # one line a trial of the expanded grid
+    trained = [e for e in plan.experiments if e.method.trains]
+    for experiment in trained:  # 8 problems: every sample counted, none estimated
+        samples = sum(row is not None for row in prepare_data(experiment).encoded)
+        cells = rows[experiment.name]
+        assert int(cells[2].replace(",", "")) == samples
+        assert int(cells[4].replace(",", "")) == experiment.train.max_steps == 4
+        assert cells[6] == "2"  # ZeRO-2 as set
+    assert all(rows[e.name][4] == "-" for e in plan.experiments if not e.method.trains)  # base: nothing to train
+    assert any("GPU-hours; wall time" in line for line in lines)
+    assert any("tokens counted with tiny-llama's tokenizer" in line for line in lines)
+    assert any(line.startswith("- training tiny-llama") for line in lines)  # the figure used, and whence
+    assert "ray imported: False" in lines
+    assert not output.exists() and not (tmp_path / "m.db").exists()  # no run folder, no store
+
+
+def test_without_a_gpu_the_dry_run_asks_for_the_cluster(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from clozemath_cli import main
+
+    assert main(["run", str(ROOT / GRID), *NARROW, f"train.output_dir={tmp_path}", "--dry-run"]) == 2
+    error = capsys.readouterr().err.strip().splitlines()
+    assert error == ["clozemath: error: --dry-run: this machine sees no GPU; say which cluster to estimate for: "
+                     "--gpus N [--nodes K] [--card H100]"]
+
+
+def trial(name: str, gpus: float, seconds: float) -> TrialCost:
+    return TrialCost(name, gpus, 0, 0, None, None, train_s=seconds, first_step_s=0.0, eval_s=0.0, fixed_s=0.0)
+
+
+def test_trials_start_in_order_as_soon_as_their_gpus_are_free() -> None:
+    trials = [trial("a", 1, 10), trial("b", 1, 20), trial("c", 1, 30), trial("d", 2, 5)]
+    placed = schedule(trials, nodes=1, gpus_per_node=2)
+    assert [p.start_s for p in placed] == [0, 0, 10, 40]  # d waits for both GPUs: b ends at 20, c at 40
+    assert [p.start_s for p in schedule(trials, nodes=1, gpus_per_node=2, max_concurrent=1)] == [0, 10, 30, 60]
+    wide = schedule([trial("a", 1, 10), trial("b", 4, 10)], nodes=2, gpus_per_node=4)
+    assert wide[1].start_s == 0 and wide[1].nodes == (1,)  # whole on the node left free
+    spread = schedule([trial("a", 1, 10), trial("b", 6, 10)], nodes=2, gpus_per_node=4)
+    assert spread[1].start_s == 0 and spread[1].nodes == (0, 1)  # 3 free on node 0 and 4 on node 1
+
+
+def test_training_flops_count_lora_and_the_output_layer_at_targets_only() -> None:
+    model = meta_shape(ModelConfig.model_validate(read_yaml(ROOT / "configs" / "models" / "tiny-llama.yaml")), 1000)
+    # tiny-llama: hidden 64, MLP 128, 2 layers, 4 heads of 16, 2 key/value heads; LoRA rank 8; 1,024 rows (untied,
+    # each with trainable token rows: the output matrix needs its weight's gradient)
+    frozen = 2 * (64 * 64 * 2 + 64 * 32 * 2 + 64 * 128 * 3)
+    lora = 2 * 8 * ((64 + 64) * 2 + (64 + 32) * 2 + (64 + 128) * 3)
+    output = 6 * 1024 * 64 * 0.25
+    attention = 12 * 2 * 4 * 16 * 10
+    assert training_flops_per_token(model, target_share=0.25, context=10) == pytest.approx(
+        4 * frozen + 6 * lora + output + attention)
