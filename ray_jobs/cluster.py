@@ -10,10 +10,13 @@ from contextlib import contextmanager
 import ray
 
 from clozemath import console
+from clozemath.data.sources import LIMIT_ENV_VARS
 from clozemath.errors import ClozeMathError
 from ray_jobs import logs
 
-CARRIED_ENV_VARS = ("CLOZEMATH_DATA_DIR", "HF_HUB_OFFLINE", "HF_HOME", "HF_DATASETS_OFFLINE", "TRANSFORMERS_OFFLINE")
+CARRIED_ENV_VARS = (
+    "CLOZEMATH_DATA_DIR", *LIMIT_ENV_VARS, "HF_HUB_OFFLINE", "HF_HOME", "HF_DATASETS_OFFLINE", "TRANSFORMERS_OFFLINE"
+)
 MIN_LOCAL_CPUS = 8
 """Logical CPUs of a local Ray: below about 8, Ray Data's operators and Ray Train's workers wait on each other."""
 TRAIN_POLL_ENV_VAR = "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S"
