@@ -284,7 +284,8 @@ TRACKING_SCHEMES = ("sqlite", "file", "http", "https", "postgresql", "mysql", "m
 
 class TrackingConfig(_Strict):
     uri: str = "sqlite:///mlruns.db"
-    """A local folder, `sqlite:///<file>`, a tracking server `http(s)://host:port`, or a database URI."""
+    """`sqlite:///<file>`, a tracking server `http(s)://host:port`, a database URI, or a local folder (MLflow 3 takes
+    one only with MLFLOW_ALLOW_FILE_STORE=true)."""
     experiment: str = "clozemath"
     artifact_location: str | None = None
     """Default: `./mlartifacts` beside a local store."""

@@ -76,3 +76,12 @@ def check_writable_folder(path: str | Path, what: str) -> None:
         raise ClozeMathError(f"{what}: cannot make the folder '{path}': '{existing}' is a file")
     if not os.access(existing, os.W_OK | os.X_OK):
         raise ClozeMathError(f"{what}: cannot write in '{existing}'")
+
+
+def check_writable_file(path: str | Path, what: str) -> None:
+    """Refuse, before anything starts, an output file that cannot be written whole: a folder where it should be, or
+    a folder for it that cannot be made or written (it is written beside, then renamed: `atomic_path`)."""
+    target = Path(path).expanduser()
+    if target.is_dir():
+        raise ClozeMathError(f"{what}: '{path}' is a folder; name the file to write")
+    check_writable_folder(target.parent, what)

@@ -51,6 +51,11 @@ def check_run_outputs(experiments: Iterable[ExperimentConfig]) -> None:
     """Every folder a run writes (its output folder, a local tracking store and its artifacts) can be written."""
     for experiment in experiments:
         check_writable_folder(experiment.train.output_dir, "train.output_dir")
+        folder = run_folder(experiment)
+        for sub in (Path(EVAL_DIR, PREDICTIONS_DIR), Path(ADAPTER_DIR), Path(LOGS_DIR)):
+            check_writable_folder(folder / sub, "the run folder")
+        for beside in (CACHE_DIR, TUNE_DIR, Path(experiment.name).parts[0] + f"/{LOGS_DIR}"):
+            check_writable_folder(Path(experiment.train.output_dir) / beside, "train.output_dir")
         if experiment.train.storage is not None and "://" not in experiment.train.storage:
             check_writable_folder(experiment.train.storage, "train.storage")
         tracking = experiment.tracking

@@ -596,6 +596,11 @@ def plot_accuracy_vs_steps(curves: Curves, path: Path) -> Path:
 # The command
 
 
+def report_folder(experiment: str, out: str | Path | None) -> Path:
+    """Where the report is written: `out`, by default `reports/<experiment>`."""
+    return Path(out) if out is not None else Path("reports") / experiment
+
+
 def report(
     experiment: str,
     tracking_uri: str = "sqlite:///mlruns.db",
@@ -614,7 +619,7 @@ def report(
         *(table for table in paper_tables(results, decoding) if table.values),
     ]
     text = "\n\n".join([*map(render, tables), compute_table(results)])
-    folder = Path(out) if out is not None else Path("reports") / experiment
+    folder = report_folder(experiment, out)
     folder.mkdir(parents=True, exist_ok=True)
     tables_file = folder / ("tables.tex" if latex else "tables.md")
     write_text_atomic(tables_file, text + "\n")

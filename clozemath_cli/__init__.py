@@ -8,9 +8,13 @@ import argparse
 import shlex
 import sys
 from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
 from clozemath import console
 from clozemath.errors import ClozeMathError
+
+if TYPE_CHECKING:
+    from clozemath.config import ExperimentConfig
 
 Handler = Callable[[argparse.Namespace], int | None]
 
@@ -66,12 +70,21 @@ def _add_run(commands: argparse._SubParsersAction) -> None:
     run.set_defaults(handler=_run)
 
 
+def _check_before_work(experiments: Sequence[ExperimentConfig]) -> None:
+    """Every folder a run writes can be written, and its tracking store answers (in seconds, before Ray starts)."""
+    from clozemath.records import check_run_outputs
+    from clozemath.tracking import check_tracking_uri
+
+    check_run_outputs(experiments)
+    for uri in dict.fromkeys(experiment.tracking.uri for experiment in experiments):
+        check_tracking_uri(uri)
+
+
 def _run(args: argparse.Namespace) -> int | None:
     from clozemath.config import load_plan
-    from clozemath.records import check_run_outputs
 
     plan = load_plan(args.config, args.overrides)  # a mistake is reported in a second, before Ray is imported
-    check_run_outputs(plan.experiments)
+    _check_before_work(plan.experiments)
 
     from ray_jobs.grid import run_command
 
@@ -109,12 +122,11 @@ def _add_eval(commands: argparse._SubParsersAction) -> None:
 def _eval(args: argparse.Namespace) -> None:
     from clozemath.config import GridConfig, load_config
     from clozemath.eval.evaluate import resolve_adapter
-    from clozemath.records import check_run_outputs
 
     cfg = load_config(args.config, args.overrides)
     if isinstance(cfg, GridConfig):
         raise ClozeMathError(f"{args.config}: a grid; `clozemath eval` takes one experiment")
-    check_run_outputs([cfg])
+    _check_before_work([cfg])
     adapter = resolve_adapter(cfg)  # a missing adapter fails here, before Ray starts
 
     from clozemath.records import LOGS_DIR, run_folder
@@ -129,6 +141,9 @@ def _eval(args: argparse.Namespace) -> None:
 
 def _data_gsm_symbolic(args: argparse.Namespace) -> None:
     from clozemath.data.gsm_symbolic import write_jsonl
+    from clozemath.files import check_writable_file
+
+    check_writable_file(args.out, "--out")
 
     print(write_jsonl(args.variant, args.per_template, args.seed, args.out, args.templates))
 
@@ -168,7 +183,12 @@ def _add_report(commands: argparse._SubParsersAction) -> None:
 
 
 def _report(args: argparse.Namespace) -> None:
-    from clozemath.report import report
+    from clozemath.files import check_writable_folder
+    from clozemath.report import report, report_folder
+    from clozemath.tracking import check_tracking_uri
+
+    check_writable_folder(report_folder(args.experiment, args.out), "--out")
+    check_tracking_uri(args.tracking_uri, "--tracking-uri")
 
     report(args.experiment, args.tracking_uri, args.out, args.latex, args.parent, args.decoding)
 
