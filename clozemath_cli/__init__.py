@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import argparse
 import shlex
+import signal
 import sys
 from collections.abc import Callable, Sequence
+from types import FrameType
 from typing import TYPE_CHECKING
 
 from clozemath import console
@@ -82,18 +84,22 @@ def _check_before_work(experiments: Sequence[ExperimentConfig]) -> None:
 
 def _run(args: argparse.Namespace) -> int | None:
     from clozemath.config import load_plan
+    from clozemath.records import claim_run_folder, grid_folder, run_lock
 
     plan = load_plan(args.config, args.overrides)  # a mistake is reported in a second, before Ray is imported
     _check_before_work(plan.experiments)
+    folder = grid_folder(plan)
+    with run_lock(folder):  # a second run of it now is refused at once
+        claim_run_folder(folder, plan.experiments)  # as is a run of another config where this one's work lies
 
-    from ray_jobs.grid import run_command
+        from ray_jobs.grid import run_command
 
-    try:
-        run_command(plan)
-    except KeyboardInterrupt:
-        resume = shlex.join(["clozemath", "run", args.config, *args.overrides])
-        print(f"clozemath: interrupted; the grid resumes where it stopped with: {resume}", file=sys.stderr)
-        return 130
+        try:
+            run_command(plan)
+        except KeyboardInterrupt:
+            resume = shlex.join(["clozemath", "run", args.config, *args.overrides])
+            print(f"clozemath: interrupted; the grid resumes where it stopped with: {resume}", file=sys.stderr)
+            return _interrupted_code()
 
 
 def _add_score(commands: argparse._SubParsersAction) -> None:
@@ -221,10 +227,33 @@ def parse_args(parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> a
     return args
 
 
+_terminated = False
+"""Whether this command was sent SIGTERM (which it takes as a Ctrl-C)."""
+
+
+def _sigterm_as_ctrl_c(signum: int, frame: FrameType | None) -> None:
+    """SIGTERM (Slurm's, Kubernetes', `docker stop`'s) does what Ctrl-C does: whatever handles SIGINT now (Tune
+    stopping its trials and saving its state, else a KeyboardInterrupt) handles it."""
+    global _terminated
+    _terminated = True
+    on_sigint = signal.getsignal(signal.SIGINT)
+    if not callable(on_sigint):
+        raise KeyboardInterrupt
+    on_sigint(signal.SIGINT, frame)
+
+
+def _interrupted_code() -> int:
+    """128 + the signal: 143 after SIGTERM, 130 after Ctrl-C."""
+    return 128 + (signal.SIGTERM if _terminated else signal.SIGINT)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(build_parser(), argv)
     console.set_verbose(getattr(args, "verbose", False))
     handler: Handler = args.handler
+    global _terminated
+    _terminated = False
+    previous = signal.signal(signal.SIGTERM, _sigterm_as_ctrl_c)
     try:
         return int(handler(args) or 0)
     except ClozeMathError as exc:
@@ -232,5 +261,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     except KeyboardInterrupt:
         print("clozemath: interrupted", file=sys.stderr)
-        return 130
+        return _interrupted_code()
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 

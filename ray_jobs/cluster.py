@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 import re
+import signal
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -40,10 +42,13 @@ def init_ray() -> None:
     env = runtime_env()
     env["env_vars"].update(logs.workers_env())
     address = os.environ.get("RAY_ADDRESS")
+    on_sigterm = signal.getsignal(signal.SIGTERM)
     if address:
         ray.init(runtime_env=env)
     else:
         ray.init(num_cpus=max(MIN_LOCAL_CPUS, os.cpu_count() or 1), runtime_env=env)
+    if callable(on_sigterm) and threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, on_sigterm)  # the command's own (SIGTERM as Ctrl-C), not ray.init's exit
     logs.route_worker_output()
     resources = ray.cluster_resources()
     where = f"joined the cluster at {address}" if address else "started on this machine"
