@@ -185,7 +185,12 @@ def verify_latex(gold: str, pred: str, timeout_s: float) -> bool | None:
         if timeout_s <= 0:
             budget.count_timeout()
             return None
-    verdict = _current_pool().check(gold, pred, timeout_s)
+    try:
+        verdict = _current_pool().check(gold, pred, timeout_s)
+    except WorkerFailed as exc:
+        from clozemath.errors import ClozeMathError  # here, not above: the worker runs this file on its own
+
+        raise ClozeMathError(str(exc)) from None
     if verdict is None and budget is not None:
         budget.count_timeout()
     elif verdict is None:
@@ -201,7 +206,9 @@ def _serve() -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the caller's to handle; end of stdin ends this loop
     protocol = os.fdopen(os.dup(1), "w", buffering=1)
     os.dup2(2, 1)  # whatever a library prints, from Python or C, goes to stderr, never into the protocol
-    resource.setrlimit(resource.RLIMIT_AS, (WORKER_MEMORY_LIMIT_BYTES, WORKER_MEMORY_LIMIT_BYTES))
+    _, hard = resource.getrlimit(resource.RLIMIT_AS)
+    limit = WORKER_MEMORY_LIMIT_BYTES if hard == resource.RLIM_INFINITY else min(WORKER_MEMORY_LIMIT_BYTES, hard)
+    resource.setrlimit(resource.RLIMIT_AS, (limit, hard))
     logging.disable(logging.CRITICAL)  # math-verify warns that its own timeout is off: this process is the timeout
 
     from math_verify import parse, verify

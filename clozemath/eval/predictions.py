@@ -117,8 +117,11 @@ def grade_generation(dataset: str, generation: str, gold: str, harness: bool) ->
 def regrade(predictions: list[Prediction]) -> list[Prediction]:
     """The predictions with `extracted`, `correct` (and the harness's verdicts, where it graded) recomputed from
     `generation` and `gold`; a thread per core, so that as many math-verify checks run at once."""
-    with ThreadPoolExecutor(max_workers=grading_threads()) as pool:
+    pool = ThreadPoolExecutor(max_workers=grading_threads())
+    try:
         return list(pool.map(_regraded, predictions))
+    finally:
+        pool.shutdown(cancel_futures=True)  # on Ctrl-C, only the checks already running are waited for
 
 
 def _regraded(prediction: Prediction) -> Prediction:
