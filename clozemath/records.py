@@ -106,7 +106,7 @@ def claim_run_folder(folder: Path, experiments: list[ExperimentConfig]) -> None:
         except (OSError, ValueError):
             held = {}
         if held.get("fingerprint") != record["fingerprint"] and _holds_work(folder):
-            changed = _changes(held.get("settings") or {}, record["settings"])
+            changed = _changes(held["settings"], record["settings"]) if held.get("settings") else "unreadable"
             raise ClozeMathError(
                 f"{folder} holds the run of another config ({changed}): it is left as it is; give this one a folder "
                 f"of its own with name=<new name>, or run the config it holds"
@@ -147,12 +147,11 @@ def run_lock(folder: Path) -> Iterator[None]:
 def check_run_outputs(experiments: Iterable[ExperimentConfig]) -> None:
     """Every folder a run writes (its output folder, a local tracking store and its artifacts) can be written."""
     for experiment in experiments:
-        check_writable_folder(experiment.train.output_dir, "train.output_dir")
-        folder = run_folder(experiment)
-        for sub in (Path(EVAL_DIR, PREDICTIONS_DIR), Path(ADAPTER_DIR), Path(LOGS_DIR)):
-            check_writable_folder(folder / sub, "the run folder")
-        for beside in (CACHE_DIR, TUNE_DIR, Path(experiment.name).parts[0] + f"/{LOGS_DIR}"):
-            check_writable_folder(Path(experiment.train.output_dir) / beside, "train.output_dir")
+        output_dir, run = Path(experiment.train.output_dir), run_folder(experiment)
+        grid = output_dir / Path(experiment.name).parts[0]  # a grid's trials' folders are in the grid's
+        for folder in (run / EVAL_DIR / PREDICTIONS_DIR, run / ADAPTER_DIR, run / LOGS_DIR, grid / LOGS_DIR,
+                       output_dir / CACHE_DIR, output_dir / TUNE_DIR):
+            check_writable_folder(folder, "train.output_dir")
         if experiment.train.storage is not None and "://" not in experiment.train.storage:
             check_writable_folder(experiment.train.storage, "train.storage")
         tracking = experiment.tracking

@@ -324,7 +324,8 @@ def test_an_output_path_in_the_way_is_refused_before_any_work(tmp_path: Path, ca
     eval_folder = tmp_path / "runs" / "smoke" / "eval"
     eval_folder.parent.mkdir(parents=True)
     eval_folder.write_text("kept\n")
-    assert f"'{eval_folder}' is a file" in refused(capsys, "run", str(ROOT / SMOKE), *outputs(tmp_path))
+    error = refused(capsys, "run", str(ROOT / SMOKE), *outputs(tmp_path))
+    assert f"train.output_dir: cannot make the folder '{eval_folder / 'predictions'}': '{eval_folder}' is a file" in error
     assert a_file.read_text() == eval_folder.read_text() == "kept\n"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a-file", "runs"]
 
