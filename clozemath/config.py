@@ -403,7 +403,8 @@ def _expanded_size(root: yaml.Node) -> tuple[int, int] | None:
         if children_done:
             open_nodes.discard(id(node))
             counted = [sizes[id(child)] for child in children]
-            sizes[id(node)] = (1 + sum(size for size, _ in counted), 1 + max((depth for _, depth in counted), default=0))
+            size, depth = sum(size for size, _ in counted), max((depth for _, depth in counted), default=0)
+            sizes[id(node)] = (1 + size, 1 + depth)
             continue
         if id(node) in sizes:
             continue

@@ -155,7 +155,8 @@ def test_an_alias_bomb_in_a_free_form_mapping_is_refused_naming_the_file(tmp_pat
 
 def test_an_alias_bomb_in_an_override_and_a_recursive_alias_are_refused(tmp_path: Path, capsys) -> None:
     bomb = "{" + _laughs(9, indent="").replace("\n", ", ") + "}"
-    assert "override 'model.random_init.x'" in refused(capsys, "prepare", str(ROOT / SMOKE), f"model.random_init.x={bomb}")
+    error = refused(capsys, "prepare", str(ROOT / SMOKE), f"model.random_init.x={bomb}")
+    assert "override 'model.random_init.x'" in error
     path = experiment(tmp_path, "name: loop\nmodel: tiny-llama\nmethod: clozemath\ntrain: &t {seed: [*t]}\n")
     assert "alias (*name) inside its own anchor" in refused(capsys, "prepare", str(path))
 
@@ -300,7 +301,8 @@ def test_the_line_limit_is_configurable_and_the_real_data_is_within_the_limits(t
 def test_a_hostile_predictions_line_is_named_and_a_limit_of_no_problems_refused(tmp_path: Path, capsys) -> None:
     path = tmp_path / "predictions.jsonl"
     good = {"id": "g1", "dataset": "gsm8k", "generation": "#### 7", "gold": "7"}
-    path.write_text(json.dumps(good) + "\n" + '{"id": "g2", "dataset": "gsm8k", "generation": "\\udfff", "gold": "7"}\n')
+    surrogate = '{"id": "g2", "dataset": "gsm8k", "generation": "\\udfff", "gold": "7"}'
+    path.write_text(json.dumps(good) + "\n" + surrogate + "\n")
     assert f"{path}:2: field 'generation' holds a lone surrogate" in refused(capsys, "score", str(path))
     assert "a limit of 0 problems" in refused(capsys, "prepare", str(ROOT / SMOKE), "--limit", "0")
 
@@ -325,7 +327,7 @@ def test_an_output_path_in_the_way_is_refused_before_any_work(tmp_path: Path, ca
     eval_folder.parent.mkdir(parents=True)
     eval_folder.write_text("kept\n")
     error = refused(capsys, "run", str(ROOT / SMOKE), *outputs(tmp_path))
-    assert f"train.output_dir: cannot make the folder '{eval_folder / 'predictions'}': '{eval_folder}' is a file" in error
+    assert f"cannot make the folder '{eval_folder / 'predictions'}': '{eval_folder}' is a file" in error
     assert a_file.read_text() == eval_folder.read_text() == "kept\n"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a-file", "runs"]
 

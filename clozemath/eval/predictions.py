@@ -169,8 +169,8 @@ def print_score(path: str | Path, as_json: bool = False) -> None:
         print(f"{key:<{width}}  {tally['correct']:>7}  {tally['total']:>6}  {100 * tally['accuracy']:7.2f}%")
     print(f"regraded {len(predictions)} predictions: {scores['changed']} verdicts changed")
     if budget.timed_out:
-        print(f"math-verify: {budget.timed_out} checks ran out of time (in all {budget.seconds:.0f} s for the file) and "
-              "were graded by normalized string equality")
+        print(f"math-verify: {budget.timed_out} checks ran out of time (the file's {budget.seconds:.0f} s in all) "
+              "and were graded by normalized string equality")
 
 
 def metrics(predictions: Iterable[Prediction]) -> dict[str, float]:
