@@ -135,14 +135,14 @@ def _eval(args: argparse.Namespace) -> None:
     _check_before_work([cfg])
     adapter = resolve_adapter(cfg)  # a missing adapter fails here, before Ray starts
 
-    from clozemath.records import LOGS_DIR, run_folder
+    from clozemath.records import LOGS_DIR, run_folder, run_lock
     from ray_jobs.evaluate import print_results, run_evaluation
     from ray_jobs.logs import logged
 
-    logs = run_folder(cfg).resolve() / LOGS_DIR
-    with logged(logs):
+    folder = run_folder(cfg).resolve()
+    with run_lock(folder), logged(folder / LOGS_DIR):  # its evaluation folder is the run's: never both at once
         result = run_evaluation(cfg, adapter)
-    print_results(result, logs, cfg.tracking.uri)
+    print_results(result, folder / LOGS_DIR, cfg.tracking.uri)
 
 
 def _data_gsm_symbolic(args: argparse.Namespace) -> None:
