@@ -33,7 +33,7 @@ MAX_DRAWS = 200_000
 """Draws per instance before a template counts as unsatisfiable."""
 
 TEMPLATE_WORK = 5_000_000
-"""Units of work (`Meter`) a template may spend beyond INSTANCE_WORK an instance: 1.5-4.5 s of CPU for the hostile
+"""Units of work (`Meter`) a template may spend beyond INSTANCE_WORK an instance: 2-5.5 s of CPU for the hostile
 templates tried, and 3 times what the costliest released template takes to tabulate its conditions (p2/0010: 1.65
 million, in one instance). Seed 0, 50 instances: the costliest takes 5.1 million in all (p2/0007), 17% of its
 budget; a template whose conditions never hold is refused in seconds."""
