@@ -147,6 +147,7 @@ def run_lock(folder: Path) -> Iterator[None]:
 def check_run_outputs(experiments: Iterable[ExperimentConfig]) -> None:
     """Every folder a run writes (its output folder, a local tracking store and its artifacts) can be written."""
     for experiment in experiments:
+        check_writable_folder(experiment.train.output_dir, "train.output_dir")
         output_dir, run = Path(experiment.train.output_dir), run_folder(experiment)
         grid = output_dir / Path(experiment.name).parts[0]  # a grid's trials' folders are in the grid's
         for folder in (run / EVAL_DIR / PREDICTIONS_DIR, run / ADAPTER_DIR, run / LOGS_DIR, grid / LOGS_DIR,

@@ -17,16 +17,17 @@ from collections.abc import Iterator, Mapping
 from contextlib import closing, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from mlflow import MlflowClient
-from mlflow.entities import Metric, Param, Run, RunStatus
-from mlflow.exceptions import MlflowException
 from pydantic import BaseModel
 
 from clozemath.config import TRACKING_SCHEMES, TrackingConfig, dump_yaml, flatten
 from clozemath.errors import ClozeMathError
 from clozemath.records import CONFIG_ARTIFACT, PARENT_TAG
+
+if TYPE_CHECKING:  # MLflow is imported where it is used: checking a store's URI needs none of it
+    from mlflow import MlflowClient
+    from mlflow.entities import Run
 
 _BATCH = 100  # MLflow's limit of params per log_batch call
 _MAX_PARAM_LENGTH = 6000
@@ -133,6 +134,8 @@ def artifact_location(tracking: TrackingConfig) -> str | None:
 
 
 def client(uri: str) -> MlflowClient:
+    from mlflow import MlflowClient
+
     return MlflowClient(tracking_uri=resolved_uri(uri))
 
 
@@ -143,6 +146,8 @@ def experiment_id(tracking: TrackingConfig) -> str:
     write_ahead_log(tracking.uri)
     if found is not None:
         return found.experiment_id
+    from mlflow.exceptions import MlflowException
+
     try:
         return mlflow.create_experiment(tracking.experiment, artifact_location=artifact_location(tracking))
     except MlflowException:  # created concurrently (grid trials start together)
@@ -173,6 +178,8 @@ class TrackedRun:
     run_id: str
 
     def log_params(self, params: Mapping[str, Any]) -> None:
+        from mlflow.entities import Param
+
         items = [Param(key, str(value)[:_MAX_PARAM_LENGTH]) for key, value in params.items()]
         mlflow = client(self.uri)
         for start in range(0, len(items), _BATCH):
@@ -184,6 +191,8 @@ class TrackedRun:
         self.log_text(dump_yaml(config), CONFIG_ARTIFACT)
 
     def log_metrics(self, step: int, metrics: Mapping[str, float]) -> None:
+        from mlflow.entities import Metric
+
         now = int(time.time() * 1000)
         items = [Metric(key, float(value), now, step) for key, value in metrics.items()]
         client(self.uri).log_batch(self.run_id, metrics=items)
@@ -231,6 +240,8 @@ def start_run(
 
 def reopen_run(uri: str, run_id: str) -> TrackedRun:
     """Mark a run running again (a trial resumed after its driver died logs on into the run it had)."""
+    from mlflow.entities import RunStatus
+
     client(uri).update_run(run_id, status=RunStatus.to_string(RunStatus.RUNNING))
     return TrackedRun(resolved_uri(uri), run_id)
 
