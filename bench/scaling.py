@@ -104,7 +104,7 @@ def table(plan: RunPlan, card_name: str) -> str:
             single[config.model.name] = values["per_gpu"]
         rows.append((config, values))
     lines = [
-        f"| model | GPUs | ZeRO | compiled | tokens/s | tokens/s per GPU | MFU | scaling efficiency | peak GiB | "
+        "| model | GPUs | ZeRO | compiled | tokens/s | tokens/s per GPU | MFU | scaling efficiency | peak GiB | "
         "first step s | to first step s | wall s (measured / dry-run) |",
         "| --- | ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]

@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import copy
 import itertools
+import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from clozemath.errors import ClozeMathError
 from clozemath.tasks import get_task
@@ -317,6 +318,23 @@ class EvalConfig(_Strict):
     during_training_limit: AtLeastOne = 100
 
     @model_validator(mode="after")
+    def _sets_apart(self) -> EvalConfig:
+        """Each set once: its predictions file and metrics are named by its dataset (checked here, before training,
+        rather than when the evaluation after it writes them)."""
+        seen: dict[str, EvalSetConfig] = {}
+        for set_cfg in self.sets:
+            earlier = seen.setdefault(set_cfg.dataset, set_cfg)
+            if earlier is set_cfg:
+                continue
+            if earlier == set_cfg:
+                raise ValueError(f"the set '{set_cfg.dataset}' (split {set_cfg.split}) appears twice in eval.sets")
+            raise ValueError(
+                f"two sets of '{set_cfg.dataset}' in eval.sets (splits {earlier.split} and {set_cfg.split}): its "
+                "predictions and metrics are named by the dataset, so evaluate one set of it per run"
+            )
+        return self
+
+    @model_validator(mode="after")
     def _set_decodings_are_known(self) -> EvalConfig:
         if self.every_steps is not None and self.every_share is not None:
             raise ValueError("`every_steps` and `every_share` both say when to evaluate during training: drop one")
@@ -337,7 +355,8 @@ TRACKING_SCHEMES = ("sqlite", "file", "http", "https", "postgresql", "mysql", "m
 
 class TrackingConfig(_Strict):
     uri: str = "sqlite:///mlruns.db"
-    """A local folder, `sqlite:///<file>`, a tracking server `http(s)://host:port`, or a database URI."""
+    """`sqlite:///<file>`, a tracking server `http(s)://host:port`, a database URI, or a local folder (MLflow 3 takes
+    one only with MLFLOW_ALLOW_FILE_STORE=true)."""
     experiment: str = "clozemath"
     artifact_location: str | None = None
     """Default: `./mlartifacts` beside a local store."""
@@ -351,8 +370,30 @@ class TrackingConfig(_Strict):
         return uri
 
 
+def _run_name(name: str) -> str:
+    """A name that stays a folder under `train.output_dir`: no empty, `.` or `..` part, not absolute, no backslash
+    or control character. A grid's trials are `<grid>/<point>`: the one place a name holds a `/`."""
+    parts = name.split("/")
+    if any(part in ("", ".", "..") for part in parts) or any(c == "\\" or not c.isprintable() for c in name):
+        raise ValueError(
+            f"'{name}' would leave train.output_dir or name an odd folder: use letters, digits, '-', '_', '.', '='"
+        )
+    return name
+
+
+def _folder_name(name: str) -> str:
+    """A name written in a config (an experiment's, a grid's): one folder under `train.output_dir`."""
+    if "/" in _run_name(name):
+        raise ValueError(f"'{name}' holds a '/': a run's name is one folder under train.output_dir")
+    return name
+
+
+RunName = Annotated[str, AfterValidator(_run_name)]
+FolderName = Annotated[str, AfterValidator(_folder_name)]
+
+
 class ExperimentConfig(_Strict):
-    name: str
+    name: RunName
     model: ModelConfig
     method: MethodConfig
     data: DataConfig = DataConfig()
@@ -375,7 +416,7 @@ class GridRule(_Strict):
 
 
 class GridConfig(_Strict):
-    name: str
+    name: FolderName
     base: dict[str, Any]
     """An experiment (inline, or `experiment: <name>` to start from `configs/experiments/<name>.yaml`)."""
     axes: dict[str, Any] = {}
@@ -413,18 +454,89 @@ def configs_root(near: Path | None = None) -> Path:
     return Path.cwd() / "configs"
 
 
+MAX_CONFIG_BYTES = 1 << 20
+"""The largest config file read (1 MiB): the project's own are under 5 KiB, the paper's grid included."""
+MAX_CONFIG_VALUES = 100_000
+"""The most values (mappings, lists, scalars) a YAML document may hold once its aliases are expanded: a `&anchor`
+used many times counts each time, so that a few lines of nested aliases ("billion laughs") cannot grow into
+gigabytes when the config is validated, copied or logged. The paper's grid holds 256."""
+MAX_CONFIG_DEPTH = 64
+"""The deepest nesting of mappings and lists in a YAML document (the project's go 8 deep)."""
+
+
+def _expanded_size(root: yaml.Node) -> tuple[int, int] | None:
+    """How many values the document holds with every alias expanded, and how deep it nests; None when an alias holds
+    itself. Walks the node graph once (each shared node sized once), without recursion."""
+    sizes: dict[int, tuple[int, int]] = {}
+    open_nodes: set[int] = set()
+    stack: list[tuple[yaml.Node, bool]] = [(root, False)]
+    while stack:
+        node, children_done = stack.pop()
+        children = [] if isinstance(node, yaml.ScalarNode) else (
+            [item for pair in node.value for item in pair] if isinstance(node, yaml.MappingNode) else node.value
+        )
+        if children_done:
+            open_nodes.discard(id(node))
+            counted = [sizes[id(child)] for child in children]
+            size, depth = sum(size for size, _ in counted), max((depth for _, depth in counted), default=0)
+            sizes[id(node)] = (1 + size, 1 + depth)
+            continue
+        if id(node) in sizes:
+            continue
+        if id(node) in open_nodes:
+            return None
+        open_nodes.add(id(node))
+        stack.append((node, True))
+        stack.extend((child, False) for child in children if id(child) not in sizes)
+    return sizes[id(root)]
+
+
+class NotYaml(ClozeMathError):
+    """Text that does not parse as YAML."""
+
+
+def parse_yaml(text: str, where: str) -> Any:
+    """YAML `text` as plain data, within `MAX_CONFIG_VALUES` (aliases expanded) and `MAX_CONFIG_DEPTH`; a mistake
+    or an excess is a one-line error naming `where`."""
+    loader = yaml.SafeLoader(text)
+    try:
+        node = loader.get_single_node()
+        if node is None:
+            return None
+        expanded = _expanded_size(node)
+        if expanded is None:
+            raise ClozeMathError(f"{where}: an alias (*name) inside its own anchor (&name): the YAML never ends")
+        size, depth = expanded
+        if size > MAX_CONFIG_VALUES:
+            raise ClozeMathError(
+                f"{where}: the YAML holds more than {MAX_CONFIG_VALUES:,} values once its aliases (*name) are expanded"
+            )
+        if depth > MAX_CONFIG_DEPTH:
+            raise ClozeMathError(f"{where}: the YAML nests deeper than {MAX_CONFIG_DEPTH} levels")
+        return loader.construct_document(node)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        line = f":{mark.line + 1}" if mark is not None else ""
+        raise NotYaml(f"{where}{line}: not valid YAML ({getattr(exc, 'problem', None) or exc})") from None
+    except RecursionError:  # PyYAML composes nested collections recursively
+        raise ClozeMathError(f"{where}: the YAML nests deeper than {MAX_CONFIG_DEPTH} levels") from None
+    finally:
+        loader.dispose()
+
+
 def read_yaml(path: Path) -> dict[str, Any]:
     if not path.is_file():
         raise ClozeMathError(f"{path}: no such config file")
+    size = path.stat().st_size
+    if size > MAX_CONFIG_BYTES:
+        raise ClozeMathError(f"{path}: {size:,} bytes, more than a config may hold ({MAX_CONFIG_BYTES:,})")
+    data = path.read_bytes()
     try:
-        raw = yaml.safe_load(path.read_bytes().decode("utf-8"))
+        text = data.decode("utf-8")
     except UnicodeDecodeError as exc:
-        line = exc.object[: exc.start].count(b"\n") + 1
-        raise ClozeMathError(f"{path}:{line}: not UTF-8 text (byte 0x{exc.object[exc.start]:02x})") from None
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f":{mark.line + 1}" if mark is not None else ""
-        raise ClozeMathError(f"{path}{where}: not valid YAML ({getattr(exc, 'problem', exc)})") from None
+        line = data[: exc.start].count(b"\n") + 1
+        raise ClozeMathError(f"{path}:{line}: not UTF-8 text (byte 0x{data[exc.start]:02x})") from None
+    raw = parse_yaml(text, str(path))
     if raw is None:
         return {}
     if not isinstance(raw, dict):
@@ -469,8 +581,8 @@ def parse_override(text: str) -> tuple[str, Any]:
         except ValueError:
             pass
     try:
-        return key.strip(), yaml.safe_load(value)
-    except yaml.YAMLError:
+        return key.strip(), parse_yaml(value, f"override '{key.strip()}'")
+    except NotYaml:
         return key.strip(), value
 
 
@@ -596,6 +708,10 @@ def load_plan(path: str | Path, overrides: list[str] = ()) -> RunPlan:
     parsed = [parse_override(o) for o in overrides]
     if not is_grid(raw):
         experiment = experiment_from_dict(raw, root, path, parsed)
+        try:
+            _folder_name(experiment.name)
+        except ValueError as exc:
+            raise ClozeMathError(f"{path}: 'name': {exc}") from None
         return RunPlan(experiment, [experiment], root)
     grid = _validate(GridConfig, raw, path)
     check_conditions(grid, path)  # against the axes as written: `axes.*` overrides may narrow them
@@ -671,10 +787,20 @@ def check_conditions(grid: GridConfig, source: Path | str = "grid", values: bool
         _check_condition(grid, rule.when, f"overrides[{index}].when", source, values)
 
 
+MAX_GRID_POINTS = 10_000
+"""The most points a grid's axes may make (before `exclude`): the paper's grid makes 68 (168 before its exclusions);
+each point is an experiment validated up front, so that a product of long axes would otherwise run for hours."""
+
+
 def grid_points(grid: GridConfig, source: Path | str = "grid") -> list[GridPoint]:
     """The product of the axes, less the excluded points, each with its conditional overrides."""
     check_conditions(grid, source, values=False)
     choices = [_axis_choices(axis, values, source) for axis, values in grid.axes.items()]
+    product = math.prod(len(choice) for choice in choices)
+    if product > MAX_GRID_POINTS:
+        raise ClozeMathError(
+            f"{source}: the axes make {product:,} points, more than a grid may hold ({MAX_GRID_POINTS:,})"
+        )
     points = []
     for combination in itertools.product(*choices):
         labels = {axis: label for axis, (label, _) in zip(grid.axes, combination)}

@@ -3,8 +3,10 @@ a failure (or Ctrl-C) midway leaves the file that was there before, never a trun
 
 from __future__ import annotations
 
+import fcntl
 import os
 import shutil
+import time
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -76,3 +78,65 @@ def check_writable_folder(path: str | Path, what: str) -> None:
         raise ClozeMathError(f"{what}: cannot make the folder '{path}': '{existing}' is a file")
     if not os.access(existing, os.W_OK | os.X_OK):
         raise ClozeMathError(f"{what}: cannot write in '{existing}'")
+
+
+def check_writable_file(path: str | Path, what: str) -> None:
+    """Refuse, before anything starts, an output file that cannot be written whole: a folder where it should be, or
+    a folder for it that cannot be made or written (it is written beside, then renamed: `atomic_path`)."""
+    target = Path(path).expanduser()
+    if target.is_dir():
+        raise ClozeMathError(f"{what}: '{path}' is a folder; name the file to write")
+    check_writable_folder(target.parent, what)
+
+
+@contextmanager
+def staging_folder(target: Path) -> Iterator[Path]:
+    """A fresh folder beside `target` (under a dot name) to build it in, removed when the block ends: rename it onto
+    `target` within the block to keep it. A lock file beside it is held while it is built (the kernel's lock, which
+    ends with its process however that ends), so that `remove_abandoned_staging` tells a folder still being built
+    from one whose process died."""
+    staging = target.with_name(f".{target.name}.{uuid.uuid4().hex[:8]}")
+    lock = staging.with_name(f"{staging.name}{_STAGING_LOCK}")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with open(lock, "w") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            staging.mkdir()
+            yield staging
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+            lock.unlink(missing_ok=True)
+
+
+_STAGING_LOCK = ".building"
+
+
+def remove_abandoned_staging(folder: Path, wait_s: float = 0.0) -> list[Path]:
+    """Remove the staging folders (`staging_folder`) in `folder` whose process has ended, waiting up to `wait_s` for
+    those whose process is ending; the ones removed."""
+    removed = []
+    deadline = time.monotonic() + wait_s
+    for lock in sorted(Path(folder).glob(f".*{_STAGING_LOCK}")):
+        try:
+            handle = open(lock)
+        except FileNotFoundError:  # its build just ended
+            continue
+        with handle:
+            if not _locked_by_then(handle, deadline):
+                continue  # still being built
+            staging = lock.with_name(lock.name.removesuffix(_STAGING_LOCK))
+            shutil.rmtree(staging, ignore_errors=True)
+            lock.unlink(missing_ok=True)
+            removed.append(staging)
+    return removed
+
+
+def _locked_by_then(handle: TextIO, deadline: float) -> bool:
+    while True:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return True
+        except BlockingIOError:
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.1)

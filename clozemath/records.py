@@ -7,12 +7,19 @@ change none of them.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import fcntl
+import hashlib
+import json
+import os
+import socket
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from clozemath.config import ExperimentConfig
-from clozemath.files import check_writable_folder
+from clozemath.config import ExperimentConfig, RunPlan, flatten
+from clozemath.errors import ClozeMathError
+from clozemath.files import check_writable_folder, write_text_atomic
 
 # --------------------------------------------------------------------------------------------------------------
 # The run folder: `<train.output_dir>/<experiment name>/` and its neighbours under `train.output_dir`
@@ -39,6 +46,10 @@ PREDICTIONS_ARTIFACTS = f"{EVAL_DIR}/{PREDICTIONS_DIR}"
 """Where a run's predictions files are among its MLflow artifacts."""
 CONFIG_ARTIFACT = "config.yaml"
 GRID_ARTIFACT = "grid.yaml"
+RUN_RECORD = "run.json"
+"""In a run's folder (a grid's: the folder of its trials' folders): the fingerprint of the config it belongs to."""
+RUN_LOCK = "run.lock"
+"""In a run's folder: locked (and naming its process) while a command runs in it."""
 
 
 def run_folder(cfg: ExperimentConfig) -> Path:
@@ -55,10 +66,101 @@ def compile_cache_folder(config: ExperimentConfig) -> Path:
     return Path(config.train.compile_cache or Path(config.train.output_dir) / COMPILE_CACHE_DIR)
 
 
+def grid_folder(plan: RunPlan) -> Path:
+    """`<train.output_dir>/<grid>`: an experiment's run folder, or the folder of a grid's trials' run folders."""
+    return Path(plan.experiments[0].train.output_dir).resolve() / plan.grid.name
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Which config a run folder belongs to, and which command runs in it
+
+
+def run_record(experiments: Iterable[ExperimentConfig]) -> dict[str, object]:
+    """The fingerprint of a run's configs (every setting of every trial) and the settings themselves."""
+    settings = {experiment.name: flatten(experiment) for experiment in experiments}
+    text = json.dumps(settings, sort_keys=True, default=str)
+    return {"fingerprint": hashlib.sha256(text.encode()).hexdigest()[:16], "settings": settings}
+
+
+def _holds_work(folder: Path) -> bool:
+    """Whether a run folder (or a trial's folder in it) holds an adapter, checkpoints or an evaluation."""
+    outputs = (ADAPTER_DIR, EVAL_DIR, RAY_TRAIN_DIR)
+    return any((folder / name).exists() or any(folder.glob(f"*/{name}")) for name in outputs)
+
+
+def _changes(old: dict[str, dict[str, object]], new: dict[str, dict[str, object]]) -> str:
+    """The first few settings that differ between two runs' configs, as `key: old -> new`."""
+    if old.keys() != new.keys():
+        gone, added = sorted(old.keys() - new.keys()), sorted(new.keys() - old.keys())
+        return "; ".join(part for part in (f"trials gone: {', '.join(gone[:2])}" if gone else "",
+                                           f"trials added: {', '.join(added[:2])}" if added else "") if part)
+    for name in new:
+        keys = sorted(key for key in old[name].keys() | new[name].keys() if old[name].get(key) != new[name].get(key))
+        if keys:
+            shown = ", ".join(f"{key}: {old[name].get(key)!r} -> {new[name].get(key)!r}" for key in keys[:3])
+            return shown + (f" and {len(keys) - 3} more" if len(keys) > 3 else "")
+    return "its settings"
+
+
+def claim_run_folder(folder: Path, experiments: list[ExperimentConfig]) -> None:
+    """Record in `folder` the config its run belongs to; refuse a config that differs from the one recorded there
+    while the folder holds that run's work (adapter, checkpoints, predictions), so that it is never overwritten.
+    A folder of a run from before the record existed is taken as this config's."""
+    record = run_record(experiments)
+    file = folder / RUN_RECORD
+    if file.is_file():
+        try:
+            held = json.loads(file.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            held = {}
+        if held.get("fingerprint") != record["fingerprint"] and _holds_work(folder):
+            changed = _changes(held["settings"], record["settings"]) if held.get("settings") else "unreadable"
+            raise ClozeMathError(
+                f"{folder} holds the run of another config ({changed}): it is left as it is; give this one a folder "
+                f"of its own with name=<new name>, or run the config it holds"
+            )
+    write_text_atomic(file, json.dumps(record, indent=1, sort_keys=True, default=str) + "\n")
+
+
+@contextmanager
+def run_lock(folder: Path) -> Iterator[None]:
+    """Hold `folder` for this command: a second command on it is refused at once, naming the process that holds
+    it. The lock is the kernel's (`flock`): it ends with its process, however that ends, so a lock left by a killed
+    run is never in the way; the file names the holder (pid, host) while it is held."""
+    folder.mkdir(parents=True, exist_ok=True)
+    handle = open(folder / RUN_LOCK, "a+", encoding="utf-8")
+    try:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            handle.seek(0)
+            holder = handle.read().strip() or "another process"
+            raise ClozeMathError(
+                f"{folder}: another run is live in this folder ({holder}); wait for it to end, or give this one a "
+                f"folder of its own with name=<new name>"
+            ) from None
+        handle.seek(0)
+        handle.truncate()
+        handle.write(f"pid {os.getpid()} on {socket.gethostname()}\n")
+        handle.flush()
+        try:
+            yield
+        finally:
+            handle.seek(0)
+            handle.truncate()
+    finally:
+        handle.close()
+
+
 def check_run_outputs(experiments: Iterable[ExperimentConfig]) -> None:
     """Every folder a run writes (its output folder, a local tracking store and its artifacts) can be written."""
     for experiment in experiments:
         check_writable_folder(experiment.train.output_dir, "train.output_dir")
+        output_dir, run = Path(experiment.train.output_dir), run_folder(experiment)
+        grid = output_dir / Path(experiment.name).parts[0]  # a grid's trials' folders are in the grid's
+        for folder in (run / EVAL_DIR / PREDICTIONS_DIR, run / ADAPTER_DIR, run / LOGS_DIR, grid / LOGS_DIR,
+                       output_dir / CACHE_DIR, output_dir / TUNE_DIR):
+            check_writable_folder(folder, "train.output_dir")
         if experiment.train.storage is not None and "://" not in experiment.train.storage:
             check_writable_folder(experiment.train.storage, "train.storage")
         if experiment.train.compile_cache is not None:

@@ -779,6 +779,12 @@ def experiments_runs(tracking_uri: str, experiments: Sequence[str], parent_run_i
     return grids
 
 
+def report_folder(experiment: str | Sequence[str], out: str | Path | None) -> Path:
+    """Where the report is written: `out`, by default `reports/<experiment>[+<experiment>...]`."""
+    names = [experiment] if isinstance(experiment, str) else list(experiment)
+    return Path(out) if out is not None else Path("reports") / "+".join(names)
+
+
 def report(
     experiment: str | Sequence[str],
     tracking_uri: str = "sqlite:///mlruns.db",
@@ -798,7 +804,7 @@ def report(
     names = [experiment] if isinstance(experiment, str) else list(experiment)
     grids = experiments_runs(tracking_uri, names, parent_run_id)
     results = [r for _, runs in grids for r in runs]
-    folder = Path(out) if out is not None else Path("reports") / "+".join(names)
+    folder = report_folder(names, out)
     folder.mkdir(parents=True, exist_ok=True)
     artifacts = PredictionArtifacts(tracking_uri, exported)
     found = comparisons(results, artifacts)

@@ -8,21 +8,26 @@ in `clozemath.records`.
 
 from __future__ import annotations
 
+import os
+import socket
 import sqlite3
 import time
+import urllib.parse
 from collections.abc import Iterator, Mapping
 from contextlib import closing, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from mlflow import MlflowClient
-from mlflow.entities import Metric, Param, Run, RunStatus
-from mlflow.exceptions import MlflowException
 from pydantic import BaseModel
 
-from clozemath.config import TrackingConfig, dump_yaml, flatten
+from clozemath.config import TRACKING_SCHEMES, TrackingConfig, dump_yaml, flatten
+from clozemath.errors import ClozeMathError
 from clozemath.records import CONFIG_ARTIFACT, PARENT_TAG
+
+if TYPE_CHECKING:  # MLflow is imported where it is used: checking a store's URI needs none of it
+    from mlflow import MlflowClient
+    from mlflow.entities import Run
 
 _BATCH = 100  # MLflow's limit of params per log_batch call
 _MAX_PARAM_LENGTH = 6000
@@ -41,6 +46,82 @@ def resolved_uri(uri: str) -> str:
     return uri
 
 
+PROBE_TIMEOUT_S = 3.0
+"""How long a tracking server or database may take to accept a connection when a command starts: MLflow's own
+client retries a server where nothing listens for about 5 minutes before it fails."""
+FILE_STORE_ENV = "MLFLOW_ALLOW_FILE_STORE"
+"""MLflow 3 refuses a folder store unless this is `true`."""
+_DRIVER_PACKAGES = {"psycopg": "psycopg[binary]", "psycopg2": "psycopg2-binary", "MySQLdb": "mysqlclient"}
+"""The package to install for a database driver whose module is named otherwise (else the module's name)."""
+_DATABASE_PORTS = {"postgresql": 5432, "mysql": 3306, "mssql": 1433}
+"""Where a database server listens unless its URI says otherwise (each server's default)."""
+
+
+def check_tracking_uri(uri: str, what: str = "tracking.uri") -> None:
+    """Refuse, within a few seconds and before any work, a store MLflow would fail on only later, after minutes of
+    retries or with a traceback: an unknown scheme, a folder store (MLflow 3 refuses them: often a mistyped URI such
+    as `sqlite:/x.db`), a server or database where nothing answers, a database whose driver is not installed."""
+    scheme, separator, _ = uri.partition("://")
+    backend = scheme.split("+")[0]
+    if not separator or backend == "file":
+        if os.environ.get(FILE_STORE_ENV, "").lower() != "true":
+            raise ClozeMathError(
+                f"{what} '{uri}': a folder store, which MLflow 3 refuses; write sqlite:///<file>.db or "
+                f"http(s)://host:port (or set {FILE_STORE_ENV}=true)"
+            )
+        return
+    if backend not in TRACKING_SCHEMES:
+        raise ClozeMathError(f"{what} '{uri}': unknown scheme '{scheme}' (known: {', '.join(TRACKING_SCHEMES)})")
+    if backend in ("http", "https"):
+        try:
+            parts = urllib.parse.urlsplit(uri)
+            host, port = parts.hostname, parts.port or (443 if backend == "https" else 80)
+        except ValueError as exc:
+            raise ClozeMathError(f"{what} '{uri}': not a URL ({exc})") from None
+        if not host:
+            raise ClozeMathError(f"{what} '{uri}': no host in it (write http://host:port)")
+        _probe(host, port, uri, what, "a tracking server (`mlflow server --port ...`)")
+    elif backend not in ("sqlite", "databricks"):
+        _check_database(uri, what)
+
+
+def _check_database(uri: str, what: str) -> None:
+    """A database store: SQLAlchemy reads the URI and imports its driver (as MLflow will), then its server is
+    probed."""
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import ArgumentError, NoSuchModuleError
+
+    try:
+        url = make_url(uri)
+        dialect = url.get_dialect()
+    except (ArgumentError, NoSuchModuleError, ValueError) as exc:
+        raise ClozeMathError(f"{what} '{uri}': not a database URI SQLAlchemy reads ({exc})") from None
+    try:
+        dialect.import_dbapi()
+    except ImportError as exc:
+        module = exc.name or dialect.driver
+        raise ClozeMathError(
+            f"{what} '{uri}': its database driver '{module}' is not installed "
+            f"(pip install '{_DRIVER_PACKAGES.get(module, module)}')"
+        ) from None
+    if url.host:
+        port = url.port or _DATABASE_PORTS.get(url.get_backend_name())
+        _probe(url.host, port, uri, what, "its database server")
+
+
+def _probe(host: str, port: int | None, uri: str, what: str, server: str) -> None:
+    if port is None:
+        return
+    try:
+        socket.create_connection((host, port), timeout=PROBE_TIMEOUT_S).close()
+    except OSError as exc:
+        reason = "no answer" if isinstance(exc, TimeoutError) else exc.strerror or type(exc).__name__
+        raise ClozeMathError(
+            f"{what} '{uri}': nothing answers at {host}:{port} within {PROBE_TIMEOUT_S:.0f} s ({reason}): start "
+            f"{server} or point {what} elsewhere"
+        ) from None
+
+
 def artifact_location(tracking: TrackingConfig) -> str | None:
     """The configured artifact location, else `mlartifacts/` beside a local SQLite store (None: MLflow decides)."""
     if tracking.artifact_location is not None:
@@ -53,6 +134,8 @@ def artifact_location(tracking: TrackingConfig) -> str | None:
 
 
 def client(uri: str) -> MlflowClient:
+    from mlflow import MlflowClient
+
     return MlflowClient(tracking_uri=resolved_uri(uri))
 
 
@@ -63,6 +146,8 @@ def experiment_id(tracking: TrackingConfig) -> str:
     write_ahead_log(tracking.uri)
     if found is not None:
         return found.experiment_id
+    from mlflow.exceptions import MlflowException
+
     try:
         return mlflow.create_experiment(tracking.experiment, artifact_location=artifact_location(tracking))
     except MlflowException:  # created concurrently (grid trials start together)
@@ -93,6 +178,8 @@ class TrackedRun:
     run_id: str
 
     def log_params(self, params: Mapping[str, Any]) -> None:
+        from mlflow.entities import Param
+
         items = [Param(key, str(value)[:_MAX_PARAM_LENGTH]) for key, value in params.items()]
         mlflow = client(self.uri)
         for start in range(0, len(items), _BATCH):
@@ -104,6 +191,8 @@ class TrackedRun:
         self.log_text(dump_yaml(config), CONFIG_ARTIFACT)
 
     def log_metrics(self, step: int, metrics: Mapping[str, float]) -> None:
+        from mlflow.entities import Metric
+
         now = int(time.time() * 1000)
         items = [Metric(key, float(value), now, step) for key, value in metrics.items()]
         client(self.uri).log_batch(self.run_id, metrics=items)
@@ -151,6 +240,8 @@ def start_run(
 
 def reopen_run(uri: str, run_id: str) -> TrackedRun:
     """Mark a run running again (a trial resumed after its driver died logs on into the run it had)."""
+    from mlflow.entities import RunStatus
+
     client(uri).update_run(run_id, status=RunStatus.to_string(RunStatus.RUNNING))
     return TrackedRun(resolved_uri(uri), run_id)
 

@@ -7,15 +7,17 @@ from __future__ import annotations
 import argparse
 import os
 import shlex
+import signal
 import sys
 from collections.abc import Callable, Sequence
+from types import FrameType
 from typing import TYPE_CHECKING
 
 from clozemath import console
 from clozemath.errors import ClozeMathError
 
 if TYPE_CHECKING:
-    from clozemath.config import RunPlan
+    from clozemath.config import ExperimentConfig, RunPlan
 
 Handler = Callable[[argparse.Namespace], int | None]
 
@@ -79,23 +81,36 @@ def _add_run(commands: argparse._SubParsersAction) -> None:
     run.set_defaults(handler=_run)
 
 
+def _check_before_work(experiments: Sequence[ExperimentConfig]) -> None:
+    """Every folder a run writes can be written, and its tracking store answers (in seconds, before Ray starts)."""
+    from clozemath.records import check_run_outputs
+    from clozemath.tracking import check_tracking_uri
+
+    check_run_outputs(experiments)
+    for uri in dict.fromkeys(experiment.tracking.uri for experiment in experiments):
+        check_tracking_uri(uri)
+
+
 def _run(args: argparse.Namespace) -> int | None:
     from clozemath.config import load_plan
-    from clozemath.records import check_run_outputs
+    from clozemath.records import claim_run_folder, grid_folder, run_lock
 
     plan = load_plan(args.config, args.overrides)  # a mistake is reported in a second, before Ray is imported
     if args.dry_run:
         return _dry_run(args, plan)
-    check_run_outputs(plan.experiments)
+    _check_before_work(plan.experiments)
+    folder = grid_folder(plan)
+    with run_lock(folder):  # a second run of it now is refused at once
+        claim_run_folder(folder, plan.experiments)  # as is a run of another config where this one's work lies
 
-    from ray_jobs.grid import run_command
+        from ray_jobs.grid import run_command
 
-    try:
-        run_command(plan)
-    except KeyboardInterrupt:
-        resume = shlex.join(["clozemath", "run", args.config, *args.overrides])
-        print(f"clozemath: interrupted; the grid resumes where it stopped with: {resume}", file=sys.stderr)
-        return 130
+        try:
+            run_command(plan)
+        except KeyboardInterrupt:
+            resume = shlex.join(["clozemath", "run", args.config, *args.overrides])
+            print(f"clozemath: interrupted; the grid resumes where it stopped with: {resume}", file=sys.stderr)
+            return _interrupted_code()
 
 
 def _dry_run(args: argparse.Namespace, plan: RunPlan) -> None:
@@ -142,26 +157,28 @@ def _add_eval(commands: argparse._SubParsersAction) -> None:
 def _eval(args: argparse.Namespace) -> None:
     from clozemath.config import GridConfig, load_config
     from clozemath.eval.evaluate import resolve_adapter
-    from clozemath.records import check_run_outputs
 
     cfg = load_config(args.config, args.overrides)
     if isinstance(cfg, GridConfig):
         raise ClozeMathError(f"{args.config}: a grid; `clozemath eval` takes one experiment")
-    check_run_outputs([cfg])
+    _check_before_work([cfg])
     adapter = resolve_adapter(cfg)  # a missing adapter fails here, before Ray starts
 
-    from clozemath.records import LOGS_DIR, run_folder
+    from clozemath.records import LOGS_DIR, run_folder, run_lock
     from ray_jobs.evaluate import print_results, run_evaluation
     from ray_jobs.logs import logged
 
-    logs = run_folder(cfg).resolve() / LOGS_DIR
-    with logged(logs):
+    folder = run_folder(cfg).resolve()
+    with run_lock(folder), logged(folder / LOGS_DIR):  # its evaluation folder is the run's: never both at once
         result = run_evaluation(cfg, adapter)
-    print_results(result, logs, cfg.tracking.uri)
+    print_results(result, folder / LOGS_DIR, cfg.tracking.uri)
 
 
 def _data_gsm_symbolic(args: argparse.Namespace) -> None:
     from clozemath.data.gsm_symbolic import write_jsonl
+    from clozemath.files import check_writable_file
+
+    check_writable_file(args.out, "--out")
 
     print(write_jsonl(args.variant, args.per_template, args.seed, args.out, args.templates))
 
@@ -212,7 +229,12 @@ def _add_report(commands: argparse._SubParsersAction) -> None:
 
 
 def _report(args: argparse.Namespace) -> None:
-    from clozemath.report import report
+    from clozemath.files import check_writable_folder
+    from clozemath.report import report, report_folder
+    from clozemath.tracking import check_tracking_uri
+
+    check_writable_folder(report_folder(args.experiment, args.out), "--out")
+    check_tracking_uri(args.tracking_uri, "--tracking-uri")
 
     report(args.experiment, args.tracking_uri, args.out, args.latex, args.parent, args.decoding,
            args.export_predictions, args.predictions)
@@ -246,10 +268,33 @@ def parse_args(parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> a
     return args
 
 
+_terminated = False
+"""Whether this command was sent SIGTERM (which it takes as a Ctrl-C)."""
+
+
+def _sigterm_as_ctrl_c(signum: int, frame: FrameType | None) -> None:
+    """SIGTERM (Slurm's, Kubernetes', `docker stop`'s) does what Ctrl-C does: whatever handles SIGINT now (Tune
+    stopping its trials and saving its state, else a KeyboardInterrupt) handles it."""
+    global _terminated
+    _terminated = True
+    on_sigint = signal.getsignal(signal.SIGINT)
+    if not callable(on_sigint):
+        raise KeyboardInterrupt
+    on_sigint(signal.SIGINT, frame)
+
+
+def _interrupted_code() -> int:
+    """128 + the signal: 143 after SIGTERM, 130 after Ctrl-C."""
+    return 128 + (signal.SIGTERM if _terminated else signal.SIGINT)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(build_parser(), argv)
     console.set_verbose(getattr(args, "verbose", False))
     handler: Handler = args.handler
+    global _terminated
+    _terminated = False
+    previous = signal.signal(signal.SIGTERM, _sigterm_as_ctrl_c)
     try:
         return int(handler(args) or 0)
     except ClozeMathError as exc:
@@ -257,5 +302,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     except KeyboardInterrupt:
         print("clozemath: interrupted", file=sys.stderr)
-        return 130
+        return _interrupted_code()
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 

@@ -4,16 +4,21 @@ from __future__ import annotations
 
 import os
 import re
+import signal
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 
 import ray
 
 from clozemath import console
+from clozemath.data.sources import LIMIT_ENV_VARS
 from clozemath.errors import ClozeMathError
 from ray_jobs import logs
 
-CARRIED_ENV_VARS = ("CLOZEMATH_DATA_DIR", "HF_HUB_OFFLINE", "HF_HOME", "HF_DATASETS_OFFLINE", "TRANSFORMERS_OFFLINE")
+CARRIED_ENV_VARS = (
+    "CLOZEMATH_DATA_DIR", *LIMIT_ENV_VARS, "HF_HUB_OFFLINE", "HF_HOME", "HF_DATASETS_OFFLINE", "TRANSFORMERS_OFFLINE"
+)
 MIN_LOCAL_CPUS = 8
 """Logical CPUs of a local Ray: below about 8, Ray Data's operators and Ray Train's workers wait on each other."""
 TRAIN_POLL_ENV_VAR = "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S"
@@ -37,10 +42,13 @@ def init_ray() -> None:
     env = runtime_env()
     env["env_vars"].update(logs.workers_env())
     address = os.environ.get("RAY_ADDRESS")
+    on_sigterm = signal.getsignal(signal.SIGTERM)
     if address:
         ray.init(runtime_env=env)
     else:
         ray.init(num_cpus=max(MIN_LOCAL_CPUS, os.cpu_count() or 1), runtime_env=env)
+    if callable(on_sigterm) and threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, on_sigterm)  # the command's own (SIGTERM as Ctrl-C), not ray.init's exit
     logs.route_worker_output()
     resources = ray.cluster_resources()
     where = f"joined the cluster at {address}" if address else "started on this machine"

@@ -41,9 +41,11 @@ from clozemath.data.sources import data_identity
 from clozemath.errors import ClozeMathError
 from clozemath.eval.evaluate import eval_set_identity
 from clozemath.eval.predictions import results_table
+from clozemath.files import remove_abandoned_staging
 from clozemath.model.load import load_tokenizer
 from clozemath.records import (
     ADAPTER_DIR,
+    CACHE_DIR,
     GRID_ARTIFACT,
     GRID_KEY_TAG,
     GRID_ROLE,
@@ -53,6 +55,7 @@ from clozemath.records import (
     ROLE_TAG,
     TRIAL_TAG,
     TUNE_DIR,
+    grid_folder,
     grid_tags,
     headline_metric,
     is_eval_metric,
@@ -105,6 +108,9 @@ TUNE_ERROR_FILE = "error.txt"
 TRIAL_RESOURCES = {"CPU": 1}
 """The trial function's own: Ray Train's workers, Ray Data's tasks and the evaluation actors ask for theirs."""
 RUN_ID_KEY = "mlflow_run_id"
+STAGING_WAIT_S = 10.0
+"""How long an interrupted command waits for its trials' processes to end before it removes the data they were
+preparing."""
 
 
 @dataclass(frozen=True)
@@ -146,14 +152,14 @@ class GridOutcome:
 def run_command(plan: RunPlan) -> None:
     """`clozemath run`: an experiment (a grid of one) or a grid, on Ray Tune; an interrupted grid resumes."""
     logs = grid_folder(plan) / LOGS_DIR
-    with logged(logs):
-        outcome = run_grid(plan)
+    try:
+        with logged(logs):
+            outcome = run_grid(plan)
+    except KeyboardInterrupt:  # Ray is down by now: the trials that were preparing data have ended
+        cache = Path(plan.experiments[0].train.output_dir).resolve() / CACHE_DIR
+        remove_abandoned_staging(cache, wait_s=STAGING_WAIT_S)
+        raise
     print_grid_outcome(outcome, logs)
-
-
-def grid_folder(plan: RunPlan) -> Path:
-    """`<train.output_dir>/<grid>`: an experiment's run folder, or the folder of a grid's trials' run folders."""
-    return Path(plan.experiments[0].train.output_dir).resolve() / plan.grid.name
 
 
 def run_grid(plan: RunPlan) -> GridOutcome:

@@ -7,12 +7,14 @@ console events among it (`clozemath.console`). With `--verbose` Ray prints it as
 
 from __future__ import annotations
 
+import traceback
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, TextIO
 
 from clozemath import console
+from clozemath.errors import ClozeMathError
 from clozemath.records import DRIVER_LOG, WORKERS_LOG
 
 QUIET_WORKERS_ENV = {"RAY_DATA_DISABLE_PROGRESS_BARS": "1", "HF_HUB_DISABLE_PROGRESS_BARS": "1", "TQDM_DISABLE": "1"}
@@ -31,17 +33,31 @@ _workers_log: TextIO | None = None
 @contextmanager
 def logged(folder: Path) -> Iterator[None]:
     """Run a command with its output in `folder`'s log files and a quiet console (unless verbose). A Ray this
-    command started is shut down before the console is given back: what Ray prints then goes to the log too."""
+    command started is shut down before the console is given back: what Ray prints then goes to the log too. A
+    failure's traceback goes to the driver's log; one that is no user mistake reaches the console as one line
+    naming that log (verbose: as it is)."""
     global _folder
     _folder = folder
     try:
         with console.quiet_console(folder / DRIVER_LOG):
             try:
                 yield
+            except Exception as exc:
+                if console.verbose() or isinstance(exc, ClozeMathError):
+                    raise
+                traceback.print_exc()  # into the driver's log: the process's stderr is the log here
+                raise ClozeMathError(
+                    f"{type(exc).__name__}: {_first_line(exc)} (the traceback is in {folder / DRIVER_LOG})"
+                ) from None
             finally:
                 _stop_routing()
     finally:
         _folder = None
+
+
+def _first_line(exc: BaseException) -> str:
+    lines = str(exc).strip().splitlines()
+    return lines[0] if lines else "no message"
 
 
 def workers_env() -> dict[str, str]:

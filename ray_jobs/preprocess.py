@@ -15,8 +15,6 @@ import inspect
 import json
 import math
 import os
-import shutil
-import uuid
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -33,6 +31,7 @@ from clozemath.data.prepare import SENTINELS, SampleEncoder, balanced_copies, ne
 from clozemath.data.samples import Sample
 from clozemath.data.sources import Problem, load_problems
 from clozemath.data.tokenize import token_offsets
+from clozemath.files import remove_abandoned_staging, staging_folder
 from ray_jobs.cluster import init_ray
 
 ROWS_DIR = "rows"
@@ -209,14 +208,11 @@ def preprocess(config: ExperimentConfig, cache_root: Path) -> Prepared:
     folder = cache_root / cache_key(config, problems)
     from_cache = (folder / META_FILE).is_file()
     if not from_cache:
-        staging = cache_root / f".{folder.name}.{uuid.uuid4().hex[:8]}"
-        staging.mkdir(parents=True)
-        try:
+        remove_abandoned_staging(cache_root)  # what runs killed midway left
+        with staging_folder(folder) as staging:
             meta = _build(config, problems, staging)
             (staging / META_FILE).write_text(json.dumps(meta, indent=1))
             if not folder.exists():  # else an identical run finished first: keep its cache
                 os.replace(staging, folder)
-        finally:
-            shutil.rmtree(staging, ignore_errors=True)
     meta = json.loads((folder / META_FILE).read_text())
     return Prepared(folder=folder, from_cache=from_cache, **meta)

@@ -9,7 +9,6 @@ import base64
 import hashlib
 import importlib
 import importlib.metadata
-import os
 from pathlib import Path
 
 import pytest

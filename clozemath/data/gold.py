@@ -3,6 +3,7 @@ answer must come to its gold."""
 
 from __future__ import annotations
 
+import math
 import re
 
 NUMERIC_TOLERANCE = 1e-4
@@ -47,3 +48,12 @@ def gsm8k_gold(solution: str) -> str:
     if not sep:
         raise ValueError("no '####' answer line")
     return tail.strip().replace(",", "")
+
+
+def is_number(text: str) -> bool:
+    """Whether a gold answer is a finite number as the numeric graders read it (`$`, a trailing `.` and the Unicode
+    minus allowed): `#### banana` or `#### nan` would make every prediction of its problem wrong."""
+    try:
+        return math.isfinite(float(text.replace("$", "").replace("\u2212", "-").rstrip(".")))
+    except ValueError:
+        return False

@@ -7,13 +7,14 @@ import hashlib
 import json
 import os
 import re
+import sys
 from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 from clozemath.errors import ClozeMathError
-from clozemath.data.gold import gsm8k_gold, last_boxed
+from clozemath.data.gold import gsm8k_gold, is_number, last_boxed
 
 DATA_DIR_ENV = "CLOZEMATH_DATA_DIR"
 
@@ -38,12 +39,20 @@ def _field(row: dict[str, Any], name: str, where: str) -> str:
     return value
 
 
-def _gsm8k(row: dict[str, Any], index: int, split: str, where: str) -> Problem:
-    solution = _field(row, "answer", where)
+def _numeric_gold(solution: str, where: str) -> str:
+    """The number after `####`; a solution without one, or with text there, is an error naming its line."""
     try:
         answer = gsm8k_gold(solution)
     except ValueError:
         raise ClozeMathError(f"{where}: the answer has no '#### N' line") from None
+    if not is_number(answer):
+        raise ClozeMathError(f"{where}: the answer's '#### {answer[:40]}' is not a number")
+    return answer
+
+
+def _gsm8k(row: dict[str, Any], index: int, split: str, where: str) -> Problem:
+    solution = _field(row, "answer", where)
+    answer = _numeric_gold(solution, where)
     return Problem(f"gsm8k-{split}-{index}", "gsm8k", split, _field(row, "question", where), solution, answer)
 
 
@@ -58,10 +67,7 @@ def _math(row: dict[str, Any], index: int, split: str, where: str) -> Problem:
 def _gsm_p2(row: dict[str, Any], index: int, split: str, where: str) -> Problem:
     solution = _field(row, "answer", where)
     problem_id = f"gsm_p2-{row.get('id', index)}-{row.get('instance', 0)}"
-    try:
-        answer = gsm8k_gold(solution)
-    except ValueError:
-        raise ClozeMathError(f"{where}: the answer has no '#### N' line") from None
+    answer = _numeric_gold(solution, where)
     return Problem(problem_id, "gsm_p2", split, _field(row, "question", where), solution, answer)
 
 
@@ -77,21 +83,87 @@ _HUB = {
 }
 
 
+MAX_LINE_BYTES_ENV = "CLOZEMATH_MAX_LINE_BYTES"
+MAX_LINE_BYTES = 1 << 20
+"""The longest line a data or predictions file may hold (1 MiB; set `CLOZEMATH_MAX_LINE_BYTES` for more): MATH's
+longest is 7.6 KB, a predictions line with a 4-shot prompt and 512 generated tokens about 10 KB. Preparing a
+50 MB question took minutes and gigabytes."""
+MAX_JSON_DEPTH_ENV = "CLOZEMATH_MAX_JSON_DEPTH"
+MAX_JSON_DEPTH = 32
+"""The deepest nesting of a line's JSON value (set `CLOZEMATH_MAX_JSON_DEPTH`): problems nest 1 deep, predictions 2."""
+LIMIT_ENV_VARS = (MAX_LINE_BYTES_ENV, MAX_JSON_DEPTH_ENV)
+_LONE_SURROGATE = re.compile("[\ud800-\udfff]")
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
+"""How a surrogate gets into a JSON line (UTF-8 cannot hold one): the rows without it, or without more brackets
+than `MAX_JSON_DEPTH`, are not walked."""
+
+
+def _env_limit(name: str, default: int) -> int:
+    text = os.environ.get(name)
+    if text is None:
+        return default
+    if not text.isdigit() or int(text) < 1:
+        raise ClozeMathError(f"{name}={text}: expected a whole number above 0")
+    return int(text)
+
+
+def _parsed(line: str, where: str, max_depth: int) -> Any:
+    """A line's JSON value; a line that is no JSON, nests deeper than `max_depth`, or holds a number longer than
+    Python reads (4,300 digits) is an error naming it."""
+    try:
+        return json.loads(line)
+    except json.JSONDecodeError as exc:
+        raise ClozeMathError(f"{where}: not valid JSON ({exc.msg})") from None
+    except RecursionError:
+        raise ClozeMathError(f"{where}: JSON nested deeper than {max_depth} levels") from None
+    except ValueError:  # an integer past `sys.get_int_max_str_digits()`
+        raise ClozeMathError(
+            f"{where}: a number of more than {sys.get_int_max_str_digits():,} digits, which no data holds"
+        ) from None
+
+
+def _check_value(row: Any, where: str, max_depth: int) -> None:
+    """Within `max_depth`, and no text holding a lone surrogate (JSON's `\\ud800` escape without its pair: no
+    character, and the tokenizer fails on it)."""
+    stack: list[tuple[Any, int, str]] = [(row, 1, "")]
+    while stack:
+        value, depth, key = stack.pop()
+        if depth > max_depth:
+            raise ClozeMathError(f"{where}: JSON nested deeper than {max_depth} levels")
+        if isinstance(value, dict):
+            stack.extend((item, depth + 1, key or str(name)) for name, item in value.items())
+            stack.extend((name, depth + 1, key or "a key") for name in value)
+        elif isinstance(value, list):
+            stack.extend((item, depth + 1, key) for item in value)
+        elif isinstance(value, str) and (found := _LONE_SURROGATE.search(value)):
+            field = f"field '{key}'" if key else "the value"
+            raise ClozeMathError(
+                f"{where}: {field} holds a lone surrogate (\\u{ord(found.group()):04x} at character "
+                f"{found.start() + 1}), which is no text"
+            )
+
+
 def read_jsonl(path: Path) -> Iterator[tuple[str, dict[str, Any]]]:
     """Yield (`file:line`, row) for each non-empty line (of the gzip-compressed text of a `.gz` file); a line that is
-    not UTF-8 text or not a JSON object is an error naming it."""
+    too long (`MAX_LINE_BYTES`), not UTF-8 text, not a JSON object, nested too deep (`MAX_JSON_DEPTH`), or holding a
+    number or a character Python cannot take is an error naming it."""
+    max_bytes = _env_limit(MAX_LINE_BYTES_ENV, MAX_LINE_BYTES)
+    max_depth = _env_limit(MAX_JSON_DEPTH_ENV, MAX_JSON_DEPTH)
     with gzip.open(path, "rb") if path.suffix == ".gz" else path.open("rb") as handle:
-        for number, raw in enumerate(handle, start=1):
+        for number, raw in enumerate(iter(lambda: handle.readline(max_bytes + 2), b""), start=1):
             where = f"{path}:{number}"
+            if len(raw.rstrip(b"\r\n")) > max_bytes:
+                raise ClozeMathError(
+                    f"{where}: a line longer than {max_bytes:,} bytes (set {MAX_LINE_BYTES_ENV} to allow more)"
+                )
             line = decoded(raw, where)
             if not line.strip():
                 continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise ClozeMathError(f"{where}: not valid JSON ({exc.msg})") from None
+            row = _parsed(line, where, max_depth)
             if not isinstance(row, dict):
                 raise ClozeMathError(f"{where}: expected a JSON object")
+            if line.count("[") + line.count("{") > max_depth or _SURROGATE_ESCAPE.search(line):
+                _check_value(row, where, max_depth)
             yield where, row
 
 
@@ -187,6 +259,8 @@ def load_problems(
         if dataset in ("gsm_symbolic", "gsm_p1"):
             raise ClozeMathError(f"'{dataset}' is generated from templates, not read: see `clozemath data gsm-symbolic`")
         raise ClozeMathError(f"unknown dataset '{dataset}' (known: {', '.join(_PARSERS)})")
+    if limit is not None and limit < 1:
+        raise ClozeMathError(f"a limit of {limit} problems: take at least 1")
     name, part = split_slice(split)
     file = local_file(dataset, name, path)
     rows = read_jsonl(file) if file is not None else _hub_rows(dataset, name)

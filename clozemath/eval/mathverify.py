@@ -12,15 +12,23 @@ from __future__ import annotations
 
 import atexit
 import json
+import logging
 import os
 import select
 import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+logger = logging.getLogger(__name__)
 
 STARTUP_TIMEOUT_S = 120.0
-WORKER_MEMORY_LIMIT_BYTES = 4 << 30
+WORKER_MEMORY_LIMIT_BYTES = 1 << 30
+"""A worker's address space: sympy and math-verify take about 200 MB; a check that needs more (an expression built
+to expand) fails as a mismatch, and the fallback grades it."""
 
 
 class WorkerFailed(RuntimeError):
@@ -118,22 +126,89 @@ def _current_pool() -> _Pool:
         return _pool
 
 
+FILE_BUDGET_S = 10.0
+ITEM_BUDGET_S = 0.1
+"""The math-verify checks of a file of N predictions may take FILE_BUDGET_S + N x ITEM_BUDGET_S seconds in all
+(`file_budget_s`): regrading the 5,000 MATH test answers takes 12 s on 2 cores (23 s one at a time; 510 s allowed),
+but 30 answers built to run each check to its 5 s timeout took 184 s one after another (13 s allowed)."""
+
+
+def file_budget_s(items: int) -> float:
+    return FILE_BUDGET_S + items * ITEM_BUDGET_S
+
+
+def grading_threads() -> int:
+    """As many threads as this process may use cores (each math-verify check runs in a worker process of its own)."""
+    return max(1, min(len(os.sched_getaffinity(0)), 8))
+
+
+@dataclass
+class Budget:
+    """The time the math-verify checks of one file may take together (`total_budget`), and how many of them ran past
+    their time or found none left: each of those is graded by the fallback."""
+
+    seconds: float
+    deadline: float
+    timed_out: int = 0
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def left(self) -> float:
+        return self.deadline - time.monotonic()
+
+    def count_timeout(self) -> None:
+        with self._lock:
+            self.timed_out += 1
+
+
+_budget: Budget | None = None
+
+
+@contextmanager
+def total_budget(seconds: float) -> Iterator[Budget]:
+    """Within the block, math-verify's checks (from any thread) share `seconds` in all: a check gets at most what is
+    left, and none once it is spent. The budget counts the checks that timed out."""
+    global _budget
+    outer, _budget = _budget, Budget(seconds, time.monotonic() + seconds)
+    try:
+        yield _budget
+    finally:
+        _budget = outer
+
+
 def verify_latex(gold: str, pred: str, timeout_s: float) -> bool | None:
     """Whether math-verify finds the LaTeX answer `pred` equal to `gold` (each one bare answer, as inside
-    `\\boxed{}`): True/False, or None if the check ran past `timeout_s` seconds (the worker is then killed)."""
-    return _current_pool().check(gold, pred, timeout_s)
+    `\\boxed{}`): True/False, or None if the check ran past `timeout_s` seconds (the worker is then killed), or
+    past what is left of the `total_budget` it runs in."""
+    budget = _budget
+    if budget is not None:
+        timeout_s = min(timeout_s, budget.left())
+        if timeout_s <= 0:
+            budget.count_timeout()
+            return None
+    try:
+        verdict = _current_pool().check(gold, pred, timeout_s)
+    except WorkerFailed as exc:
+        from clozemath.errors import ClozeMathError  # here, not above: the worker runs this file on its own
+
+        raise ClozeMathError(str(exc)) from None
+    if verdict is None and budget is not None:
+        budget.count_timeout()
+    elif verdict is None:
+        logger.warning("math-verify ran past %.1f s on gold %.80r vs prediction %.80r", timeout_s, gold, pred)
+    return verdict
 
 
 def _serve() -> None:
     """Worker loop: read `[gold, pred]` JSON lines from stdin, answer each with `true`/`false` on stdout."""
-    import logging
     import resource
     import signal
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the caller's to handle; end of stdin ends this loop
     protocol = os.fdopen(os.dup(1), "w", buffering=1)
     os.dup2(2, 1)  # whatever a library prints, from Python or C, goes to stderr, never into the protocol
-    resource.setrlimit(resource.RLIMIT_AS, (WORKER_MEMORY_LIMIT_BYTES, WORKER_MEMORY_LIMIT_BYTES))
+    _, hard = resource.getrlimit(resource.RLIMIT_AS)
+    limit = WORKER_MEMORY_LIMIT_BYTES if hard == resource.RLIM_INFINITY else min(WORKER_MEMORY_LIMIT_BYTES, hard)
+    resource.setrlimit(resource.RLIMIT_AS, (limit, hard))
     logging.disable(logging.CRITICAL)  # math-verify warns that its own timeout is off: this process is the timeout
 
     from math_verify import parse, verify

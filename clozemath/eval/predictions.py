@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from collections import Counter, defaultdict
 from collections.abc import Iterable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
@@ -14,6 +15,7 @@ from clozemath.data.sources import read_jsonl
 from clozemath.errors import ClozeMathError
 from clozemath.eval.answers import FALLBACK_RULE, MARKED_RULES
 from clozemath.eval.harness import FLEXIBLE_EXTRACT, STRICT_MATCH, filtered_answer, harness_verdicts
+from clozemath.eval.mathverify import file_budget_s, grading_threads, total_budget
 from clozemath.files import atomic_writer
 from clozemath.records import (
     CUT_SHARE,
@@ -133,19 +135,22 @@ def grade_generation(dataset: str, generation: str, gold: str, harness: bool) ->
 
 def regrade(predictions: list[Prediction]) -> list[Prediction]:
     """The predictions with `extracted`, `correct`, `rule` (and the harness's verdicts, where it graded) recomputed
-    from `generation` and `gold`."""
-    regraded = []
-    for prediction in predictions:
-        by_harness = prediction.harness is not None
-        try:
-            verdict = grade_generation(prediction.dataset, prediction.generation, prediction.gold, by_harness)
-        except ClozeMathError as exc:
-            raise ClozeMathError(f"prediction '{prediction.id}': {exc}") from None
-        regraded.append(
-            replace(prediction, extracted=verdict.extracted, correct=verdict.correct, harness=verdict.harness,
-                    rule=verdict.rule)
-        )
-    return regraded
+    from `generation` and `gold`; a thread per core, so that as many math-verify checks run at once."""
+    pool = ThreadPoolExecutor(max_workers=grading_threads())
+    try:
+        return list(pool.map(_regraded, predictions))
+    finally:
+        pool.shutdown(cancel_futures=True)  # on Ctrl-C, only the checks already running are waited for
+
+
+def _regraded(prediction: Prediction) -> Prediction:
+    by_harness = prediction.harness is not None
+    try:
+        verdict = grade_generation(prediction.dataset, prediction.generation, prediction.gold, by_harness)
+    except ClozeMathError as exc:
+        raise ClozeMathError(f"prediction '{prediction.id}': {exc}") from None
+    return replace(prediction, extracted=verdict.extracted, correct=verdict.correct, harness=verdict.harness,
+                   rule=verdict.rule)
 
 
 def _tally(correct: int, total: int) -> dict[str, float | int]:
@@ -170,9 +175,11 @@ def score_predictions(predictions: list[Prediction]) -> dict[str, Any]:
 def print_score(path: str | Path, as_json: bool = False) -> None:
     """Regrade a predictions file and print its accuracy (the `clozemath score` command)."""
     predictions = read_predictions(path)
-    regraded = regrade(predictions)
+    with total_budget(file_budget_s(len(predictions))) as budget:
+        regraded = regrade(predictions)
     scores = score_predictions(regraded)
     scores["changed"] = sum(old.correct != new.correct for old, new in zip(predictions, regraded))
+    scores["math_verify_timeouts"] = budget.timed_out
     if as_json:
         print(json.dumps(scores, indent=2))
         return
@@ -181,6 +188,9 @@ def print_score(path: str | Path, as_json: bool = False) -> None:
     for key, tally in [*scores["groups"].items(), ("overall", scores["overall"])]:
         print(f"{key:<{width}}  {tally['correct']:>7}  {tally['total']:>6}  {100 * tally['accuracy']:7.2f}%")
     print(f"regraded {len(predictions)} predictions: {scores['changed']} verdicts changed")
+    if budget.timed_out:
+        print(f"math-verify: {budget.timed_out} checks ran out of time (the file's {budget.seconds:.0f} s in all) "
+              "and were graded by normalized string equality")
 
 
 def strict_and_flexible(prediction: Prediction) -> tuple[bool, bool] | None:

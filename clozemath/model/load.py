@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import struct
 from dataclasses import dataclass
 from functools import lru_cache, partial
 from pathlib import Path
@@ -116,8 +117,20 @@ def _from_pretrained(factory: Any, location: str, **kwargs: Any) -> Any:
     try:
         return factory.from_pretrained(location, **kwargs)
     except (OSError, HFValidationError) as exc:
-        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise ClozeMathError(f"model '{location}': cannot be loaded ({reason})") from None
+        raise ClozeMathError(f"model '{location}': cannot be loaded ({_first_line(exc)})") from None
+    except _UNREADABLE_GGUF as exc:  # transformers' GGUF reader on a file that is not one, or not one it reads
+        if "gguf_file" not in kwargs:
+            raise
+        raise ClozeMathError(
+            f"GGUF file '{Path(location) / kwargs['gguf_file']}': cannot be read ({_first_line(exc)})"
+        ) from None
+
+
+_UNREADABLE_GGUF = (ValueError, struct.error, EOFError, IndexError, KeyError, OverflowError, MemoryError)
+
+
+def _first_line(exc: BaseException) -> str:
+    return str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
 
 
 # --------------------------------------------------------------------------------------------------------------

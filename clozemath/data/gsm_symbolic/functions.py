@@ -17,6 +17,7 @@ from clozemath.data.gsm_symbolic.values import (
     Worded,
     WordedInt,
     _Fault,
+    charge,
     _is_number,
     _number,
     _plain,
@@ -55,6 +56,13 @@ def _sequence(value: Any, what: str) -> Sequence[Any]:
     return value
 
 
+def _walked(value: Any, what: str) -> Sequence[Any]:
+    """`_sequence`, charged an item of work per item (it is copied, summed or searched)."""
+    value = _sequence(value, what)
+    charge(len(value))
+    return value
+
+
 def _how_many(value: Any, what: str) -> int:
     count = _integer(value, what)
     if not 0 <= count <= MAX_ITEMS:
@@ -82,7 +90,9 @@ def _arange(start: Any, stop: Any = None, step: Any = 1) -> list[Any]:
     """`np.arange` / `frange` over exact decimals: 0.21, 0.22, ... with no float drift."""
     if stop is None:
         start, stop = 0, start
-    return [_plain(start + i * step) for i in range(_count(start, stop, step, "arange"))]
+    count = _count(start, stop, step, "arange")
+    charge(count)
+    return [_plain(start + i * step) for i in range(count)]
 
 
 def _sample(rng: random.Random, values: Any, k: Any = None) -> Any:
@@ -91,13 +101,16 @@ def _sample(rng: random.Random, values: Any, k: Any = None) -> Any:
         raise _Fault("sample from an empty list")
     if k is None:
         return rng.choice(values)
-    return rng.sample(values, _how_many(k, "sample"))
+    k = _how_many(k, "sample")
+    charge(k + (0 if isinstance(values, range) else len(values)))  # a list is copied first
+    return rng.sample(values, k)
 
 
 def _sample_sequential(rng: random.Random, values: Any, k: Any) -> list[Any]:
     """k consecutive values from a random start, wrapping around (weekdays: Saturday, Sunday, Monday)."""
     values = _sequence(values, "sample_sequential")
     k = _how_many(k, "sample_sequential")
+    charge(k)
     if not 0 < k <= len(values):
         raise _Fault(f"sample_sequential of {k} from {len(values)} values")
     start = rng.randrange(len(values))
@@ -105,7 +118,7 @@ def _sample_sequential(rng: random.Random, values: Any, k: Any) -> list[Any]:
 
 
 def _shuffle_list(rng: random.Random, values: Any) -> list[Any]:
-    shuffled = list(_sequence(values, "shuffle_list"))
+    shuffled = list(_walked(values, "shuffle_list"))
     rng.shuffle(shuffled)
     return shuffled
 
@@ -115,13 +128,16 @@ def _randint(rng: random.Random, low: Any, high: Any, size: Any = None) -> Any:
     low, high = _integer(low, "randint"), _integer(high, "randint")
     if size is None:
         return rng.randrange(low, high)
-    return [rng.randrange(low, high) for _ in range(_how_many(size, "randint"))]
+    size = _how_many(size, "randint")
+    charge(size)
+    return [rng.randrange(low, high) for _ in range(size)]
 
 
 def _numbers_within(low: Any, high: Any) -> list[WordedInt]:
     """The integers low..high (inclusive), shown as words in the question."""
     low = _integer(low, "numbers_within")
     count = _how_many(_integer(high, "numbers_within") - low + 1, "numbers_within")
+    charge(count)
     return [WordedInt(n, number_words(n)) for n in range(low, low + count)]
 
 
@@ -155,7 +171,7 @@ def _fraction(numerator: Any, denominator: Any = 1) -> ShownFraction:
 
 
 def _list(values: Any = ()) -> list[Any]:
-    return list(_sequence(values, "list"))
+    return list(_walked(values, "list"))
 
 
 def _fix_floats(values: Any) -> list[Any]:
@@ -164,7 +180,7 @@ def _fix_floats(values: Any) -> list[Any]:
 
 
 def _numbers(values: Iterable[Any], what: str) -> list[int | Fraction]:
-    return [_number(v, what) for v in values]
+    return [_number(v, what) for v in _walked(values, what)]
 
 
 def _min(*args: Any) -> Any:
@@ -176,7 +192,7 @@ def _max(*args: Any) -> Any:
 
 
 def _sum(values: Any) -> Any:
-    return _plain(sum(_numbers(_sequence(values, "sum"), "sum")))
+    return _plain(sum(_numbers(values, "sum")))
 
 
 def _abs(value: Any) -> Any:
@@ -227,6 +243,7 @@ def _concat(a: Any, b: Any) -> Any:
     if isinstance(a, (str, list, tuple)) and type(a) is type(b):
         if len(a) + len(b) > MAX_ITEMS:
             raise _Fault(f"a sequence of more than {MAX_ITEMS} items")
+        charge(len(a) + len(b))
         return operator.add(a, b)
     raise _Fault(f"cannot add {type(a).__name__} and {type(b).__name__}")
 
@@ -243,6 +260,7 @@ def _multiply(a: Any, b: Any) -> Any:
         raise _Fault(f"cannot multiply {type(a).__name__} and {type(b).__name__}")
     if len(sequence) * times > MAX_ITEMS:
         raise _Fault(f"a sequence of more than {MAX_ITEMS} items")
+    charge(len(sequence) * max(int(times), 0))
     return sequence * int(times)
 
 
@@ -288,8 +306,13 @@ _UNARY: dict[type[ast.unaryop], Callable[[Any], Any]] = {
 _COMPARE: dict[type[ast.cmpop], Callable[[Any, Any], Any]] = {
     ast.Eq: operator.eq, ast.NotEq: operator.ne, ast.Lt: operator.lt, ast.LtE: operator.le,
     ast.Gt: operator.gt, ast.GtE: operator.ge,
-    ast.In: lambda a, b: a in _sequence(b, "in"), ast.NotIn: lambda a, b: a not in _sequence(b, "not in"),
+    ast.In: lambda a, b: a in _searched(b, "in"), ast.NotIn: lambda a, b: a not in _searched(b, "not in"),
 }
+
+
+def _searched(values: Any, what: str) -> Sequence[Any]:
+    """A sequence `in` looks through: a range answers at once, a list or string item by item."""
+    return _sequence(values, what) if isinstance(values, range) else _walked(values, what)
 
 
 def _subscript(container: Any, index: Any) -> Any:
@@ -299,5 +322,7 @@ def _subscript(container: Any, index: Any) -> Any:
     if not isinstance(container, (list, tuple, str)):
         raise _Fault(f"cannot index a {type(container).__name__}")
     if not isinstance(index, slice):
-        index = _integer(index, "an index")
-    return container[index]
+        return container[_integer(index, "an index")]
+    part = container[index]
+    charge(len(part))
+    return part

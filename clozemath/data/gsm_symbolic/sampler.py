@@ -6,7 +6,6 @@ from __future__ import annotations
 import itertools
 import math
 import random
-import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from fractions import Fraction
@@ -16,18 +15,44 @@ from clozemath.data.gold import NUMERIC_TOLERANCE, gsm8k_gold
 from clozemath.data.gsm_symbolic.compiler import _Scope
 from clozemath.data.gsm_symbolic.functions import _sequence
 from clozemath.data.gsm_symbolic.template import Assignment, Expression, Template
-from clozemath.data.gsm_symbolic.values import _Fault, _Rejected, _is_number, _settle, show
+from clozemath.data.gsm_symbolic.values import (
+    Meter,
+    OverBudget,
+    _Fault,
+    _Rejected,
+    _is_number,
+    _settle,
+    charge,
+    metered,
+    show,
+)
 from clozemath.errors import ClozeMathError
 
 
 MAX_DRAWS = 200_000
 """Draws per instance before a template counts as unsatisfiable."""
 
-MAX_SECONDS = 120.0
-"""Time a template may take to draw its instances: conditions that are costly to check and never hold end here."""
+TEMPLATE_WORK = 5_000_000
+"""Units of work (`Meter`) a template may spend beyond INSTANCE_WORK an instance: 2-5.5 s of CPU for the hostile
+templates tried, and 3 times what the costliest released template takes to tabulate its conditions (p2/0010: 1.65
+million, in one instance). Seed 0, 50 instances: the costliest takes 5.1 million in all (p2/0007), 17% of its
+budget; a template whose conditions never hold is refused in seconds."""
+
+INSTANCE_WORK = 500_000
+"""Units of work each instance drawn adds to its template's budget: 5 times the most a released template spends
+an instance on average (p2/0007: 103,000)."""
+
+TEMPLATE_SECONDS = 30.0
+SECONDS_PER_INSTANCE = 0.5
+"""A template may take TEMPLATE_SECONDS or SECONDS_PER_INSTANCE an instance, whichever is longer: the slowest
+released template took 9 s for 50 instances on a busy 2-core machine. The work budget, not the clock, is what
+normally refuses a template, the same on every machine."""
 
 TABULATE_AFTER = 2_000
 """Draws of one instance after which the conditions among independent variables are tabulated."""
+
+DRAW_WORK = 10
+"""Units of work (`Meter`) a draw is charged besides its expressions': its own bookkeeping."""
 
 ENUMERATION_LIMIT = 50_000
 """Most combinations of variables tested at once when tabulating the ones that meet some conditions."""
@@ -241,16 +266,12 @@ class _Sampler:
             self.tabulated = True
 
 
-def _instance(sampler: _Sampler, index: int, rng: random.Random, deadline: float) -> Instance:
+def _instance(sampler: _Sampler, index: int, rng: random.Random) -> Instance:
     template = sampler.template
     for draw in range(1, MAX_DRAWS + 1):
-        if time.monotonic() > deadline:
-            raise ClozeMathError(
-                f"{template.path}: drawing took more than {MAX_SECONDS:.0f} s ({index} instances, the conditions "
-                f"failed {draw - 1} draws of the next)"
-            )
         if draw == TABULATE_AFTER:
             sampler.tabulate()
+        charge(DRAW_WORK)
         scope = _Scope({}, rng)
         try:
             if not _draw(sampler.plan, scope):
@@ -275,8 +296,21 @@ def _describe(values: Mapping[str, Any]) -> str:
 
 
 def generate(template: Template, count: int, seed: int) -> list[Instance]:
-    """`count` instances of one template; the same seed gives the same instances, whatever other templates exist."""
+    """`count` instances of one template; the same seed gives the same instances, whatever other templates exist.
+    A template that goes past its budget of work or time (`TEMPLATE_WORK` and `INSTANCE_WORK` a finished instance,
+    `TEMPLATE_SECONDS` or `SECONDS_PER_INSTANCE`) is refused in one line."""
     rng = random.Random(f"gsm-symbolic/{seed}/{template.path.parent.name}/{template.name}")
     sampler = _Sampler(template)
-    deadline = time.monotonic() + MAX_SECONDS
-    return [_instance(sampler, index, rng, deadline) for index in range(count)]
+    meter = Meter(TEMPLATE_WORK + INSTANCE_WORK, max(TEMPLATE_SECONDS, count * SECONDS_PER_INSTANCE))
+    drawn: list[Instance] = []
+    try:
+        with metered(meter):
+            for index in range(count):
+                drawn.append(_instance(sampler, index, rng))
+                meter.limit += INSTANCE_WORK
+    except OverBudget as exc:
+        raise ClozeMathError(
+            f"{template.path}: refused, past its budget of {exc} with {len(drawn)} of {count} instances drawn: its "
+            "conditions rarely hold, or its expressions cost too much"
+        ) from None
+    return drawn

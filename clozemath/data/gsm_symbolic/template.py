@@ -14,7 +14,7 @@ from typing import Any
 
 from clozemath.data.gsm_symbolic.compiler import Run, _Compiler, _Scope, _dotted_name
 from clozemath.data.gsm_symbolic.functions import MAX_ITEMS, _size
-from clozemath.data.gsm_symbolic.values import _Fault, _Rejected, _settle
+from clozemath.data.gsm_symbolic.values import Meter, OverBudget, _Fault, _Rejected, _settle, charge, metered
 from clozemath.errors import ClozeMathError
 
 
@@ -30,9 +30,12 @@ class Expression:
     """Whether it draws (calls `sample`, ...)."""
     run: Run = field(repr=False, compare=False)
     constant: bool = field(repr=False, compare=False)
+    cost: int = field(default=1, repr=False, compare=False)
+    """Its nodes: the units of work (`Meter`) one evaluation is charged, besides the lists and numbers it makes."""
 
     def value(self, scope: _Scope) -> Any:
         """Its value within a draw; a division by zero rejects the draw."""
+        charge(self.cost)
         try:
             return self.run(scope)
         except ZeroDivisionError:
@@ -143,7 +146,8 @@ def _expression(source: str, variables: Iterable[str], where: str, node: ast.exp
         raise ClozeMathError(f"{where}: division by zero in `{source.strip()}`") from None
     except (_Fault, TypeError, ValueError, IndexError, OverflowError, RecursionError) as exc:
         raise ClozeMathError(f"{where}: {exc} in `{source.strip()}`") from None
-    return Expression(source.strip(), where, frozenset(compiler.reads), compiler.random, run, constant)
+    cost = sum(1 for _ in ast.walk(node))
+    return Expression(source.strip(), where, frozenset(compiler.reads), compiler.random, run, constant, cost)
 
 
 def _assignment(source: str, known: Iterable[str], where: str) -> Assignment:
@@ -205,10 +209,26 @@ def _question_placeholder(content: str, variables: frozenset[str], where: str) -
     return _expression(name, variables, where)
 
 
+MAX_TEMPLATE_BYTES = 64 << 10
+"""The largest template file read (64 KiB): the released ones are at most 5.1 KB."""
+MAX_PLACEHOLDERS = 1_000
+"""The most `{...}` placeholders of a template's question and solution together: the released ones have at most
+104, and each is an expression evaluated for every instance."""
+LOAD_WORK = 1_000_000
+"""Units of work (`Meter`) reading a template may take (the expressions it computes once, such as the values drawn
+from): the released ones take at most 852."""
+LOAD_SECONDS = 10.0
+
+
 def _read_json(path: Path) -> dict[str, Any]:
     try:
+        size = path.stat().st_size
+        if size > MAX_TEMPLATE_BYTES:
+            raise ClozeMathError(
+                f"{path}: refused: {size:,} bytes, more than a template may hold ({MAX_TEMPLATE_BYTES:,})"
+            )
         data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+    except (OSError, UnicodeDecodeError, ValueError, RecursionError) as exc:  # ValueError: JSON's, or a long integer
         raise ClozeMathError(f"{path}: not a readable JSON template ({type(exc).__name__})") from None
     if not isinstance(data, dict):
         raise ClozeMathError(f"{path}: a template is a JSON object")
@@ -248,9 +268,25 @@ def _sections(path: Path, lines: list[str], start: int) -> tuple[list[Located], 
 
 
 def load_template(path: str | Path) -> Template:
-    """Parse and check one template file; anything outside the format or the whitelist is a ClozeMathError."""
+    """Parse and check one template file; anything outside the format or the whitelist, or past the budget of
+    reading one (`MAX_TEMPLATE_BYTES`, `MAX_PLACEHOLDERS`, `LOAD_WORK`, `LOAD_SECONDS`), is a ClozeMathError."""
     path = Path(path)
+    try:
+        with metered(Meter(LOAD_WORK, LOAD_SECONDS)):
+            return _parsed_template(path)
+    except OverBudget as exc:
+        raise ClozeMathError(f"{path}: refused, past the budget of {exc} for reading a template") from None
+
+
+def _parsed_template(path: Path) -> Template:
     data = _read_json(path)
+    placeholders = sum(
+        len(_PLACEHOLDER.findall(data[key])) for key in ("question_annotated", "answer_annotated")
+    )
+    if placeholders > MAX_PLACEHOLDERS:
+        raise ClozeMathError(
+            f"{path}: refused: {placeholders:,} placeholders, more than a template may hold ({MAX_PLACEHOLDERS:,})"
+        )
     lines = data["question_annotated"].split("\n")
     headers = [(i, header.group(1)) for i, line in enumerate(lines) if (header := _HEADER.match(line.strip()))]
     if not headers or headers[0][1] != "init":

@@ -3,6 +3,10 @@ a question or a solution; number words and the value pools templates draw from."
 
 from __future__ import annotations
 
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from fractions import Fraction
 from typing import Any
 
@@ -41,14 +45,73 @@ class ShownFraction(Fraction):
 Worded = WordedInt | WordedFraction
 
 
+# --- the work a template costs -------------------------------------------------------------------------------------
+
+
+class OverBudget(Exception):
+    """A template went past its budget (`Meter`): it is refused as a whole, whatever draw it was on. Its message
+    names the budget: `work (N units)` or `time (N s)`."""
+
+
+class Meter:
+    """The work and time one template may take, charged as its expressions run: a unit is one node of an expression
+    evaluated, one item of a list built or walked, or 64 bits of a number computed. Since a draw holds nothing it
+    was not charged for, the units also bound its memory (tens of bytes a unit at most)."""
+
+    __slots__ = ("spent", "limit", "deadline", "seconds", "_next_clock")
+
+    CLOCK_EVERY = 20_000
+    """Units between two looks at the clock."""
+
+    def __init__(self, limit: int, seconds: float) -> None:
+        self.spent = 0
+        self.limit = limit
+        self.seconds = seconds
+        self.deadline = time.monotonic() + seconds
+        self._next_clock = self.CLOCK_EVERY
+
+    def charge(self, units: int) -> None:
+        self.spent += units
+        if self.spent > self.limit:
+            raise OverBudget(f"work ({self.limit:,} units)")
+        if self.spent >= self._next_clock:
+            self._next_clock = self.spent + self.CLOCK_EVERY
+            if time.monotonic() > self.deadline:
+                raise OverBudget(f"time ({self.seconds:.0f} s)")
+
+
+_local = threading.local()
+
+
+@contextmanager
+def metered(meter: Meter) -> Iterator[Meter]:
+    """Charge the work done in this thread within the block to `meter`."""
+    outer = getattr(_local, "meter", None)
+    _local.meter = meter
+    try:
+        yield meter
+    finally:
+        _local.meter = outer
+
+
+def charge(units: int) -> None:
+    """Charge `units` of work to this thread's meter, if it has one (`metered`)."""
+    meter = getattr(_local, "meter", None)
+    if meter is not None:
+        meter.charge(units)
+
+
 def _plain(value: Any) -> Any:
-    """Numbers as plain int/Fraction (integral Fractions become ints), at most MAX_NUMBER_BITS; anything else
-    unchanged. Every arithmetic result passes here."""
+    """Numbers as plain int/Fraction (integral Fractions become ints), at most MAX_NUMBER_BITS and charged by their
+    size; anything else unchanged. Every arithmetic result passes here."""
     if isinstance(value, bool) or not isinstance(value, (int, Fraction)):
         return value
     numerator, denominator = (value, 1) if isinstance(value, int) else (value.numerator, value.denominator)
-    if max(numerator.bit_length(), denominator.bit_length()) > MAX_NUMBER_BITS:
+    bits = max(numerator.bit_length(), denominator.bit_length())
+    if bits > MAX_NUMBER_BITS:
         raise _Fault(f"a number of more than {MAX_NUMBER_BITS} bits")
+    if bits > 64:
+        charge(bits >> 6)
     if type(value) is int:
         return value
     if isinstance(value, Fraction):
