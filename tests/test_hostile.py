@@ -4,7 +4,7 @@ within seconds and bounded memory, with no traceback, and nothing already writte
 The cases that cost time or memory run the command as a user would (`cli`): `python -m clozemath_cli` in a process of
 its own, under an address-space limit (`RLIMIT_AS`: a backstop that turns a runaway into a failure rather than a
 swapped machine) and a timeout, asserting generous bounds: 30 s of CPU time and 1 GiB of resident memory (the
-process's peak, from `wait4`), against the seconds and tens to hundreds of megabytes each takes; its wall time within
+process's own peak, `VmHWM`), against the seconds and tens to hundreds of megabytes each takes; its wall time within
 90 s, three times that, as the tests share their machine (a case whose failure is waiting has its own wall bound).
 The cheap refusals run `main` in this process (`refused`): the same one line, without the seconds of a start."""
 
@@ -21,6 +21,7 @@ import socket
 import sqlite3
 import subprocess
 import sys
+import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -95,28 +96,57 @@ def _limited() -> None:
     resource.setrlimit(resource.RLIMIT_AS, (ADDRESS_SPACE_BYTES, ADDRESS_SPACE_BYTES))
 
 
+_REPORTING_ITS_PEAK = """
+import atexit, os, runpy, sys
+def report_peak():
+    with open("/proc/self/status") as status, open(os.environ["PEAK_FILE"], "w") as out:
+        out.write(next(line.split()[1] for line in status if line.startswith("VmHWM:")))
+atexit.register(report_peak)
+sys.argv[0] = "clozemath"
+runpy.run_module("clozemath_cli", run_name="__main__", alter_sys=True)
+"""
+"""`python -m clozemath_cli ARGS` that writes its peak resident memory (`VmHWM`, kB) to `$PEAK_FILE` at exit.
+`wait4`'s `ru_maxrss` would not do: Linux keeps the larger of the forked image's peak and the new program's across
+`exec`, so a child of this test process (over 1 GB once the suite has loaded its models) reported the parent's size."""
+
+
+def _peak_kb(pid: int) -> int:
+    """The process's peak resident memory so far (kB), 0 once it has ended."""
+    try:
+        with open(f"/proc/{pid}/status") as status:
+            return next((int(line.split()[1]) for line in status if line.startswith("VmHWM:")), 0)
+    except OSError:
+        return 0
+
+
 def cli(*args: str, timeout: float = 120) -> Ended:
     """`clozemath ARGS` in a fresh, memory-limited process; its exit code, output, seconds and peak resident
-    memory (`wait4`'s, of that process alone). Run from the checkout: `python -m` puts it first on the path."""
+    memory (its own `VmHWM`: reported at exit, else the largest seen while it ran). Run from the checkout."""
     env = {key: value for key, value in os.environ.items() if key != "RAY_ADDRESS"}
-    started = time.monotonic()
-    process = subprocess.Popen(
-        [sys.executable, "-m", "clozemath_cli", *args], cwd=ROOT, env={**env, "PYTHONPATH": str(ROOT)},
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=_limited,
-    )
-    with ThreadPoolExecutor(2) as readers:
-        out, err = readers.submit(process.stdout.read), readers.submit(process.stderr.read)
-        while (ended := os.wait4(process.pid, os.WNOHANG))[0] == 0:
-            if time.monotonic() - started > timeout:
-                process.kill()
-                os.wait4(process.pid, 0)
-                raise AssertionError(f"still running after {timeout} s: {err.result()[-2000:]}")
-            time.sleep(0.05)
-        seconds = time.monotonic() - started
-        _, status, usage = ended
-        process.returncode = os.waitstatus_to_exitcode(status)
-        cpu = usage.ru_utime + usage.ru_stime
-        return Ended(process.returncode, out.result(), err.result(), seconds, cpu, usage.ru_maxrss * 1024)
+    with tempfile.NamedTemporaryFile("r", suffix=".peak") as peak_file:
+        started = time.monotonic()
+        process = subprocess.Popen(
+            [sys.executable, "-c", _REPORTING_ITS_PEAK, *args], cwd=ROOT,
+            env={**env, "PYTHONPATH": str(ROOT), "PEAK_FILE": peak_file.name},
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=_limited,
+        )
+        peak_kb = 0
+        with ThreadPoolExecutor(2) as readers:
+            out, err = readers.submit(process.stdout.read), readers.submit(process.stderr.read)
+            while (ended := os.wait4(process.pid, os.WNOHANG))[0] == 0:
+                if time.monotonic() - started > timeout:
+                    process.kill()
+                    os.wait4(process.pid, 0)
+                    raise AssertionError(f"still running after {timeout} s: {err.result()[-2000:]}")
+                peak_kb = max(peak_kb, _peak_kb(process.pid))
+                time.sleep(0.05)
+            seconds = time.monotonic() - started
+            _, status, usage = ended
+            process.returncode = os.waitstatus_to_exitcode(status)
+            cpu = usage.ru_utime + usage.ru_stime
+            reported = peak_file.read().strip()
+            peak_kb = max(peak_kb, int(reported) if reported.isdigit() else 0)
+            return Ended(process.returncode, out.result(), err.result(), seconds, cpu, peak_kb * 1024)
 
 
 def experiment(tmp_path: Path, text: str, name: str = "hostile.yaml") -> Path:

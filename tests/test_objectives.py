@@ -32,7 +32,7 @@ from clozemath.data.objectives import (
     visible_tokens,
 )
 from clozemath.data.segment import Segment, equation_units, segment_solution
-from clozemath.data.sources import Problem, load_problems
+from clozemath.data.sources import MAX_LINE_BYTES_ENV, Problem, load_problems
 from clozemath.data.tokenize import token_offsets
 from clozemath.errors import ClozeMathError
 from clozemath.model.load import load_tokenizer
@@ -389,9 +389,11 @@ def _long_row(num_equations: int) -> dict[str, str]:
     return {"question": "How many apples?", "answer": step * num_equations + "#### 47"}
 
 
-def test_a_solution_of_99_000_equations_is_counted_and_prepared_in_linear_time(tmp_path, capsys) -> None:
+def test_a_solution_of_99_000_equations_is_counted_and_prepared_in_linear_time(tmp_path, capsys, monkeypatch) -> None:
     """Counting builds no sample, and a solution with more units of F than `max_length` tokens gets only its LM
-    sample (no infilling sample could fit): seconds and megabytes, where building them took minutes and gigabytes."""
+    sample (no infilling sample could fit): seconds and megabytes, where building them took minutes and gigabytes.
+    Its line (about 2 MB) is past the readers' default cap, which a user lifts as this test does."""
+    monkeypatch.setenv(MAX_LINE_BYTES_ENV, str(8 << 20))
     (tmp_path / "train.jsonl").write_text(json.dumps(_long_row(99_000)) + "\n")
     started = time.perf_counter()
     assert main(["data", "stats", "--dataset", "gsm8k", "--path", str(tmp_path), "--json"]) == 0
