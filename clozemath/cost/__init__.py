@@ -6,7 +6,8 @@ the card: `clozemath.train.zero`, `clozemath.train.loop.choose_layout`), and the
 measured tokens/s of its model on the card, evaluation at the measured problems/s, and the fixed costs (workers'
 start, model load, the first step's compilation, preprocessing). The grid's wall time is its trials laid on the GPUs
 in order, each starting when enough are free, as Tune runs them. The figures come from `configs/throughput.yaml`,
-each with its source; where one is missing it is derived and the estimate says how.
+each with its source (mostly a file under `bench/results/`); where one is missing it is derived and the estimate says
+how.
 
 Nothing here starts Ray or loads weights: the shapes are built on PyTorch's meta device, and a tokenizer is used only
 where it is on this machine (else the shape's own, Llama 3's, and the counts say "estimated"); the caller keeps
