@@ -40,9 +40,9 @@ class RowDecoding(Decoding):
         return rows[0].generation()
 
     def rows(self, prompts: int, job: Job) -> list[Row]:
-        margins = self.margins
-        return [Row(TextStream(job.backend, job.stops.strings), [] if margins else None)
-                for _ in range(prompts * job.copies)]
+        """Fresh rows for `prompts` prompts, `copies` each."""
+        stops = job.stops.strings
+        return [Row(TextStream(job.backend, stops), [] if self.margins else None) for _ in range(prompts * job.copies)]
 
     def decode(self, job: Job, indices: list[int], size: int, engine: RunEngine, emit: Emit) -> None:
         if engine != "eager":

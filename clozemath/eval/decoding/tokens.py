@@ -35,6 +35,8 @@ class Generation:
 
 @dataclass(frozen=True)
 class Stops:
+    """What ends a row, and the ids it may choose from."""
+
     eos_ids: frozenset[int]
     strings: tuple[str, ...]
     max_new_tokens: int
@@ -143,5 +145,6 @@ def greedy_choice(logits: torch.Tensor, vocab: int) -> torch.Tensor:
 
 
 def top2_margin(logits: torch.Tensor) -> torch.Tensor:
+    """Each row's p(top-1) - p(top-2): CoT-decoding's confidence in a token."""
     top2 = logits.float().softmax(dim=-1).topk(2, dim=-1).values
     return top2[:, 0] - top2[:, 1]
