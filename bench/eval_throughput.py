@@ -61,14 +61,13 @@ from bench.limits import (  # noqa: E402
     kv_bytes_per_position,
 )
 from bench.speed_record import SPEED_JSON, Headline, Side, command_line, failure_note, record  # noqa: E402
-from clozemath.config import ModelConfig, read_yaml  # noqa: E402
+from clozemath.config import DataConfig, ModelConfig, read_yaml  # noqa: E402
 from clozemath.data.sources import DATA_DIR_ENV, Problem, load_problems  # noqa: E402
 from clozemath.eval.decoding import (  # noqa: E402
     CPU_BATCH_SIZE, SDPA_BACKENDS, DecodeSettings, Generation, ModelShape, auto_batch_size, decode,
 )
 from clozemath.eval.evaluate import Prompting, build_prompts, stop_strings  # noqa: E402
 from clozemath.errors import ClozeMathError  # noqa: E402
-from clozemath.eval.prompts import DEFAULT_TEMPLATE  # noqa: E402
 from clozemath.files import write_text_atomic  # noqa: E402
 from clozemath.model.load import load_model  # noqa: E402
 from clozemath.model.memory import free_bytes  # noqa: E402
@@ -489,7 +488,7 @@ def run(argv: list[str]) -> int:
     loaded = load_model(cfg, 0, device, training=False)
     model, tokenizer = loaded.model, loaded.tokenizer
     problems = problems_of(args)
-    prompting = Prompting(args.prompt == "few-shot", args.prompt_attention, DEFAULT_TEMPLATE)
+    prompting = Prompting(args.prompt == "few-shot", args.prompt_attention, DataConfig().prompt_template)
     prompts = [prompt.ids for prompt in build_prompts(problems, loaded, prompting)]
     base = Settings(
         args.max_new_tokens, 0, args.num_beams, args.cot_k, stop_strings("gsm8k", prompting),

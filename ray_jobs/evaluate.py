@@ -29,7 +29,6 @@ from clozemath.errors import ClozeMathError
 from clozemath.files import write_text_atomic
 from clozemath.eval.evaluate import eval_problems, evaluate_batch, load_evaluated_model, prompting, resolve_adapter
 from clozemath.eval.predictions import Prediction, metrics, results_table, write_predictions
-from clozemath.eval.harness import FILTERS as HARNESS_FILTERS
 from clozemath.model.memory import share_gpu
 from clozemath.records import (
     EVAL_DIR,
@@ -42,6 +41,7 @@ from clozemath.records import (
     partial_predictions_file,
     predictions_file,
 )
+from clozemath.tasks.harness import FILTERS as HARNESS_FILTERS
 from clozemath.tracking import TrackedRun, start_run
 from ray_jobs.cluster import init_ray, user_errors_surfaced
 

@@ -13,10 +13,10 @@ import pytest
 
 from clozemath.data.sources import load_problems
 from clozemath.errors import ClozeMathError
-from clozemath.eval import answers
 from clozemath.data.gold import last_boxed
-from clozemath.eval.answers import normalize_math_answer
 from clozemath.tasks import answer_span, grade
+from clozemath.tasks import math as math_task
+from clozemath.tasks.math import normalize_math_answer
 
 SAMPLE = 150
 # math-verify rejects `\\left (` with a space and units written `\\text {...}`: the normalized fallback covers those.
@@ -160,12 +160,12 @@ def test_minerva_final_answer_when_nothing_is_boxed() -> None:
 
 def _without_fallback(monkeypatch: pytest.MonkeyPatch) -> None:
     """Grade by math-verify alone: no two normalized strings compare equal."""
-    monkeypatch.setattr(answers, "normalize_math_answer", lambda answer: object())
+    monkeypatch.setattr(math_task, "normalize_math_answer", lambda answer: object())
 
 
 def _without_math_verify(monkeypatch: pytest.MonkeyPatch) -> None:
     """Grade by the normalized-string fallback alone."""
-    monkeypatch.setattr(answers, "verify_latex", lambda gold, pred, timeout_s: False)
+    monkeypatch.setattr(math_task, "verify_latex", lambda gold, pred, timeout_s: False)
 
 
 def _self_check_failures(golds: list[str], monkeypatch: pytest.MonkeyPatch) -> list[str]:

@@ -91,7 +91,7 @@ def test_our_logged_warnings_reach_the_console(plain_console) -> None:
     import logging
 
     _, err = plain_console
-    logging.getLogger("clozemath.eval.answers").warning("grading ran past %d s", 5)
+    logging.getLogger("clozemath.tasks.math").warning("grading ran past %d s", 5)
     assert err.getvalue() == "warning: grading ran past 5 s\n"
 
 

@@ -16,7 +16,6 @@ from transformers import AutoTokenizer, DynamicCache, Gemma3ForCausalLM, Gemma3T
 from clozemath.eval.decoding import (
     AUTO_MAX_ROWS, DecodeSettings, DecodeStats, ModelShape, auto_batch_size, bytes_per_prompt, decode,
 )
-from clozemath.eval.prompts import finetuned_prompt
 from clozemath.errors import ClozeMathError
 from clozemath.model.attention import additive_mask, prefix_mask_from_lengths
 
@@ -382,11 +381,6 @@ def test_cot_without_any_answer_keeps_the_greedy_branch(model, tokenizer, refere
 def test_cot_needs_an_answer_span(model, tokenizer):
     with pytest.raises(ClozeMathError, match="answer_span"):
         decode(model, tokenizer, ["x"], "cot")
-
-
-def test_finetuned_prompt():
-    assert finetuned_prompt("What is 1+1?", "<SEP>") == "Question: What is 1+1?\nAnswer:<SEP>"
-    assert finetuned_prompt("q", "<S>", template="Q: {question}\nA:") == "Q: q\nA:<S>"
 
 
 SHAPE = ModelShape(layers=2, kv_heads=2, head_dim=4, hidden=8, intermediate=16, vocab=10, dtype_bytes=2)

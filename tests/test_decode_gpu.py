@@ -12,11 +12,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from clozemath.config import ModelConfig, read_yaml
+from clozemath.config import DataConfig, ModelConfig, read_yaml
 from clozemath.data.sources import load_problems
 from clozemath.eval.decoding import DecodeSettings, DecodeStats, decode
 from clozemath.eval.evaluate import Prompting, build_prompts
-from clozemath.eval.prompts import DEFAULT_TEMPLATE
 from clozemath.tasks import answer_span, get_task
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
@@ -45,7 +44,7 @@ def loaded32():
 @pytest.fixture(scope="module")
 def prompts(loaded) -> list[list[int]]:
     problems = load_problems("gsm8k", "test", limit=32)
-    prompting = Prompting(few_shot=False, attention="causal", template=DEFAULT_TEMPLATE)
+    prompting = Prompting(few_shot=False, attention="causal", template=DataConfig().prompt_template)
     return [prompt.ids for prompt in build_prompts(problems, loaded, prompting)]
 
 

@@ -18,7 +18,6 @@ from clozemath.data.sources import load_problems
 from clozemath.data.tokenize import encode_sample
 from clozemath.errors import ClozeMathError
 from clozemath.eval.evaluate import Prompting, build_prompts, eval_problems, evaluate_batch, prompting, resolve_adapter
-from clozemath.eval.answers import MARKED_RULES
 from clozemath.eval.predictions import (
     Prediction,
     grade_generation,
@@ -28,11 +27,12 @@ from clozemath.eval.predictions import (
     results_table,
     write_predictions,
 )
-from clozemath.eval.harness import STRICT_MATCH, harness_verdicts
-from clozemath.eval.prompts import GSM8K_STOP
 from clozemath.eval.decoding import DecodeSettings, decode
 from clozemath.model.load import load_model, save_adapter
 from clozemath.tasks import grade
+from clozemath.tasks.base import MARKED_RULES
+from clozemath.tasks.gsm8k import GSM8K_STOP
+from clozemath.tasks.harness import STRICT_MATCH, harness_verdicts
 
 ROOT = Path(__file__).resolve().parents[1]
 SMOKE = ROOT / "configs" / "experiments" / "smoke.yaml"
@@ -114,6 +114,13 @@ def test_fine_tuned_prompt_ids_are_the_training_prefix(loaded, smoke):
     sep = loaded.specials.ids["<SEP>"]
     assert prompts[0].ids[0] == loaded.tokenizer.bos_token_id and prompts[0].ids[-1] == sep
     assert loaded.tokenizer.decode(prompts[0].ids[1:-1]) == f"Question: {problems[0].question}\nAnswer:"
+
+
+def test_the_fine_tuned_prompt_follows_the_template(loaded):
+    """`P<SEP>` with the run's `data.prompt_template`, whatever it is."""
+    (problem,) = load_problems("gsm8k", "test", limit=1)
+    (prompt,) = build_prompts([problem], loaded, Prompting(False, "causal", "Q: {question}\nA:"))
+    assert prompt.text == f"Q: {problem.question}\nA:<SEP>"
 
 
 def test_few_shot_prompts_are_the_harness_ones(loaded, smoke):

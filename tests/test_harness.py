@@ -9,9 +9,10 @@ from clozemath.config import expand_grid, load_config
 from clozemath.data.sources import load_problems
 from clozemath.data.gold import last_boxed
 from clozemath.eval.predictions import Prediction, metrics, regrade
-from clozemath.eval.harness import FLEXIBLE_EXTRACT, STRICT_MATCH, exact_match, filtered_answer, harness_verdicts
-from clozemath.eval.prompts import GSM8K_STOP, MINERVA_EXEMPLARS, MINERVA_MATH_STOP, gsm8k_shots
 from clozemath.tasks import few_shot_prompt
+from clozemath.tasks.gsm8k import GSM8K_STOP, gsm8k_shots
+from clozemath.tasks.harness import FLEXIBLE_EXTRACT, STRICT_MATCH, exact_match, filtered_answer, harness_verdicts
+from clozemath.tasks.math import MINERVA_EXEMPLARS, MINERVA_MATH_STOP
 
 HARNESS_DRAWS = {0: [6374, 3610, 957, 61, 742], 1: [7462, 6610, 4769, 286, 5501]}
 """The train indices the harness's default sampler (`random.Random(1234)`, `sample(train, 5)` per test document, in

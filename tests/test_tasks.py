@@ -11,7 +11,6 @@ from clozemath import tasks
 from clozemath.config import load_config
 from clozemath.data.sources import Problem
 from clozemath.errors import ClozeMathError
-from clozemath.eval.answers import number_key
 from clozemath.eval.evaluate import eval_problems, eval_set_identity, evaluate_batch, prompting
 from clozemath.eval.predictions import metrics, read_predictions, regrade, results_table, write_predictions
 from clozemath.model.load import load_model
@@ -30,7 +29,7 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")
 def toy_task() -> Task:
     return Task(
         name="toy", title="Toy", problems=lambda source: list(TOY_PROBLEMS), identity=lambda source: "toy v1",
-        find_answer=gsm8k.find_answer, judge=gsm8k.judge, answer_key=number_key,
+        find_answer=gsm8k.find_answer, judge=gsm8k.judge, answer_key=gsm8k.number_key,
         few_shot_prompt=lambda problem: f"Q: {problem.question}\nA:", stop=("\nQ:",),
     )
 

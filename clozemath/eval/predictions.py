@@ -13,9 +13,6 @@ from typing import Any
 
 from clozemath.data.sources import read_jsonl
 from clozemath.errors import ClozeMathError
-from clozemath.eval.answers import FALLBACK_RULE, MARKED_RULES
-from clozemath.eval.harness import FLEXIBLE_EXTRACT, STRICT_MATCH, filtered_answer, harness_verdicts
-from clozemath.eval.mathverify import file_budget_s, grading_threads, total_budget
 from clozemath.files import atomic_writer
 from clozemath.records import (
     CUT_SHARE,
@@ -29,6 +26,9 @@ from clozemath.records import (
     tally_metrics,
 )
 from clozemath.tasks import get_task
+from clozemath.tasks.base import FALLBACK_RULE, MARKED_RULES
+from clozemath.tasks.harness import FLEXIBLE_EXTRACT, STRICT_MATCH, filtered_answer, harness_verdicts
+from clozemath.tasks.mathverify import file_budget_s, grading_threads, total_budget
 
 
 @dataclass(frozen=True)
@@ -50,7 +50,7 @@ class Prediction:
     generated_tokens: int | None = None
     """Tokens generated, end-of-sequence excluded."""
     rule: str | None = None
-    """How `extracted` was found (`clozemath.eval.answers`): strict (after `####`), boxed, final_answer, flexible (the
+    """How `extracted` was found (`clozemath.tasks`): strict (after `####`), boxed, final_answer, flexible (the
     last number, a fallback) or none; for the harness's grading, strict (strict-match's `#### N`) or none. None in
     files written before it was recorded."""
 

@@ -9,8 +9,7 @@ from __future__ import annotations
 
 from clozemath.data.sources import Problem
 from clozemath.errors import ClozeMathError
-from clozemath.eval.answers import MATH_VERIFY_TIMEOUT_S, Graded
-from clozemath.tasks.base import EvalSource, Task
+from clozemath.tasks.base import MATH_VERIFY_TIMEOUT_S, EvalSource, Graded, Task
 from clozemath.tasks.gsm8k import GSM8K
 from clozemath.tasks.gsm_symbolic import GSM_P1, GSM_P2, GSM_SYMBOLIC
 from clozemath.tasks.math import MATH

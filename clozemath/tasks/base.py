@@ -1,5 +1,5 @@
 """What a dataset family tells the rest of the code: its problems, how its answers are found and graded, how a
-base model is prompted for it."""
+base model is prompted for it; and the grading vocabulary every family shares (`Found`, `Graded`, the rules)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,33 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from clozemath.data.sources import Problem, data_identity, load_problems
-from clozemath.eval.answers import MARKED_RULES, MATH_VERIFY_TIMEOUT_S, Found, Graded
+
+MATH_VERIFY_TIMEOUT_S = 5.0
+"""How long one math-verify check may run (`clozemath.tasks.mathverify`) before the string comparison decides."""
+
+Found = tuple[tuple[int, int], str]
+"""Where an answer is in a generation (character offsets `[start, end)`) and the rule that found it."""
+
+MARKED_RULES = frozenset({"strict", "boxed", "final_answer"})
+"""The rules that read the answer where the solution format marks it (`####`, `\\boxed{}`, Minerva's final-answer
+line); the other, `flexible` (the last number), is a fallback for generations that never mark one. Strict accuracy
+counts only answers found by these."""
+FALLBACK_RULE = "flexible"
+
+
+@dataclass(frozen=True)
+class Graded:
+    extracted: str | None
+    correct: bool
+    rule: str  # how the answer was found: strict | flexible | boxed | final_answer | none
+
+
+def first_turn(text: str, marker: str) -> str:
+    """`text` up to where it starts a new turn of the prompt format (a line opening with `marker`, such as
+    `\nQuestion:`): a model that does not stop after its answer goes on with a problem of its own, whose numbers are
+    not its answer (the harness's stop sequences cut there too)."""
+    end = text.find(marker)
+    return text if end < 0 else text[:end]
 
 
 class EvalSource(Protocol):
