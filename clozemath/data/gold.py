@@ -6,6 +6,8 @@ from __future__ import annotations
 import math
 import re
 
+from clozemath.errors import ClozeMathError
+
 NUMERIC_TOLERANCE = 1e-4
 """How close a numeric answer must come to the gold to be correct."""
 
@@ -57,3 +59,22 @@ def is_number(text: str) -> bool:
         return math.isfinite(float(text.replace("$", "").replace("\u2212", "-").rstrip(".")))
     except ValueError:
         return False
+
+
+def numeric_gold(solution: str, where: str) -> str:
+    """The number after `####`; a solution without one, or with text there, is an error naming `where` (its line)."""
+    try:
+        answer = gsm8k_gold(solution)
+    except ValueError:
+        raise ClozeMathError(f"{where}: the answer has no '#### N' line") from None
+    if not is_number(answer):
+        raise ClozeMathError(f"{where}: the answer's '#### {answer[:40]}' is not a number")
+    return answer
+
+
+def boxed_gold(solution: str, where: str) -> str:
+    """The last `\\boxed{}`'s content; a solution without one is an error naming `where` (its line)."""
+    answer = last_boxed(solution)
+    if answer is None:
+        raise ClozeMathError(f"{where}: the solution has no \\boxed{{}} answer")
+    return answer

@@ -1,25 +1,26 @@
 """Split a solution into text and equation segments: the paper's y_1..y_m, with F the equation indices.
 
 Segmentation is lossless: the segments' texts joined give back `clean_solution(...)` exactly. Whitespace always
-belongs to text segments, so an equation starts and ends on a visible character.
+belongs to text segments, so an equation starts and ends on a visible character. Each training set names its rule
+(`clozemath.data.training_sets`):
 
-GSM8K: one equation per `<<expr=result>>` calculator annotation, the arithmetic visible around it: the expression
-left of it with its `=` and the result right of it (`48/2 = <<48/2=24>>24` gives `48/2 = 24`), or the result alone
-where no expression is visible. Currency, percent signs, thousands commas and unit words, abbreviated or hyphenated
-(`7 stickers/page * 6 pages= 42`, `640 sq. ft. - 80 sq. ft. = 560`), belong to the equation; the `#### N` line is
-never one.
+GSM8K (`calculator_annotations`): one equation per `<<expr=result>>` calculator annotation, the arithmetic visible
+around it: the expression left of it with its `=` and the result right of it (`48/2 = <<48/2=24>>24` gives
+`48/2 = 24`), or the result alone where no expression is visible. Currency, percent signs, thousands commas and
+unit words, abbreviated or hyphenated (`7 stickers/page * 6 pages= 42`, `640 sq. ft. - 80 sq. ft. = 560`), belong to
+the equation; the `#### N` line is never one.
 
-MATH: equations are the relation-bearing (`=`, `<`, `\\le`, `\\equiv`, ...) parts of LaTeX math spans (`$..$`,
-`$$..$$`, `\\(..\\)`, `\\[..\\]`, `align`, `equation`, `eqnarray`); a span without a relation (`$x$`) is text, and so
-are `[asy]` pictures and spans that never close. The delimiters stay in the text, so that masking `$x = 5$` leaves
-`$<M_0>$`: the context still says "a formula stands here", and the model fills in only the formula. Each
-relation-bearing row of a span of several rows (`\\\\`-separated lines of a display, an align environment, a
+MATH (`latex_relations`): equations are the relation-bearing (`=`, `<`, `\\le`, `\\equiv`, ...) parts of LaTeX math
+spans (`$..$`, `$$..$$`, `\\(..\\)`, `\\[..\\]`, `align`, `equation`, `eqnarray`); a span without a relation (`$x$`)
+is text, and so are `[asy]` pictures and spans that never close. The delimiters stay in the text, so that masking
+`$x = 5$` leaves `$<M_0>$`: the context still says "a formula stands here", and the model fills in only the formula.
+Each relation-bearing row of a span of several rows (`\\\\`-separated lines of a display, an align environment, a
 `cases`/`array`/`aligned` block) is an equation, while the separators and alignment context (`\\begin{aligned}`, a
 row's leading `&`, its closing punctuation) are text. The rows form a group (simultaneous equations, one unit of F)
 when each states an equation with its own left side, none opens with an implication and there are no more rows than
-unknowns; otherwise (`&=` chains, `\\Rightarrow` rows, one equation rewritten row after row) they are steps, each
-an equation of its own. A rows environment inside a relation (`f(x) = \\begin{cases}`) is part of one equation,
-and matrix rows (`pmatrix`) never split.
+unknowns; otherwise (`&=` chains, `\\Rightarrow` rows, one equation rewritten row after row) they are steps, each an
+equation of its own. A rows environment inside a relation (`f(x) = \\begin{cases}`) is part of one equation, and
+matrix rows (`pmatrix`) never split.
 """
 
 from __future__ import annotations
@@ -30,9 +31,8 @@ from itertools import accumulate
 from dataclasses import dataclass
 from typing import Literal
 
+from clozemath.data.training_sets import TRAINING_SETS, EquationRule
 from clozemath.errors import ClozeMathError
-
-DATASETS = ("gsm8k", "math")
 
 
 @dataclass(frozen=True)
@@ -54,14 +54,12 @@ class _Span:
 
 def clean_solution(dataset: str, solution: str) -> str:
     """The solution a model sees: GSM8K without its `<<expr=result>>` calculator annotations; MATH unchanged."""
-    _check_dataset(dataset)
-    return _ANNOTATION.sub("", solution) if dataset == "gsm8k" else solution
+    return _ANNOTATION.sub("", solution) if _rule(dataset) == "calculator_annotations" else solution
 
 
 def segment_solution(dataset: str, solution: str) -> list[Segment]:
     """Text and equation segments of a solution, in order; joined, they give `clean_solution(dataset, solution)`."""
-    _check_dataset(dataset)
-    if dataset == "gsm8k":
+    if _rule(dataset) == "calculator_annotations":
         clean, anchors = _strip_annotations(solution)
         return _segments(clean, _gsm8k_equations(clean, anchors))
     return _segments(solution, _math_equations(solution))
@@ -93,9 +91,11 @@ def equation_units(segments: list[Segment]) -> list[list[int]]:
     return units
 
 
-def _check_dataset(dataset: str) -> None:
-    if dataset not in DATASETS:
-        raise ClozeMathError(f"cannot segment dataset '{dataset}' (known: {', '.join(DATASETS)})")
+def _rule(dataset: str) -> EquationRule:
+    """The training set's segmentation rule (`clozemath.data.training_sets`)."""
+    if dataset not in TRAINING_SETS:
+        raise ClozeMathError(f"cannot segment dataset '{dataset}' (known: {', '.join(TRAINING_SETS)})")
+    return TRAINING_SETS[dataset].equations
 
 
 def _segments(text: str, spans: list[_Span]) -> list[Segment]:

@@ -1,4 +1,5 @@
-"""GSM8K, MATH and GSM-Symbolic problems from a local JSONL file or folder, or from the HF hub."""
+"""Problems of the training sets (`clozemath.data.training_sets`) and of GSM-P2's released instances, from a local
+JSONL file or folder, or from the HF hub."""
 
 from __future__ import annotations
 
@@ -8,13 +9,15 @@ import json
 import os
 import re
 import sys
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import asdict, dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
+from clozemath.data.gold import numeric_gold
+from clozemath.data.training_sets import TRAINING_SET_NAMES, TRAINING_SETS, TrainingSet
 from clozemath.errors import ClozeMathError
-from clozemath.data.gold import gsm8k_gold, is_number, last_boxed
 
 DATA_DIR_ENV = "CLOZEMATH_DATA_DIR"
 
@@ -39,48 +42,47 @@ def _field(row: dict[str, Any], name: str, where: str) -> str:
     return value
 
 
-def _numeric_gold(solution: str, where: str) -> str:
-    """The number after `####`; a solution without one, or with text there, is an error naming its line."""
-    try:
-        answer = gsm8k_gold(solution)
-    except ValueError:
-        raise ClozeMathError(f"{where}: the answer has no '#### N' line") from None
-    if not is_number(answer):
-        raise ClozeMathError(f"{where}: the answer's '#### {answer[:40]}' is not a number")
-    return answer
+def _training_problem(training_set: TrainingSet, row: dict[str, Any], index: int, split: str, where: str) -> Problem:
+    solution = _field(row, training_set.solution, where)
+    answer = training_set.gold(solution, where)
+    question = _field(row, training_set.question, where)
+    return Problem(f"{training_set.name}-{split}-{index}", training_set.name, split, question, solution, answer)
 
 
-def _gsm8k(row: dict[str, Any], index: int, split: str, where: str) -> Problem:
-    solution = _field(row, "answer", where)
-    answer = _numeric_gold(solution, where)
-    return Problem(f"gsm8k-{split}-{index}", "gsm8k", split, _field(row, "question", where), solution, answer)
-
-
-def _math(row: dict[str, Any], index: int, split: str, where: str) -> Problem:
-    solution = _field(row, "solution", where)
-    answer = last_boxed(solution)
-    if answer is None:
-        raise ClozeMathError(f"{where}: the solution has no \\boxed{{}} answer")
-    return Problem(f"math-{split}-{index}", "math", split, _field(row, "problem", where), solution, answer)
+GSM_P2 = "gsm_p2"
+_GSM_P2_HUB = ("apple/GSM-Symbolic", ("p2",))
 
 
 def _gsm_p2(row: dict[str, Any], index: int, split: str, where: str) -> Problem:
+    """Apple's released GSM-P2 instances (an evaluation set only): GSM8K's fields, numbered by template and instance."""
     solution = _field(row, "answer", where)
-    problem_id = f"gsm_p2-{row.get('id', index)}-{row.get('instance', 0)}"
-    answer = _numeric_gold(solution, where)
-    return Problem(problem_id, "gsm_p2", split, _field(row, "question", where), solution, answer)
+    problem_id = f"{GSM_P2}-{row.get('id', index)}-{row.get('instance', 0)}"
+    answer = numeric_gold(solution, where)
+    return Problem(problem_id, GSM_P2, split, _field(row, "question", where), solution, answer)
 
 
-_PARSERS = {"gsm8k": _gsm8k, "math": _math, "gsm_p2": _gsm_p2}
-_HUB = {
-    "gsm8k": ("openai/gsm8k", ["main"]),
-    "math": (
-        "EleutherAI/hendrycks_math",
-        ["algebra", "counting_and_probability", "geometry", "intermediate_algebra", "number_theory",
-         "prealgebra", "precalculus"],
-    ),
-    "gsm_p2": ("apple/GSM-Symbolic", ["p2"]),
-}
+RowParser = Callable[[dict[str, Any], int, str, str], Problem]
+"""(row, index in the split, split, where) -> the problem."""
+_STORED_SETS = (*TRAINING_SET_NAMES, GSM_P2)
+"""The sets read from a file or the hub: the training sets, and the one evaluation set released as instances."""
+
+
+def _parser(dataset: str) -> RowParser:
+    if dataset in TRAINING_SETS:
+        return partial(_training_problem, TRAINING_SETS[dataset])
+    if dataset == GSM_P2:
+        return _gsm_p2
+    if dataset in ("gsm_symbolic", "gsm_p1"):
+        raise ClozeMathError(f"'{dataset}' is generated from templates, not read: see `clozemath data gsm-symbolic`")
+    raise ClozeMathError(f"unknown dataset '{dataset}' (known: {', '.join(_STORED_SETS)})")
+
+
+def _hub(dataset: str) -> tuple[str, tuple[str, ...]]:
+    """The hub dataset and its configs a stored set comes from."""
+    if dataset == GSM_P2:
+        return _GSM_P2_HUB
+    training_set = TRAINING_SETS[dataset]
+    return training_set.hub, training_set.hub_configs
 
 
 MAX_LINE_BYTES_ENV = "CLOZEMATH_MAX_LINE_BYTES"
@@ -208,7 +210,7 @@ def local_file(dataset: str, split: str, path: str | Path | None = None) -> Path
     root = os.environ.get(DATA_DIR_ENV)
     if not root:
         return None
-    if dataset == "gsm_p2":
+    if dataset == GSM_P2:
         candidate = Path(root) / "gsm_symbolic" / "GSM_p2.jsonl"
     else:
         candidate = Path(root) / dataset / f"{split}.jsonl"
@@ -230,15 +232,15 @@ def data_identity(dataset: str, split: str, path: str | Path | None = None) -> s
     """Where a split is read from and what it holds (`<file> <hash of its bytes>`), or the hub dataset it comes from;
     a missing file is an error."""
     file = local_file(dataset, split, path)
-    return f"hub:{_HUB[dataset][0]}/{split_slice(split)[0]}" if file is None else f"{file.resolve()} {fingerprint([file])}"
+    return f"hub:{_hub(dataset)[0]}/{split_slice(split)[0]}" if file is None else f"{file.resolve()} {fingerprint([file])}"
 
 
 def _hub_rows(dataset: str, split: str) -> Iterator[tuple[str, dict[str, Any]]]:
     from datasets import load_dataset
 
-    name, configs = _HUB[dataset]
+    name, configs = _hub(dataset)
     for config in configs:
-        hub_split = "test" if dataset == "gsm_p2" else split
+        hub_split = "test" if dataset == GSM_P2 else split
         try:
             rows = load_dataset(name, config, split=hub_split)
         except Exception as exc:  # noqa: BLE001 - any hub failure becomes one line naming the dataset
@@ -255,16 +257,12 @@ def load_problems(
 ) -> list[Problem]:
     """Problems of one split (or of a slice of it: `split_slice`), in file order; `limit` keeps the first N. A
     problem's id is its place in the whole split, sliced or not."""
-    if dataset not in _PARSERS:
-        if dataset in ("gsm_symbolic", "gsm_p1"):
-            raise ClozeMathError(f"'{dataset}' is generated from templates, not read: see `clozemath data gsm-symbolic`")
-        raise ClozeMathError(f"unknown dataset '{dataset}' (known: {', '.join(_PARSERS)})")
+    parse = _parser(dataset)
     if limit is not None and limit < 1:
         raise ClozeMathError(f"a limit of {limit} problems: take at least 1")
     name, part = split_slice(split)
     file = local_file(dataset, name, path)
     rows = read_jsonl(file) if file is not None else _hub_rows(dataset, name)
-    parse = _PARSERS[dataset]
     problems = []
     for index, (where, row) in enumerate(rows):
         if part == slice(None) and limit is not None and index >= limit:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
+from clozemath.data.training_sets import TRAINING_SET_NAMES as TRAIN_SETS
 from clozemath.tasks import get_task, task_names
 
 MODEL_NAMES = {
@@ -17,8 +18,6 @@ METHOD_NAMES = {
     "random_span": "W/o Equation masking",
 }
 ABLATIONS = ("it_prefixlm", "clozemath_causal", "it", "random_span")
-TRAIN_SETS = ("gsm8k", "math")
-"""The paper's training sets, in its tables' order."""
 SYMBOLIC_SETS = ("gsm_symbolic", "gsm_p1", "gsm_p2")
 """Table 3's evaluation sets."""
 BASE_DECODING = "greedy"
