@@ -61,7 +61,7 @@ from bench.limits import (  # noqa: E402
     kv_bytes_per_position,
 )
 from bench.speed_record import SPEED_JSON, Headline, Side, command_line, failure_note, record  # noqa: E402
-from clozemath.config import DataConfig, ModelConfig, read_yaml  # noqa: E402
+from clozemath.config import DataConfig, ModelConfig  # noqa: E402
 from clozemath.data.sources import DATA_DIR_ENV, Problem, load_problems  # noqa: E402
 from clozemath.eval.decoding import (  # noqa: E402
     CPU_BATCH_SIZE, SDPA_BACKENDS, DecodeSettings, Generation, ModelShape, auto_batch_size, decode,
@@ -71,6 +71,7 @@ from clozemath.errors import ClozeMathError  # noqa: E402
 from clozemath.files import write_text_atomic  # noqa: E402
 from clozemath.model.load import load_model  # noqa: E402
 from clozemath.model.memory import free_bytes  # noqa: E402
+from clozemath.safe_yaml import read_yaml  # noqa: E402
 from clozemath.tasks import answer_span, get_task  # noqa: E402
 
 SCHEMES = ("greedy", "beam", "cot")

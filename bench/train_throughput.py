@@ -68,15 +68,14 @@ from bench.limits import (  # noqa: E402
     MFU_CONVENTION, PEAK_BF16_FLOPS, TrainingShape, Work, card_value, flops_per_token, mfu,
 )
 from bench.speed_record import SPEED_JSON, Headline, Side, command_line, failure_note, record  # noqa: E402
-from clozemath.config import (  # noqa: E402
-    DataConfig, ExperimentConfig, MethodConfig, ModelConfig, TrainConfig, read_yaml,
-)
+from clozemath.config import DataConfig, ExperimentConfig, MethodConfig, ModelConfig, TrainConfig  # noqa: E402
 from clozemath.data.prepare import prepare_data  # noqa: E402
 from clozemath.data.tokenize import IGNORE_INDEX, collate_packs  # noqa: E402
 from clozemath.errors import ClozeMathError  # noqa: E402
 from clozemath.files import write_text_atomic  # noqa: E402
 from clozemath.model.attention import flex_kernel_options, head_dim  # noqa: E402
 from clozemath.model.load import load_model  # noqa: E402
+from clozemath.safe_yaml import read_yaml  # noqa: E402
 from clozemath.train.loop import StepMetrics, model_inputs, train  # noqa: E402
 
 LORA = {"rank": 32, "alpha": 64, "target_modules": "all-linear"}

@@ -41,8 +41,9 @@ def before(config: dict[str, Any]) -> dict[str, Any]:
 
 def worker(rank: int, args: argparse.Namespace, run: str, port: int, out: Path) -> None:
     import clozemath.train.loop as loop
-    from clozemath.config import ExperimentConfig, MethodConfig, ModelConfig, TrainConfig, read_yaml
+    from clozemath.config import ExperimentConfig, MethodConfig, ModelConfig, TrainConfig
     from clozemath.model.load import load_model
+    from clozemath.safe_yaml import read_yaml
     from train_throughput import synthetic_rows
 
     os.environ.update({"RANK": str(rank), "WORLD_SIZE": str(args.gpus), "LOCAL_RANK": str(rank),

@@ -1,29 +1,19 @@
-"""Typed run configuration.
+"""The typed run configuration (the schema of an experiment and of a grid) and its one wire format.
 
-A run is described by YAML. An experiment names its parts by reference (`model: smollm2-135m` loads
-`configs/models/smollm2-135m.yaml`, `method: clozemath` loads `configs/methods/clozemath.yaml`) or inline;
-dotted `key=value` overrides from the command line apply on top. A grid is a base experiment plus axes whose
-values are such overrides. Every mistake becomes a one-line `ClozeMathError` naming the key and the file.
+A config is read, its references resolved, its overrides applied, a grid expanded and its names checked against the
+registries (evaluation sets, training sets, decodings, objectives) by `clozemath.plan`; this module knows no registry,
+so that the schema loads without them. Names are plain strings here: `clozemath.plan.check_names` refuses an unknown
+one before anything runs.
 """
 
 from __future__ import annotations
 
-import copy
-import itertools
-import math
 import os
-from dataclasses import dataclass
-from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from clozemath.errors import ClozeMathError
-from clozemath.tasks import get_task
-
-Dataset = Literal["gsm8k", "math"]
-Decoding = Literal["greedy", "beam", "cot"]
 AtLeastOne = Annotated[int, Field(ge=1)]
 """A size or a count of steps."""
 AtLeastZero = Annotated[int, Field(ge=0)]
@@ -43,7 +33,7 @@ class LoraConfig(_Strict):
     dropout: Annotated[float, Field(ge=0, lt=1, allow_inf_nan=False)] = 0.0
     """The paper gives rank 32 only; alpha (2 x rank) and no dropout are LLaMA-Factory's defaults (and 0.0 is
     peft's). Dropout costs speed on a GPU: 7 masks a layer over the adapted projections' inputs, each kept for the
-    backward (the 1B shape in rows of 8,192 tokens: a step ~7% longer, a third more memory)."""
+    backward (what it costs: `bench/results/`)."""
     target_modules: str | list[str] = "all-linear"
     train_special_tokens: bool = True
 
@@ -128,7 +118,8 @@ class ModelConfig(_Strict):
 
 
 class DataConfig(_Strict):
-    dataset: Dataset = "gsm8k"
+    dataset: str = "gsm8k"
+    """A training set (`clozemath.data.training_sets`)."""
     split: str = "train"
     path: str | None = None
     """A JSONL file or a folder holding `<split>.jsonl`; default `$CLOZEMATH_DATA_DIR/<dataset>/`, then the hub."""
@@ -178,7 +169,8 @@ class MethodConfig(_Strict):
     name: str
     trains: bool = True
     """False for `base`: the model is evaluated few-shot, untouched."""
-    objectives: list[Literal["lm", "cloze", "random_span"]] = ["lm"]
+    objectives: list[str] = ["lm"]
+    """Training objectives: the sample kinds of `clozemath.data.samples`."""
     attention: Literal["causal", "prefix_lm"] = "causal"
     lm_share: float = 0.5
     """Share of LM samples after balancing (LM samples are repeated to reach it)."""
@@ -278,22 +270,14 @@ class EvalSetConfig(_Strict):
     """GSM-Symbolic instances drawn per template (100 templates x 50 = the paper's 5000)."""
     generate: bool = False
     """gsm_p2: instantiate the p2 templates (`per_template`, `seed`) instead of reading Apple's released instances."""
-    decodings: list[Decoding] | None = None
+    decodings: list[str] | None = None
     """This set's decodings, a subset of `eval.decodings` (default: all of them); e.g. CoT-decoding on GSM8K only."""
-
-    @field_validator("dataset")
-    @classmethod
-    def _registered(cls, name: str) -> str:
-        try:
-            get_task(name)
-        except ClozeMathError as exc:
-            raise ValueError(str(exc)) from None
-        return name
 
 
 class EvalConfig(_Strict):
     sets: list[EvalSetConfig] = [EvalSetConfig(dataset="gsm8k")]
-    decodings: list[Decoding] = ["greedy"]
+    decodings: list[str] = ["greedy"]
+    """Decoding schemes (`clozemath.eval.decode`)."""
     num_beams: AtLeastOne = 5
     cot_k: AtLeastOne = 9
     cot_vote: Literal["marked", "any"] = "marked"
@@ -344,9 +328,17 @@ class EvalConfig(_Strict):
                 raise ValueError(f"set '{set_cfg.dataset}' asks for decoding '{unknown[0]}', not in eval.decodings")
         return self
 
-    def decodings_of(self, set_cfg: EvalSetConfig) -> list[Decoding]:
+    def decodings_of(self, set_cfg: EvalSetConfig) -> list[str]:
         """The decodings one set is evaluated with, in `decodings`' order."""
         return [d for d in dict.fromkeys(self.decodings) if set_cfg.decodings is None or d in set_cfg.decodings]
+
+    def first_evaluation(self) -> tuple[EvalSetConfig, str] | None:
+        """The first set with its first decoding (None without sets): the accuracy shown first, and the evaluation
+        run during training."""
+        if not self.sets:
+            return None
+        first = self.sets[0]
+        return first, self.decodings_of(first)[0]
 
 
 TRACKING_SCHEMES = ("sqlite", "file", "http", "https", "postgresql", "mysql", "mssql", "databricks")
@@ -381,7 +373,7 @@ def _run_name(name: str) -> str:
     return name
 
 
-def _folder_name(name: str) -> str:
+def folder_name(name: str) -> str:
     """A name written in a config (an experiment's, a grid's): one folder under `train.output_dir`."""
     if "/" in _run_name(name):
         raise ValueError(f"'{name}' holds a '/': a run's name is one folder under train.output_dir")
@@ -389,7 +381,7 @@ def _folder_name(name: str) -> str:
 
 
 RunName = Annotated[str, AfterValidator(_run_name)]
-FolderName = Annotated[str, AfterValidator(_folder_name)]
+FolderName = Annotated[str, AfterValidator(folder_name)]
 
 
 class ExperimentConfig(_Strict):
@@ -437,418 +429,7 @@ class GridConfig(_Strict):
 
 
 # --------------------------------------------------------------------------------------------------------------
-# YAML loading, references, overrides
-
-_REFERENCE_FOLDERS = {"model": "models", "method": "methods", "data": "data"}
-
-
-_REFERENCE_MODELS: dict[str, type[BaseModel]] = {"model": ModelConfig, "method": MethodConfig, "data": DataConfig}
-
-
-def configs_root(near: Path | None = None) -> Path:
-    """The `configs/` folder a reference resolves in: the one holding `near`, else `./configs`."""
-    if near is not None:
-        for parent in near.resolve().parents:
-            if parent.name == "configs":
-                return parent
-    return Path.cwd() / "configs"
-
-
-MAX_CONFIG_BYTES = 1 << 20
-"""The largest config file read (1 MiB): the project's own are under 5 KiB, the paper's grid included."""
-MAX_CONFIG_VALUES = 100_000
-"""The most values (mappings, lists, scalars) a YAML document may hold once its aliases are expanded: a `&anchor`
-used many times counts each time, so that a few lines of nested aliases ("billion laughs") cannot grow into
-gigabytes when the config is validated, copied or logged. The paper's grid holds 256."""
-MAX_CONFIG_DEPTH = 64
-"""The deepest nesting of mappings and lists in a YAML document (the project's go 8 deep)."""
-
-
-def _expanded_size(root: yaml.Node) -> tuple[int, int] | None:
-    """How many values the document holds with every alias expanded, and how deep it nests; None when an alias holds
-    itself. Walks the node graph once (each shared node sized once), without recursion."""
-    sizes: dict[int, tuple[int, int]] = {}
-    open_nodes: set[int] = set()
-    stack: list[tuple[yaml.Node, bool]] = [(root, False)]
-    while stack:
-        node, children_done = stack.pop()
-        children = [] if isinstance(node, yaml.ScalarNode) else (
-            [item for pair in node.value for item in pair] if isinstance(node, yaml.MappingNode) else node.value
-        )
-        if children_done:
-            open_nodes.discard(id(node))
-            counted = [sizes[id(child)] for child in children]
-            size, depth = sum(size for size, _ in counted), max((depth for _, depth in counted), default=0)
-            sizes[id(node)] = (1 + size, 1 + depth)
-            continue
-        if id(node) in sizes:
-            continue
-        if id(node) in open_nodes:
-            return None
-        open_nodes.add(id(node))
-        stack.append((node, True))
-        stack.extend((child, False) for child in children if id(child) not in sizes)
-    return sizes[id(root)]
-
-
-class NotYaml(ClozeMathError):
-    """Text that does not parse as YAML."""
-
-
-def parse_yaml(text: str, where: str) -> Any:
-    """YAML `text` as plain data, within `MAX_CONFIG_VALUES` (aliases expanded) and `MAX_CONFIG_DEPTH`; a mistake
-    or an excess is a one-line error naming `where`."""
-    loader = yaml.SafeLoader(text)
-    try:
-        node = loader.get_single_node()
-        if node is None:
-            return None
-        expanded = _expanded_size(node)
-        if expanded is None:
-            raise ClozeMathError(f"{where}: an alias (*name) inside its own anchor (&name): the YAML never ends")
-        size, depth = expanded
-        if size > MAX_CONFIG_VALUES:
-            raise ClozeMathError(
-                f"{where}: the YAML holds more than {MAX_CONFIG_VALUES:,} values once its aliases (*name) are expanded"
-            )
-        if depth > MAX_CONFIG_DEPTH:
-            raise ClozeMathError(f"{where}: the YAML nests deeper than {MAX_CONFIG_DEPTH} levels")
-        return loader.construct_document(node)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        line = f":{mark.line + 1}" if mark is not None else ""
-        raise NotYaml(f"{where}{line}: not valid YAML ({getattr(exc, 'problem', None) or exc})") from None
-    except RecursionError:  # PyYAML composes nested collections recursively
-        raise ClozeMathError(f"{where}: the YAML nests deeper than {MAX_CONFIG_DEPTH} levels") from None
-    finally:
-        loader.dispose()
-
-
-def read_yaml(path: Path) -> dict[str, Any]:
-    if not path.is_file():
-        raise ClozeMathError(f"{path}: no such config file")
-    size = path.stat().st_size
-    if size > MAX_CONFIG_BYTES:
-        raise ClozeMathError(f"{path}: {size:,} bytes, more than a config may hold ({MAX_CONFIG_BYTES:,})")
-    data = path.read_bytes()
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        line = data[: exc.start].count(b"\n") + 1
-        raise ClozeMathError(f"{path}:{line}: not UTF-8 text (byte 0x{data[exc.start]:02x})") from None
-    raw = parse_yaml(text, str(path))
-    if raw is None:
-        return {}
-    if not isinstance(raw, dict):
-        raise ClozeMathError(f"{path}: expected a mapping at the top level, got {type(raw).__name__}")
-    return raw
-
-
-def _resolve_reference(kind: str, ref: str, root: Path, source: Path | str) -> dict[str, Any]:
-    folder = root / _REFERENCE_FOLDERS[kind]
-    candidate = Path(ref) if ref.endswith((".yaml", ".yml")) else folder / f"{ref}.yaml"
-    if not candidate.is_absolute() and ref.endswith((".yaml", ".yml")):
-        candidate = root / ref
-    if not candidate.is_file():
-        known = sorted(p.stem for p in folder.glob("*.yaml")) if folder.is_dir() else []
-        raise ClozeMathError(f"{source}: unknown {kind} '{ref}' (known: {', '.join(known) or 'none'})")
-    raw = read_yaml(candidate)
-    _validate(_REFERENCE_MODELS[kind], raw, candidate)  # a mistake inside it is reported against that file
-    return raw
-
-
-def load_method(name: str, root: Path) -> MethodConfig:
-    """`configs/methods/<name>.yaml` under the configs folder `root`."""
-    return MethodConfig.model_validate(_resolve_reference("method", name, root, f"{root / 'methods'}"))
-
-
-def _resolve_references(raw: dict[str, Any], root: Path, source: Path | str) -> dict[str, Any]:
-    out = dict(raw)
-    for kind in _REFERENCE_FOLDERS:
-        if isinstance(out.get(kind), str):
-            out[kind] = _resolve_reference(kind, out[kind], root, source)
-    return out
-
-
-def parse_override(text: str) -> tuple[str, Any]:
-    """`train.lr=1e-4` -> ("train.lr", 0.0001). Values are read as YAML scalars, numbers first."""
-    key, sep, value = text.partition("=")
-    if not sep or not key:
-        raise ClozeMathError(f"override '{text}': expected key=value")
-    for cast in (int, float):
-        try:
-            return key.strip(), cast(value)
-        except ValueError:
-            pass
-    try:
-        return key.strip(), parse_yaml(value, f"override '{key.strip()}'")
-    except NotYaml:
-        return key.strip(), value
-
-
-def apply_override(raw: dict[str, Any], key: str, value: Any, root: Path, source: Path | str) -> None:
-    """Set a dotted key, resolving a by-name reference on the way down (`model.lora.rank=8`)."""
-    parts = key.split(".")
-    node = raw
-    for depth, part in enumerate(parts[:-1]):
-        if depth == 0 and part in _REFERENCE_FOLDERS and isinstance(node.get(part), str):
-            node[part] = _resolve_reference(part, node[part], root, source)
-        child = node.setdefault(part, {})
-        if not isinstance(child, dict):
-            raise ClozeMathError(f"{source}: override '{key}': '{part}' is not a mapping")
-        node = child
-    node[parts[-1]] = value
-
-
-def _format_validation_error(exc: ValidationError, source: Path | str) -> str:
-    errors = exc.errors()
-    first = errors[0]
-    key = ".".join(str(p) for p in first["loc"])
-    more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
-    if first["type"] == "extra_forbidden":
-        return f"{source}: unknown key '{key}'{more}"
-    if first["type"] == "missing":
-        return f"{source}: missing key '{key}'{more}"
-    where = f"'{key}': " if key else ""
-    return f"{source}: {where}{first['msg'].removeprefix('Value error, ')}{more}"
-
-
-def _validate(cls: type[BaseModel], raw: dict[str, Any], source: Path | str) -> Any:
-    try:
-        return cls.model_validate(raw)
-    except ValidationError as exc:
-        raise ClozeMathError(_format_validation_error(exc, source)) from None
-
-
-def experiment_from_dict(
-    raw: dict[str, Any], root: Path, source: Path | str, overrides: list[tuple[str, Any]] = ()
-) -> ExperimentConfig:
-    raw = copy.deepcopy(raw)  # overrides write into nested mappings: the caller's (a grid's base) stays untouched
-    base_name = raw.pop("experiment", None)
-    if base_name is not None:
-        base = read_yaml(root / "experiments" / f"{base_name}.yaml")
-        raw = _deep_merge(base, raw)
-    for key, value in overrides:
-        apply_override(raw, key, value, root, source)
-    return _validate(ExperimentConfig, _resolve_references(raw, root, source), source)
-
-
-def _deep_merge(base: dict[str, Any], top: dict[str, Any]) -> dict[str, Any]:
-    out = dict(base)
-    for key, value in top.items():
-        if isinstance(value, dict) and isinstance(out.get(key), dict):
-            out[key] = _deep_merge(out[key], value)
-        else:
-            out[key] = value
-    return out
-
-
-def is_grid(raw: dict[str, Any]) -> bool:
-    return "axes" in raw or "base" in raw
-
-
-_GRID_KEYS = ("name", "max_concurrent_trials")
-"""Overrides of a grid that set the grid itself; `axes.<axis>=...` replaces (or, for bundles, picks) an axis's values;
-`tracking.*` sets the grid's tracking (when it has its own) and the base's; any other key goes to the base."""
-
-
-def _override_grid(grid: GridConfig, key: str, value: Any, root: Path, source: Path | str) -> None:
-    if key in _GRID_KEYS:
-        try:
-            setattr(grid, key, value)
-        except ValidationError as exc:
-            raise ClozeMathError(_format_validation_error(exc, source)) from None
-    elif key.startswith("axes."):
-        grid.axes = {**grid.axes, **{key[len("axes."):]: _narrowed_axis(grid, key[len("axes."):], value, source)}}
-    else:
-        apply_override(grid.base, key, value, root, source)
-        if key.startswith("tracking.") and grid.tracking is not None:
-            raw = grid.tracking.model_dump()
-            apply_override(raw, key[len("tracking."):], value, root, source)
-            grid.tracking = _validate(TrackingConfig, raw, f"{source}: override '{key}'")
-
-
-def _narrowed_axis(grid: GridConfig, axis: str, value: Any, source: Path | str) -> list[Any] | dict[str, Any]:
-    """`axes.seed=[0]`: new values for a dotted-key axis; for a bundle axis, the labels to keep (or new bundles)."""
-    values = value if isinstance(value, (list, dict)) else [value]
-    current = grid.axes.get(axis)
-    if current is None:
-        raise ClozeMathError(f"{source}: override 'axes.{axis}': no such axis (axes: {', '.join(grid.axes) or 'none'})")
-    if isinstance(current, dict) and isinstance(values, list):
-        unknown = [label for label in values if label not in current]
-        if unknown:
-            raise ClozeMathError(
-                f"{source}: override 'axes.{axis}': no bundle '{unknown[0]}' (bundles: {', '.join(current)})"
-            )
-        return {label: current[label] for label in values}
-    return values
-
-
-@dataclass(frozen=True)
-class RunPlan:
-    """A config file as `clozemath run` runs it, parsed and validated once: the experiment or grid it states, and
-    every experiment of it (an experiment is a grid of one)."""
-
-    config: ExperimentConfig | GridConfig
-    experiments: list[ExperimentConfig]
-    root: Path
-    """The `configs/` folder its references resolve in."""
-
-    @property
-    def grid(self) -> GridConfig:
-        return as_grid(self.config)
-
-
-def load_plan(path: str | Path, overrides: list[str] = ()) -> RunPlan:
-    """Load an experiment or a grid YAML with command-line overrides applied (see `_GRID_KEYS` for a grid's), and
-    expand it into its experiments; a mistake anywhere is refused here, before anything starts."""
-    path = Path(path)
-    raw = read_yaml(path)
-    root = configs_root(path)
-    parsed = [parse_override(o) for o in overrides]
-    if not is_grid(raw):
-        experiment = experiment_from_dict(raw, root, path, parsed)
-        try:
-            _folder_name(experiment.name)
-        except ValueError as exc:
-            raise ClozeMathError(f"{path}: 'name': {exc}") from None
-        return RunPlan(experiment, [experiment], root)
-    grid = _validate(GridConfig, raw, path)
-    check_conditions(grid, path)  # against the axes as written: `axes.*` overrides may narrow them
-    grid.base = copy.deepcopy(grid.base)
-    for key, value in parsed:
-        _override_grid(grid, key, value, root, path)
-    return RunPlan(grid, expand_grid(grid, root, path), root)
-
-
-def load_config(path: str | Path, overrides: list[str] = ()) -> ExperimentConfig | GridConfig:
-    """The experiment, or the grid, of a YAML file with overrides applied (validated as `load_plan` does)."""
-    return load_plan(path, overrides).config
-
-
-@dataclass(frozen=True)
-class GridPoint:
-    """One trial of a grid: the value (or bundle label) it takes on each axis, and the overrides those make."""
-
-    labels: dict[str, Any]
-    overrides: list[tuple[str, Any]]
-
-    def label(self) -> str:
-        """`model=tiny-llama,method=clozemath,seed=0`: each axis by the last part of its key (whole when ambiguous)."""
-        short = [axis.split(".")[-1] for axis in self.labels]
-        return ",".join(
-            f"{name if short.count(name) == 1 else axis}={value}"
-            for name, axis, value in zip(short, self.labels, self.labels.values())
-        ) or "default"
-
-
-def _axis_choices(axis: str, values: Any, source: Path | str) -> list[tuple[Any, list[tuple[str, Any]]]]:
-    """(label, overrides) for every value of one axis."""
-    if not isinstance(values, (list, dict)):
-        raise ClozeMathError(f"{source}: axis '{axis}': expected a list of values or a mapping of labelled bundles")
-    if not values:
-        raise ClozeMathError(f"{source}: axis '{axis}' has no values")
-    if isinstance(values, dict):
-        for label, bundle in values.items():
-            if not isinstance(bundle, dict):
-                raise ClozeMathError(
-                    f"{source}: axis '{axis}', bundle '{label}': expected a mapping of dotted keys, got {bundle!r}"
-                )
-        return [(label, list(bundle.items())) for label, bundle in values.items()]
-    return [(value, [(axis, value)]) for value in values]
-
-
-def _matches(labels: dict[str, Any], condition: dict[str, Any]) -> bool:
-    return all(labels[axis] in (want if isinstance(want, list) else [want]) for axis, want in condition.items())
-
-
-def _check_condition(
-    grid: GridConfig, condition: dict[str, Any], where: str, source: Path | str, values: bool = True
-) -> None:
-    """Every axis a `when`/`exclude` entry names exists, and (`values`) every value it names is one of that axis's."""
-    for axis, want in condition.items():
-        if axis not in grid.axes:
-            raise ClozeMathError(f"{source}: {where}: unknown axis '{axis}' (axes: {', '.join(grid.axes) or 'none'})")
-        if not values:
-            continue
-        known = list(grid.axes[axis])
-        for value in want if isinstance(want, list) else [want]:
-            if value not in known:
-                raise ClozeMathError(
-                    f"{source}: {where}: axis '{axis}' has no value {value!r} (values: {', '.join(map(str, known))})"
-                )
-
-
-def check_conditions(grid: GridConfig, source: Path | str = "grid", values: bool = True) -> None:
-    """`exclude` and `overrides[].when` name existing axes and (`values`) values those axes have."""
-    for index, condition in enumerate(grid.exclude):
-        _check_condition(grid, condition, f"exclude[{index}]", source, values)
-    for index, rule in enumerate(grid.overrides):
-        _check_condition(grid, rule.when, f"overrides[{index}].when", source, values)
-
-
-MAX_GRID_POINTS = 10_000
-"""The most points a grid's axes may make (before `exclude`): the paper's grid makes 68 (168 before its exclusions);
-each point is an experiment validated up front, so that a product of long axes would otherwise run for hours."""
-
-
-def grid_points(grid: GridConfig, source: Path | str = "grid") -> list[GridPoint]:
-    """The product of the axes, less the excluded points, each with its conditional overrides."""
-    check_conditions(grid, source, values=False)
-    choices = [_axis_choices(axis, values, source) for axis, values in grid.axes.items()]
-    product = math.prod(len(choice) for choice in choices)
-    if product > MAX_GRID_POINTS:
-        raise ClozeMathError(
-            f"{source}: the axes make {product:,} points, more than a grid may hold ({MAX_GRID_POINTS:,})"
-        )
-    points = []
-    for combination in itertools.product(*choices):
-        labels = {axis: label for axis, (label, _) in zip(grid.axes, combination)}
-        if any(_matches(labels, condition) for condition in grid.exclude):
-            continue
-        overrides = [item for _, items in combination for item in items]
-        overrides += [item for rule in grid.overrides if _matches(labels, rule.when) for item in rule.set.items()]
-        points.append(GridPoint(labels, overrides))
-    if not points:
-        raise ClozeMathError(f"{source}: `exclude` leaves no point of the grid")
-    return points
-
-
-def _check_method_lr(grid: GridConfig, point: GridPoint, root: Path, where: str, name: str) -> None:
-    """`require_method_lr`: a point that trains sets `train.lr` itself (an axis or a rule), to a number."""
-    given = [(key, value) for key, value in point.overrides if key != "train.lr"]
-    method = experiment_from_dict(grid.base, root, where, [*given, ("name", name)]).method
-    if method.trains and dict(point.overrides).get("train.lr") is None:
-        null = " (its rule sets null)" if "train.lr" in dict(point.overrides) else ""
-        raise ClozeMathError(
-            f"{where}: method '{method.name}' has no learning rate of its own{null} (the grid sets "
-            "require_method_lr): give it one in `overrides` (when: {method: ...}, set: {train.lr: ...})"
-        )
-
-
-def expand_grid(grid: GridConfig, root: Path | None = None, source: Path | str = "grid") -> list[ExperimentConfig]:
-    """One validated experiment per point of the grid, named `<grid>/<point>`, all tracked alike."""
-    root = root or configs_root()
-    experiments = []
-    for point in grid_points(grid, source):
-        name = f"{grid.name}/{point.label()}" if point.labels else grid.name
-        where = f"{source} (point {point.label()})"
-        if grid.require_method_lr:
-            _check_method_lr(grid, point, root, where, name)
-        experiment = experiment_from_dict(grid.base, root, where, [*point.overrides, ("name", name)])
-        if grid.tracking is not None:
-            experiment.tracking = grid.tracking
-        experiments.append(experiment)
-    if len({experiment.tracking.model_dump_json() for experiment in experiments}) > 1:
-        raise ClozeMathError(f"{source}: every point of a grid must share one `tracking` (an axis sets tracking.*)")
-    return experiments
-
-
-def as_grid(config: ExperimentConfig | GridConfig) -> GridConfig:
-    """A single experiment is a grid of one."""
-    if isinstance(config, GridConfig):
-        return config
-    return GridConfig(name=config.name, base=config.model_dump())
+# The wire format
 
 
 def to_wire(config: ExperimentConfig) -> dict[str, Any]:

@@ -17,7 +17,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from clozemath.config import ExperimentConfig, RunPlan, flatten
+from clozemath.config import ExperimentConfig, flatten
 from clozemath.errors import ClozeMathError
 from clozemath.files import check_writable_folder, write_text_atomic
 
@@ -52,13 +52,13 @@ RUN_LOCK = "run.lock"
 """In a run's folder: locked (and naming its process) while a command runs in it."""
 
 
-def run_folder(cfg: ExperimentConfig) -> Path:
+def run_folder(config: ExperimentConfig) -> Path:
     """`<train.output_dir>/<experiment name>`: the run's output folder."""
-    return Path(cfg.train.output_dir) / cfg.name
+    return Path(config.train.output_dir) / config.name
 
 
-def eval_folder(cfg: ExperimentConfig) -> Path:
-    return run_folder(cfg) / EVAL_DIR
+def eval_folder(config: ExperimentConfig) -> Path:
+    return run_folder(config) / EVAL_DIR
 
 
 def compile_cache_folder(config: ExperimentConfig) -> Path:
@@ -66,9 +66,9 @@ def compile_cache_folder(config: ExperimentConfig) -> Path:
     return Path(config.train.compile_cache or Path(config.train.output_dir) / COMPILE_CACHE_DIR)
 
 
-def grid_folder(plan: RunPlan) -> Path:
+def grid_folder(output_dir: str, grid: str) -> Path:
     """`<train.output_dir>/<grid>`: an experiment's run folder, or the folder of a grid's trials' run folders."""
-    return Path(plan.experiments[0].train.output_dir).resolve() / plan.grid.name
+    return Path(output_dir).resolve() / grid
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -266,12 +266,10 @@ def tally_metrics(
     }
 
 
-def headline_metric(cfg: ExperimentConfig) -> str | None:
+def headline_metric(config: ExperimentConfig) -> str | None:
     """The accuracy shown first: the first evaluation set's, with its first decoding (None without sets)."""
-    if not cfg.eval.sets:
-        return None
-    first = cfg.eval.sets[0]
-    return eval_metric(first.dataset, cfg.eval.decodings_of(first)[0], ACCURACY)
+    first = config.eval.first_evaluation()
+    return None if first is None else eval_metric(first[0].dataset, first[1], ACCURACY)
 
 
 # --------------------------------------------------------------------------------------------------------------

@@ -18,7 +18,8 @@ from clozemath.data.training_sets import TRAINING_SET_NAMES
 from clozemath.errors import ClozeMathError
 
 if TYPE_CHECKING:
-    from clozemath.config import ExperimentConfig, RunPlan
+    from clozemath.config import ExperimentConfig
+    from clozemath.plan import RunPlan
 
 Handler = Callable[[argparse.Namespace], int | None]
 
@@ -93,14 +94,14 @@ def _check_before_work(experiments: Sequence[ExperimentConfig]) -> None:
 
 
 def _run(args: argparse.Namespace) -> int | None:
-    from clozemath.config import load_plan
-    from clozemath.records import claim_run_folder, grid_folder, run_lock
+    from clozemath.plan import load_plan
+    from clozemath.records import claim_run_folder, run_lock
 
     plan = load_plan(args.config, args.overrides)  # a mistake is reported in a second, before Ray is imported
     if args.dry_run:
         return _dry_run(args, plan)
     _check_before_work(plan.experiments)
-    folder = grid_folder(plan)
+    folder = plan.folder
     with run_lock(folder):  # a second run of it now is refused at once
         claim_run_folder(folder, plan.experiments)  # as is a run of another config where this one's work lies
 
@@ -156,8 +157,9 @@ def _add_eval(commands: argparse._SubParsersAction) -> None:
 
 
 def _eval(args: argparse.Namespace) -> None:
-    from clozemath.config import GridConfig, load_config
+    from clozemath.config import GridConfig
     from clozemath.eval.evaluate import resolve_adapter
+    from clozemath.plan import load_config
 
     cfg = load_config(args.config, args.overrides)
     if isinstance(cfg, GridConfig):
@@ -195,8 +197,9 @@ def _add_prepare(commands: argparse._SubParsersAction) -> None:
 
 
 def _prepare(args: argparse.Namespace) -> None:
-    from clozemath.config import ExperimentConfig, load_config
+    from clozemath.config import ExperimentConfig
     from clozemath.data.prepare import show_prepared
+    from clozemath.plan import load_config
 
     config = load_config(args.config, args.overrides)
     if not isinstance(config, ExperimentConfig):

@@ -28,21 +28,14 @@ import ray
 from ray import tune
 
 from clozemath import console, tracking
-from clozemath.config import (
-    ExperimentConfig,
-    GridConfig,
-    RunPlan,
-    TrackingConfig,
-    dump_yaml,
-    from_wire,
-    to_wire,
-)
+from clozemath.config import ExperimentConfig, GridConfig, TrackingConfig, dump_yaml, from_wire, to_wire
 from clozemath.data.sources import data_identity
 from clozemath.errors import ClozeMathError
 from clozemath.eval.evaluate import eval_set_identity
 from clozemath.eval.predictions import results_table
 from clozemath.files import remove_abandoned_staging
 from clozemath.model.load import load_tokenizer
+from clozemath.plan import RunPlan
 from clozemath.records import (
     ADAPTER_DIR,
     CACHE_DIR,
@@ -55,7 +48,6 @@ from clozemath.records import (
     ROLE_TAG,
     TRIAL_TAG,
     TUNE_DIR,
-    grid_folder,
     grid_tags,
     headline_metric,
     is_eval_metric,
@@ -122,7 +114,7 @@ class TrialOutcome:
     metrics: dict[str, Any] = field(default_factory=dict)
     error: str | None = None
     headline: str | None = None
-    """The accuracy to show first: the first evaluation set's, with its first decoding."""
+    """The accuracy to show first (`clozemath.records.headline_metric`)."""
     folder: Path | None = None
     """The trial's run folder (adapter, evaluation)."""
     error_file: Path | None = None
@@ -151,7 +143,7 @@ class GridOutcome:
 
 def run_command(plan: RunPlan) -> None:
     """`clozemath run`: an experiment (a grid of one) or a grid, on Ray Tune; an interrupted grid resumes."""
-    logs = grid_folder(plan) / LOGS_DIR
+    logs = plan.folder / LOGS_DIR
     try:
         with logged(logs):
             outcome = run_grid(plan)

@@ -15,7 +15,8 @@ from pathlib import Path
 from ray.train import UserCallback
 
 from clozemath import console, tracking
-from clozemath.config import ExperimentConfig, load_method
+from clozemath.config import ExperimentConfig
+from clozemath.plan import load_method
 from clozemath.records import ADAPTER_DIR, CACHE_DIR, run_folder
 from clozemath.train.budget import Footprint, matched_epochs, planned_tokens
 from ray_jobs.cluster import init_ray, user_errors_surfaced

@@ -14,7 +14,8 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from clozemath.config import ExperimentConfig, load_config
+from clozemath.config import ExperimentConfig
+from clozemath.plan import load_config
 
 if TYPE_CHECKING:
     from ray_jobs.preprocess import Prepared

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from clozemath.config import TrainConfig, load_config, load_plan
+from clozemath.config import TrainConfig
 from clozemath.errors import ClozeMathError
+from clozemath.plan import load_config, load_plan
 from clozemath.train.budget import Footprint, matched_epochs, planned_steps, planned_tokens
 
 CLOZEMATH = Footprint(samples=1000, tokens=100_000)  # 100 tokens a sample

@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from clozemath import tracking
-from clozemath.config import TrackingConfig, load_plan
+from clozemath.config import TrackingConfig
+from clozemath.plan import load_plan
 
 ROOT = Path(__file__).resolve().parents[1]
 SPEC = importlib.util.spec_from_file_location("choose_lrs", ROOT / "bench" / "choose_lrs.py")

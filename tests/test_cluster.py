@@ -25,7 +25,8 @@ from ray import cloudpickle
 from ray.train import UserCallback
 
 from clozemath import records, tracking
-from clozemath.config import ExperimentConfig, TrackingConfig, load_config
+from clozemath.config import ExperimentConfig, TrackingConfig
+from clozemath.plan import load_config
 from ray_jobs.cluster import runtime_env
 from ray_jobs.run import run_experiment
 from ray_jobs.reports import STEPS_KEY

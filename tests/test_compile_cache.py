@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from clozemath.config import load_config
+from clozemath.plan import load_config
 from clozemath.records import compile_cache_folder
 from clozemath.train.loop import COMPILE_CACHE_ENV, use_compile_cache
 

@@ -9,9 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from clozemath.config import ModelConfig, load_plan, read_yaml
+from clozemath.config import ModelConfig
 from clozemath.cost import TrialCost, meta_shape, schedule, training_flops_per_token
 from clozemath.data.prepare import prepare_data
+from clozemath.plan import load_plan
+from clozemath.safe_yaml import read_yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 GRID = "configs/grids/smoke.yaml"

@@ -12,10 +12,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from clozemath.config import DataConfig, ModelConfig, read_yaml
+from clozemath.config import DataConfig, ModelConfig
 from clozemath.data.sources import load_problems
 from clozemath.eval.decoding import DecodeSettings, DecodeStats, decode
 from clozemath.eval.evaluate import Prompting, build_prompts
+from clozemath.safe_yaml import read_yaml
 from clozemath.tasks import answer_span, get_task
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]

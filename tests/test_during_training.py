@@ -8,11 +8,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from clozemath.config import load_config
 from clozemath.errors import ClozeMathError
 from clozemath.eval.during_training import evaluate_step, shared_steps, step_evaluation
 from clozemath.eval.evaluate import eval_problems
 from clozemath.model.load import load_model
+from clozemath.plan import load_config
 
 SMOKE = Path(__file__).resolve().parents[1] / "configs" / "experiments" / "smoke.yaml"
 SETS = "eval.sets=[{dataset: gsm8k, limit: 40, decodings: [beam]}, {dataset: gsm_p1, per_template: 1}]"

@@ -12,7 +12,7 @@ from pydantic import ValidationError
 import torch
 
 from clozemath_cli import main
-from clozemath.config import EvalSetConfig, load_config
+from clozemath.config import EvalSetConfig
 from clozemath.data.objectives import build_samples
 from clozemath.data.sources import load_problems
 from clozemath.data.tokenize import encode_sample
@@ -29,6 +29,7 @@ from clozemath.eval.predictions import (
 )
 from clozemath.eval.decoding import DecodeSettings, decode
 from clozemath.model.load import load_model, save_adapter
+from clozemath.plan import load_config
 from clozemath.tasks import grade
 from clozemath.tasks.base import MARKED_RULES
 from clozemath.tasks.gsm8k import GSM8K_STOP

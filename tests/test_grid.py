@@ -27,8 +27,9 @@ from sqlalchemy.exc import OperationalError
 
 from clozemath import records, tracking
 from clozemath_cli import main
-from clozemath.config import GridConfig, TrackingConfig, expand_grid, flatten, load_config
+from clozemath.config import GridConfig, TrackingConfig, flatten
 from clozemath.errors import ClozeMathError
+from clozemath.plan import expand_grid, load_config
 import ray_jobs.grid
 from ray_jobs.grid import (
     QuietUserErrors,

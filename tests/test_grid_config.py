@@ -13,8 +13,9 @@ from pathlib import Path
 import pytest
 
 from clozemath_cli import main
-from clozemath.config import GridConfig, as_grid, expand_grid, load_config
+from clozemath.config import GridConfig
 from clozemath.errors import ClozeMathError
+from clozemath.plan import as_grid, expand_grid, load_config
 
 ROOT = Path(__file__).resolve().parents[1]
 PAPER = ROOT / "configs" / "grids" / "paper.yaml"

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import pytest
 
-from clozemath.config import expand_grid, load_config
 from clozemath.data.sources import load_problems
 from clozemath.data.gold import last_boxed
 from clozemath.eval.predictions import Prediction, metrics, regrade
+from clozemath.plan import expand_grid, load_config
 from clozemath.tasks import few_shot_prompt
 from clozemath.tasks.gsm8k import GSM8K_STOP, gsm8k_shots
 from clozemath.tasks.harness import FLEXIBLE_EXTRACT, STRICT_MATCH, exact_match, filtered_answer, harness_verdicts

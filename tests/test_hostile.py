@@ -31,13 +31,14 @@ import psutil
 import pytest
 
 from clozemath_cli import main
-from clozemath.config import MAX_CONFIG_VALUES, load_plan
 from clozemath.data.gsm_symbolic import load_templates
 from clozemath.data.gsm_symbolic.sampler import generate
 from clozemath.data.sources import MAX_LINE_BYTES_ENV, load_problems
 from clozemath.errors import ClozeMathError
 from clozemath.files import remove_abandoned_staging, staging_folder
+from clozemath.plan import load_plan
 from clozemath.records import RUN_LOCK, claim_run_folder, run_lock
+from clozemath.safe_yaml import MAX_CONFIG_VALUES
 from conftest import LEARNS, ROOT, SMOKE, SMOKE_RUN, SmokeRun
 
 SECONDS = 30.0

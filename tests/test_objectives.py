@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from clozemath_cli import main
-from clozemath.config import DataConfig, MethodConfig, ModelConfig, RandomSpanConfig, SpanShape, load_config
+from clozemath.config import DataConfig, MethodConfig, ModelConfig, RandomSpanConfig, SpanShape
 from clozemath.data.objectives import (
     Sample,
     TokenOffsets,
@@ -36,6 +36,7 @@ from clozemath.data.sources import MAX_LINE_BYTES_ENV, Problem, load_problems
 from clozemath.data.tokenize import token_offsets
 from clozemath.errors import ClozeMathError
 from clozemath.model.load import load_tokenizer
+from clozemath.plan import load_config
 
 DATA = DataConfig(seed=0)
 CLOZEMATH = MethodConfig(name="clozemath", objectives=["lm", "cloze"], attention="prefix_lm")

@@ -8,12 +8,12 @@ from pathlib import Path
 import pytest
 
 from clozemath import tasks
-from clozemath.config import load_config
 from clozemath.data.sources import Problem
 from clozemath.errors import ClozeMathError
 from clozemath.eval.evaluate import eval_problems, eval_set_identity, evaluate_batch, prompting
 from clozemath.eval.predictions import metrics, read_predictions, regrade, results_table, write_predictions
 from clozemath.model.load import load_model
+from clozemath.plan import load_config
 from clozemath.report import set_title
 from clozemath.tasks import Task, gsm8k, register
 

@@ -21,10 +21,11 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 from clozemath import records, tracking
 from clozemath_cli import main
-from clozemath.config import ExperimentConfig, MethodConfig, ModelConfig, TrainConfig, flatten, load_config
+from clozemath.config import ExperimentConfig, MethodConfig, ModelConfig, TrainConfig, flatten
 from clozemath.data.tokenize import EOS, MASK, SEP, SpecialTokens, collate
 from clozemath.errors import ClozeMathError
 from clozemath.model.load import load_for_inference
+from clozemath.plan import load_config
 from clozemath.train.loop import (
     StepMetrics,
     TargetLoss,

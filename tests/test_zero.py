@@ -8,8 +8,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from clozemath.config import ModelConfig, TrainConfig, read_yaml
+from clozemath.config import ModelConfig, TrainConfig
 from clozemath.cost import meta_shape
+from clozemath.safe_yaml import read_yaml
 from clozemath.train.zero import (
     OPTIMIZER_BYTES_PER_TRAINED,
     TrainingMemory,

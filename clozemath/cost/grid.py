@@ -6,10 +6,10 @@ import heapq
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from clozemath.config import RunPlan
 from clozemath.cost.throughput import Card, Throughput
 from clozemath.cost.trials import Estimator, TrialCost
 from clozemath.errors import ClozeMathError
+from clozemath.plan import RunPlan
 
 
 @dataclass(frozen=True)

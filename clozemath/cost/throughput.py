@@ -7,8 +7,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from clozemath.config import ModelConfig, read_yaml
+from clozemath.config import ModelConfig
 from clozemath.errors import ClozeMathError
+from clozemath.safe_yaml import read_yaml
 
 THROUGHPUT_FILE = "throughput.yaml"
 """The committed table of measured speeds, in the `configs/` folder."""

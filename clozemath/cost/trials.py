@@ -293,7 +293,7 @@ class Estimator:
         train = config.train
         if train.budget == "epochs":
             return train.epochs
-        from clozemath.config import load_method
+        from clozemath.plan import load_method
 
         reference = config.model_copy(update={"method": load_method(train.budget_reference, root)}, deep=True)
         theirs = self.count(reference, counting, shape.tokenizer_note)
@@ -340,9 +340,8 @@ class Estimator:
             layout, stage = trained
             total = layout.plan.total_steps
             points = total // config.eval.every_steps + (1 if total % config.eval.every_steps else 0)
-            first = config.eval.sets[0]
+            first, decoding = config.eval.first_evaluation()
             limit = min(first.limit or config.eval.during_training_limit, config.eval.during_training_limit)
-            decoding = config.eval.decodings_of(first)[0]
             share = 1 if stage == 3 else config.train.num_workers  # ZeRO-3's ranks decode every problem in step
             rate = self.eval_rate(config.model, shape, decoding, "eager").value * share
             seconds += points * limit * length / rate

@@ -57,13 +57,13 @@ def shared_steps(total_steps: int, share: float) -> set[int]:
 
 def step_evaluation(cfg: ExperimentConfig) -> StepEvaluation | None:
     """The subset evaluated during training, or None when neither `eval.every_steps` nor `eval.every_share` is set."""
-    if (cfg.eval.every_steps is None and cfg.eval.every_share is None) or not cfg.eval.sets:
+    first = cfg.eval.first_evaluation()
+    if (cfg.eval.every_steps is None and cfg.eval.every_share is None) or first is None:
         return None
-    first = cfg.eval.sets[0]
-    limit = min(first.limit or cfg.eval.during_training_limit, cfg.eval.during_training_limit)
-    problems = eval_problems(first.model_copy(update={"limit": limit}))
-    return StepEvaluation(first.dataset, cfg.eval.decodings_of(first)[0], problems, cfg.eval.every_steps,
-                          cfg.eval.every_share)
+    set_cfg, decoding = first
+    limit = min(set_cfg.limit or cfg.eval.during_training_limit, cfg.eval.during_training_limit)
+    problems = eval_problems(set_cfg.model_copy(update={"limit": limit}))
+    return StepEvaluation(set_cfg.dataset, decoding, problems, cfg.eval.every_steps, cfg.eval.every_share)
 
 
 def during_training_engine(cfg: ExperimentConfig, device_type: str) -> Engine:
