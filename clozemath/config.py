@@ -277,7 +277,7 @@ class EvalSetConfig(_Strict):
 class EvalConfig(_Strict):
     sets: list[EvalSetConfig] = [EvalSetConfig(dataset="gsm8k")]
     decodings: list[str] = ["greedy"]
-    """Decoding schemes (`clozemath.eval.decode`)."""
+    """Decodings by name (`clozemath.eval.decoding`'s registry)."""
     num_beams: AtLeastOne = 5
     cot_k: AtLeastOne = 9
     cot_vote: Literal["marked", "any"] = "marked"

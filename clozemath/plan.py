@@ -32,6 +32,7 @@ from clozemath.config import (
 from clozemath.data.samples import SampleKind
 from clozemath.data.training_sets import training_set
 from clozemath.errors import ClozeMathError
+from clozemath.eval.decoding import decoding_names
 from clozemath.records import grid_folder
 from clozemath.safe_yaml import NotYaml, parse_yaml, read_yaml
 from clozemath.tasks import get_task
@@ -381,8 +382,7 @@ def expand_grid(grid: GridConfig, root: Path | None = None, source: Path | str =
 
 
 def _decoding(name: str) -> None:
-    # TODO(r27decode): the decoding registry's names (`clozemath.eval.decode` takes seconds to import: torch).
-    known = ("greedy", "beam", "cot")
+    known = decoding_names()
     if name not in known:
         raise ClozeMathError(f"unknown decoding '{name}' (known: {', '.join(known)})")
 

@@ -10,7 +10,6 @@ from pathlib import Path
 import pytest
 import torch
 
-from clozemath.config import load_config
 from clozemath.errors import ClozeMathError
 from clozemath.eval import decoding
 from clozemath.eval.decoding import (
@@ -18,6 +17,7 @@ from clozemath.eval.decoding import (
 )
 from clozemath.eval.evaluate import build_prompts, eval_problems, evaluate_batch, prompting
 from clozemath.model.load import load_model
+from clozemath.plan import load_config
 
 ROOT = Path(__file__).resolve().parents[1]
 SMOKE = ROOT / "configs" / "experiments" / "smoke.yaml"
