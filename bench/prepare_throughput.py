@@ -18,7 +18,7 @@ from pathlib import Path
 from clozemath.config import DataConfig, MethodConfig, ModelConfig
 from clozemath.data.objectives import dataset_samples
 from clozemath.data.sources import load_problems
-from clozemath.data.training_sets import TRAINING_SET_NAMES
+from clozemath.data.training_sets import training_set_names
 from clozemath.data.tokenize import encode_sample, encode_samples, install_special_tokens, num_sentinels_needed
 from clozemath.model.load import load_tokenizer
 from clozemath.safe_yaml import read_yaml
@@ -41,7 +41,7 @@ def run(method: MethodConfig, single: int) -> None:
     cpu_start = time.process_time()
     tokenizer = load_tokenizer(TOKENIZER)
     total_samples = total_tokens = 0
-    for dataset in TRAINING_SET_NAMES:
+    for dataset in training_set_names():
         data = DataConfig.model_validate(read_yaml(CONFIGS / "data" / f"{dataset}.yaml"))
         print(f"{dataset} (max_length {data.max_length}):")
         with timed(f"{dataset}: load problems", times):

@@ -14,7 +14,7 @@ from types import FrameType
 from typing import TYPE_CHECKING
 
 from clozemath import console
-from clozemath.data.training_sets import TRAINING_SET_NAMES
+from clozemath.data.training_sets import training_set_names
 from clozemath.errors import ClozeMathError
 
 if TYPE_CHECKING:
@@ -37,7 +37,7 @@ def _add_data(commands: argparse._SubParsersAction) -> None:
     sub = data.add_subparsers(dest="data_command", required=True)
 
     stats = sub.add_parser("stats", help="segmentation and sample counts of a dataset split")
-    stats.add_argument("--dataset", required=True, choices=TRAINING_SET_NAMES)
+    stats.add_argument("--dataset", required=True, choices=training_set_names())
     stats.add_argument("--split", default="train")
     stats.add_argument("--path", help="a JSONL file or folder (default: $CLOZEMATH_DATA_DIR/<dataset>/)")
     stats.add_argument("--json", action="store_true", help="print JSON instead of a table")

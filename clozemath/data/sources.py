@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from clozemath.data.gold import numeric_gold
-from clozemath.data.training_sets import TRAINING_SET_NAMES, TRAINING_SETS, TrainingSet
+from clozemath.data.training_sets import TRAINING_SETS, TrainingSet, training_set_names
 from clozemath.errors import ClozeMathError
 
 DATA_DIR_ENV = "CLOZEMATH_DATA_DIR"
@@ -63,18 +63,18 @@ def _gsm_p2(row: dict[str, Any], index: int, split: str, where: str) -> Problem:
 
 RowParser = Callable[[dict[str, Any], int, str, str], Problem]
 """(row, index in the split, split, where) -> the problem."""
-_STORED_SETS = (*TRAINING_SET_NAMES, GSM_P2)
-"""The sets read from a file or the hub: the training sets, and the one evaluation set released as instances."""
 
 
 def _parser(dataset: str) -> RowParser:
+    """How a row of a set read from a file or the hub becomes a problem: the training sets', and the one evaluation
+    set released as instances (GSM-P2)."""
     if dataset in TRAINING_SETS:
         return partial(_training_problem, TRAINING_SETS[dataset])
     if dataset == GSM_P2:
         return _gsm_p2
     if dataset in ("gsm_symbolic", "gsm_p1"):
         raise ClozeMathError(f"'{dataset}' is generated from templates, not read: see `clozemath data gsm-symbolic`")
-    raise ClozeMathError(f"unknown dataset '{dataset}' (known: {', '.join(_STORED_SETS)})")
+    raise ClozeMathError(f"unknown dataset '{dataset}' (known: {', '.join((*training_set_names(), GSM_P2))})")
 
 
 def _hub(dataset: str) -> tuple[str, tuple[str, ...]]:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
-from clozemath.data.training_sets import TRAINING_SET_NAMES as TRAIN_SETS
+from clozemath.data.training_sets import training_set_names
 from clozemath.tasks import get_task, task_names
 
 MODEL_NAMES = {
@@ -18,6 +18,8 @@ METHOD_NAMES = {
     "random_span": "W/o Equation masking",
 }
 ABLATIONS = ("it_prefixlm", "clozemath_causal", "it", "random_span")
+TRAIN_SETS = training_set_names()
+"""The paper's training sets, in its tables' order."""
 SYMBOLIC_SETS = ("gsm_symbolic", "gsm_p1", "gsm_p2")
 """Table 3's evaluation sets."""
 BASE_DECODING = "greedy"
