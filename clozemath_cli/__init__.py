@@ -168,7 +168,7 @@ def _eval(args: argparse.Namespace) -> None:
     adapter = resolve_adapter(cfg)  # a missing adapter fails here, before Ray starts
 
     from clozemath.records import LOGS_DIR, run_folder, run_lock
-    from ray_jobs.evaluate import print_results, run_evaluation
+    from ray_jobs.eval_job import print_results, run_evaluation
     from ray_jobs.logs import logged
 
     folder = run_folder(cfg).resolve()

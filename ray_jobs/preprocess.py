@@ -46,7 +46,7 @@ MAX_ENCODERS = 4
 
 
 @dataclass(frozen=True)
-class Prepared:
+class TokenizedSet:
     """A run's tokenized training set and what the model needs to know about it."""
 
     folder: Path
@@ -201,7 +201,7 @@ def _build(config: ExperimentConfig, problems: list[Problem], folder: Path) -> d
     }
 
 
-def preprocess(config: ExperimentConfig, cache_root: Path) -> Prepared:
+def preprocess(config: ExperimentConfig, cache_root: Path) -> TokenizedSet:
     """The run's token ids, from the cache when an identical run made them before (Ray is started if needed)."""
     data = config.data
     problems = load_problems(data.dataset, data.split, data.path, data.limit)
@@ -215,4 +215,4 @@ def preprocess(config: ExperimentConfig, cache_root: Path) -> Prepared:
             if not folder.exists():  # else an identical run finished first: keep its cache
                 os.replace(staging, folder)
     meta = json.loads((folder / META_FILE).read_text())
-    return Prepared(folder=folder, from_cache=from_cache, **meta)
+    return TokenizedSet(folder=folder, from_cache=from_cache, **meta)

@@ -20,8 +20,8 @@ from clozemath.plan import load_method
 from clozemath.records import ADAPTER_DIR, CACHE_DIR, run_folder
 from clozemath.train.budget import Footprint, matched_epochs, planned_tokens
 from ray_jobs.cluster import init_ray, user_errors_surfaced
-from ray_jobs.evaluate import run_evaluation
-from ray_jobs.preprocess import Prepared, preprocess
+from ray_jobs.eval_job import run_evaluation
+from ray_jobs.preprocess import TokenizedSet, preprocess
 from ray_jobs.train import fit, packs
 
 @dataclass(frozen=True)
@@ -30,7 +30,7 @@ class RunOutcome:
     """The experiment's MLflow run."""
     adapter: Path | None
     """None for a method that does not train (`base`)."""
-    prepared: Prepared | None
+    prepared: TokenizedSet | None
     eval_metrics: dict[str, float]
     """`eval/<set>/<decoding>/accuracy` and counts; empty when `eval.sets` is."""
 
@@ -125,7 +125,7 @@ def with_budgets(experiments: list[ExperimentConfig], root: Path, parallel: int 
     ]
 
 
-def _prepare(config: ExperimentConfig) -> Prepared:
+def _prepare(config: ExperimentConfig) -> TokenizedSet:
     console.phase(
         f"[{config.name}] preparing data: {config.data.dataset}/{config.data.split} for method {config.method.name}"
     )

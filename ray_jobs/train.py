@@ -43,7 +43,7 @@ from clozemath.eval.during_training import evaluate_step, step_evaluation
 from clozemath.records import ADAPTER_DIR, RAY_TRAIN_DIR, compile_cache_folder, is_curve_metric
 from clozemath.tracking import TrackedRun
 from clozemath.train.loop import StepMetrics, all_ranks_sum, eager_inference, plan_steps
-from ray_jobs.preprocess import Prepared
+from ray_jobs.preprocess import TokenizedSet
 from ray_jobs.reports import STEPS_KEY, ForwardMetrics
 
 KEEP_CHECKPOINTS = 1
@@ -86,7 +86,7 @@ def rows_of_rank(table: pa.Table, rank: int, world_size: int) -> list[dict[str, 
     return table.take(list(range(rank, end, world_size))).to_pylist()
 
 
-def streams(config: ExperimentConfig, prepared: Prepared) -> bool:
+def streams(config: ExperimentConfig, prepared: TokenizedSet) -> bool:
     """Whether the workers read the training set through Ray Data (`train.stream_above_mb`)."""
     size = sum(file.stat().st_size for file in prepared.files())
     return size > config.train.stream_above_mb * 2**20
@@ -165,7 +165,7 @@ def packs(config: ExperimentConfig) -> bool:
     return config.train.pack_tokens is not None and (config.train.pack_tokens != "auto" or use_gpu(config))
 
 
-def check_plan(config: ExperimentConfig, prepared: Prepared) -> None:
+def check_plan(config: ExperimentConfig, prepared: TokenizedSet) -> None:
     """Refuse, before any worker starts, what would fail in every worker (and again after each restart)."""
     rows = prepared.num_rows // config.train.num_workers
     plan_steps(rows if packs(config) else rows // config.train.micro_batch_size, config.train)  # a packed row: >= 1 sample
@@ -179,7 +179,7 @@ def check_plan(config: ExperimentConfig, prepared: Prepared) -> None:
 
 def fit(
     config: ExperimentConfig,
-    prepared: Prepared,
+    prepared: TokenizedSet,
     run_folder: Path,
     run: TrackedRun,
     run_name: str | None = None,

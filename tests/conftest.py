@@ -18,7 +18,7 @@ from clozemath.config import ExperimentConfig
 from clozemath.plan import load_config
 
 if TYPE_CHECKING:
-    from ray_jobs.preprocess import Prepared
+    from ray_jobs.preprocess import TokenizedSet
 
 # The tests read the real data beside the checkout (`../shared/data`) unless CLOZEMATH_DATA_DIR says otherwise.
 _SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
@@ -90,7 +90,7 @@ SMOKE_RUN = [*LEARNS, "train.zero_stage=2", *EVERY_4_STEPS]
 
 
 @pytest.fixture(scope="session")
-def smoke_prepared(ray_session: None, tmp_path_factory: pytest.TempPathFactory) -> Prepared:
+def smoke_prepared(ray_session: None, tmp_path_factory: pytest.TempPathFactory) -> TokenizedSet:
     """The samples of the smoke experiment on `LEARNS`' data, prepared afresh (Ray Data, once a session) into a cache
     folder of their own."""
     from ray_jobs.preprocess import preprocess
@@ -99,7 +99,7 @@ def smoke_prepared(ray_session: None, tmp_path_factory: pytest.TempPathFactory) 
 
 
 @pytest.fixture(scope="session")
-def smoke_samples(smoke_prepared: Prepared) -> Path:
+def smoke_samples(smoke_prepared: TokenizedSet) -> Path:
     """The cache folder holding `smoke_prepared`. A test about what comes after preparing copies it into its run's
     `<train.output_dir>/cache`: the run reads them from there."""
     return smoke_prepared.folder.parent

@@ -258,14 +258,14 @@ def test_replication_grids_tune_on_train_and_test_on_test() -> None:
 def test_trials_at_once_count_each_workers_share_of_a_gpu(monkeypatch, gpus, workers, share, expected) -> None:
     import ray
 
-    from ray_jobs import evaluate, grid
+    from ray_jobs import eval_job, grid
 
     monkeypatch.setattr(ray, "cluster_resources", lambda: {"GPU": gpus, "CPU": 16})
     trials = expanded(SMOKE, "axes.model=[tiny-llama]", "axes.method=[mft]", "axes.dataset=[gsm8k]",
                       f"train.num_workers={workers}", f"train.gpu_share={share}")
     plain = GridConfig.model_validate({"name": "g", "base": {}})
     assert grid.concurrent_trials(plain, trials) == expected
-    pool = evaluate._actor_pool(trials[0], None)
+    pool = eval_job._actor_pool(trials[0], None)
     assert pool["num_gpus"] == share and pool["compute"].max_size == round(gpus / share)
 
 

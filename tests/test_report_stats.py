@@ -196,7 +196,7 @@ def log_trial(config: TrackingConfig, parent: str, method: str, seed: str, folde
         predictions = folder / method / seed / "predictions"
         predictions.mkdir(parents=True)
         (predictions / "gsm8k.jsonl").write_text("".join(json.dumps(row, ensure_ascii=False) + "\n" for row in rows))
-        run.log_artifacts(predictions.parent, "eval")  # as ray_jobs/evaluate.py logs them
+        run.log_artifacts(predictions.parent, "eval")  # as ray_jobs/eval_job.py logs them
         accuracy = right / PROBLEMS
     run.log_metrics(10, {
         "eval/gsm8k/greedy/accuracy": accuracy, "eval/gsm8k/greedy/correct": round(accuracy * PROBLEMS),

@@ -38,7 +38,7 @@ from clozemath.train.loop import (
 from ray_jobs.cluster import TRAIN_POLL_ENV_VAR, TRAIN_POLL_S, runtime_env
 from clozemath.data.prepare import prepare_data
 from clozemath.data.sources import load_problems
-from ray_jobs.preprocess import Prepared, cache_key, preprocess
+from ray_jobs.preprocess import TokenizedSet, cache_key, preprocess
 from ray_jobs.run import run_experiment
 from ray_jobs.train import check_plan, node_gpus, rows_of_rank, streams, worker_threads
 from conftest import EVERY_4_STEPS, LEARNS, SMOKE, SmokeRun
@@ -295,7 +295,7 @@ def assert_adapter_reloads_and_generates(config: ExperimentConfig, adapter: Path
 
 
 @pytest.mark.slow
-def test_preprocess_is_cached(smoke_prepared: Prepared, workdir: Path) -> None:
+def test_preprocess_is_cached(smoke_prepared: TokenizedSet, workdir: Path) -> None:
     """The first preparation of the smoke samples is the session's (`smoke_prepared`, tests/conftest.py)."""
     config = smoke_config(workdir)
     first = smoke_prepared
@@ -438,7 +438,7 @@ def test_run_errors_are_one_line(
 
 
 def test_plan_refusals_are_user_errors() -> None:
-    prepared = Prepared(folder=Path("."), num_rows=10, num_tokens=1000, num_sentinels=0, kinds={"lm": 10},
+    prepared = TokenizedSet(folder=Path("."), num_rows=10, num_tokens=1000, num_sentinels=0, kinds={"lm": 10},
                         dropped_for_length=0, from_cache=True)
     with pytest.raises(ClozeMathError, match="too few training samples"):
         check_plan(experiment(num_workers=2, micro_batch_size=8), prepared)
@@ -455,7 +455,7 @@ def test_a_small_training_set_goes_to_the_workers_as_one_object_in_equal_shares(
 
     (tmp_path / "rows").mkdir()
     pq.write_table(table, tmp_path / "rows" / "part-0.parquet")
-    prepared = Prepared(folder=tmp_path, num_rows=7, num_tokens=14, num_sentinels=0, kinds={"lm": 7},
+    prepared = TokenizedSet(folder=tmp_path, num_rows=7, num_tokens=14, num_sentinels=0, kinds={"lm": 7},
                         dropped_for_length=0, from_cache=True)
     assert not streams(experiment(), prepared)  # a few bytes, under the default 64 MB
     assert streams(experiment(stream_above_mb=0), prepared)

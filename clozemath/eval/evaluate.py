@@ -1,7 +1,7 @@
 """A model on evaluation sets -> predictions (`clozemath.eval.predictions` turns them into files and metrics):
 the sets' problems, the prompts, decoding and grading a batch, the evaluated model.
 
-Ray-free: `ray_jobs/evaluate.py` runs `evaluate_batch` in a Ray Data actor pool; a training loop can call it directly.
+Ray-free: `ray_jobs/eval_job.py` runs `evaluate_batch` in a Ray Data actor pool; a training loop can call it directly.
 """
 
 from __future__ import annotations
