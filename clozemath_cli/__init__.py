@@ -161,20 +161,20 @@ def _eval(args: argparse.Namespace) -> None:
     from clozemath.eval.evaluate import resolve_adapter
     from clozemath.plan import load_config
 
-    cfg = load_config(args.config, args.overrides)
-    if isinstance(cfg, GridConfig):
+    config = load_config(args.config, args.overrides)
+    if isinstance(config, GridConfig):
         raise ClozeMathError(f"{args.config}: a grid; `clozemath eval` takes one experiment")
-    _check_before_work([cfg])
-    adapter = resolve_adapter(cfg)  # a missing adapter fails here, before Ray starts
+    _check_before_work([config])
+    adapter = resolve_adapter(config)  # a missing adapter fails here, before Ray starts
 
     from clozemath.records import LOGS_DIR, run_folder, run_lock
     from ray_jobs.eval_job import print_results, run_evaluation
     from ray_jobs.logs import logged
 
-    folder = run_folder(cfg).resolve()
+    folder = run_folder(config).resolve()
     with run_lock(folder), logged(folder / LOGS_DIR):  # its evaluation folder is the run's: never both at once
-        result = run_evaluation(cfg, adapter)
-    print_results(result, folder / LOGS_DIR, cfg.tracking.uri)
+        result = run_evaluation(config, adapter)
+    print_results(result, folder / LOGS_DIR, config.tracking.uri)
 
 
 def _data_gsm_symbolic(args: argparse.Namespace) -> None:

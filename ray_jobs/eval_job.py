@@ -70,43 +70,42 @@ class Evaluator:
         device = "cuda" if torch.cuda.is_available() else "cpu"
         if device == "cpu":
             torch.set_num_threads(cpu_threads)
-        cfg = from_wire(experiment)
-        share_gpu(cfg.train.gpu_share)
-        self.cfg = cfg
-        self.decodings = {set_cfg.dataset: cfg.eval.decodings_of(set_cfg) for set_cfg in cfg.eval.sets}
-        self.prompting = prompting(cfg)
+        config = from_wire(experiment)
+        share_gpu(config.train.gpu_share)
+        self.config = config
+        self.decodings = {set_cfg.dataset: config.eval.decodings_of(set_cfg) for set_cfg in config.eval.sets}
+        self.prompting = prompting(config)
         with_adapter = f" with the adapter {adapter}" if adapter is not None else " (few-shot)"
-        console.phase(
-            f"[{cfg.name}] loading the model ({cfg.model.name}) on {device} for evaluation{with_adapter}", once=True
-        )
-        self.loaded = load_evaluated_model(cfg, adapter, device)
+        console.phase(f"[{config.name}] loading the model ({config.model.name}) on {device} for evaluation{with_adapter}",
+                      once=True)
+        self.loaded = load_evaluated_model(config, adapter, device)
 
     def __call__(self, batch: pa.Table) -> pa.Table:
         problems = [Problem(**row) for row in batch.to_pylist()]
         rows = []
-        for decoding in dict.fromkeys(self.cfg.eval.decodings):
+        for decoding in dict.fromkeys(self.config.eval.decodings):
             chosen = [problem for problem in problems if decoding in self.decodings[problem.dataset]]
             if not chosen:
                 continue
             started = time.perf_counter()
-            predictions = evaluate_batch(self.loaded, chosen, decoding, self.cfg.eval, self.prompting)
+            predictions = evaluate_batch(self.loaded, chosen, decoding, self.config.eval, self.prompting)
             share = (time.perf_counter() - started) / len(predictions)
             rows.extend({**asdict(prediction), "seconds": share} for prediction in predictions)
         return pa.Table.from_pylist(rows, schema=SCHEMA)
 
 
-def _actor_pool(cfg: ExperimentConfig, adapter: Path | None) -> dict[str, object]:
+def _actor_pool(config: ExperimentConfig, adapter: Path | None) -> dict[str, object]:
     """`map_batches` arguments for the actors: one per GPU of the cluster (per `train.gpu_share` of one), else one
     using this machine's cores."""
     resources = ray.cluster_resources()
-    share = cfg.train.gpu_share
+    share = config.train.gpu_share
     actors = int(resources.get("GPU", 0) / share)
     if actors:  # from one actor up: GPUs that other work (a Tune trial's training) holds join the pool when freed
         pool, threads = {"compute": ActorPoolStrategy(min_size=1, max_size=actors), "num_gpus": share}, 1
     else:
         threads = max(1, min(os.cpu_count() or 1, int(resources.get("CPU", 1)) - 1))
         pool = {"compute": ActorPoolStrategy(size=1), "num_cpus": threads}
-    return pool | {"fn_constructor_kwargs": {"experiment": to_wire(cfg), "adapter": adapter, "cpu_threads": threads}}
+    return pool | {"fn_constructor_kwargs": {"experiment": to_wire(config), "adapter": adapter, "cpu_threads": threads}}
 
 
 @contextlib.contextmanager
@@ -164,14 +163,14 @@ class _SetProgress:
         return values
 
 
-def _sets(cfg: ExperimentConfig, folder: Path) -> dict[str, _SetProgress]:
-    names = [set_cfg.dataset for set_cfg in cfg.eval.sets]
+def _sets(config: ExperimentConfig, folder: Path) -> dict[str, _SetProgress]:
+    names = [set_cfg.dataset for set_cfg in config.eval.sets]
     repeated = next((name for name in names if names.count(name) > 1), None)
     if repeated is not None:
         raise ClozeMathError(f"eval.sets: '{repeated}' appears twice (metrics are named by set)")
     sets = {}
-    for set_cfg in cfg.eval.sets:
-        decodings = cfg.eval.decodings_of(set_cfg)
+    for set_cfg in config.eval.sets:
+        decodings = config.eval.decodings_of(set_cfg)
         sets[set_cfg.dataset] = _SetProgress(
             name=set_cfg.dataset, problems=eval_problems(set_cfg), decodings=decodings,
             partial=partial_predictions_file(folder, set_cfg.dataset), predictions=[],
@@ -180,10 +179,10 @@ def _sets(cfg: ExperimentConfig, folder: Path) -> dict[str, _SetProgress]:
     return sets
 
 
-def evaluate_on_ray(cfg: ExperimentConfig, adapter: Path | None, folder: Path) -> dict[str, float]:
+def evaluate_on_ray(config: ExperimentConfig, adapter: Path | None, folder: Path) -> dict[str, float]:
     """Evaluate every set with every decoding on the Ray cluster (which must be up); write predictions and
     `metrics.json` under `folder`; the metrics (`eval/<set>/<decoding>/{accuracy,correct,total,problems_per_s}`)."""
-    sets = _sets(cfg, folder)
+    sets = _sets(config, folder)
     for progress in sets.values():
         progress.partial.unlink(missing_ok=True)
     problems = [problem.to_dict() for progress in sets.values() for problem in progress.problems]
@@ -191,16 +190,16 @@ def evaluate_on_ray(cfg: ExperimentConfig, adapter: Path | None, folder: Path) -
         raise ClozeMathError("eval.sets: no problems to evaluate")
     dataset = ray.data.from_items(problems).map_batches(
         Evaluator, batch_format="pyarrow",
-        batch_size=AUTO_RAY_BATCH if cfg.eval.batch_size == "auto" else cfg.eval.batch_size * CALLS_PER_BATCH,
-        **_actor_pool(cfg, adapter),
+        batch_size=AUTO_RAY_BATCH if config.eval.batch_size == "auto" else config.eval.batch_size * CALLS_PER_BATCH,
+        **_actor_pool(config, adapter),
     )
     values: dict[str, float] = {}
     started = time.perf_counter()
-    console.phase(f"[{cfg.name}] evaluating: " + ", ".join(
+    console.phase(f"[{config.name}] evaluating: " + ", ".join(
         f"{name} ({len(progress.problems)} problems, {'/'.join(progress.decodings)})" for name, progress in sets.items()
     ))
     for progress in sets.values():
-        progress.show(cfg.name)  # the bars' clocks start now: a rate counts the whole evaluation, model loading too
+        progress.show(config.name)  # the bars' clocks start now: a rate counts the whole evaluation, model loading too
     with _without_ray_progress_bars():
         for batch in dataset.iter_batches(batch_size=None, batch_format="pyarrow"):
             rows = batch.to_pylist()
@@ -209,7 +208,7 @@ def evaluate_on_ray(cfg: ExperimentConfig, adapter: Path | None, folder: Path) -
                 if not mine:
                     continue
                 progress.add(mine)
-                progress.show(cfg.name)
+                progress.show(config.name)
                 if len(progress.predictions) == progress.expected:
                     values.update(progress.finish(folder))
                     _write_metrics(folder, values)
@@ -232,34 +231,34 @@ class EvalResult:
 
 
 def run_evaluation(
-    cfg: ExperimentConfig,
+    config: ExperimentConfig,
     adapter_folder: str | Path | None = None,
     tracked_run: TrackedRun | None = None,
     step: int = 0,
 ) -> EvalResult:
-    """Evaluate `cfg`'s model on `eval.sets` x `eval.decodings` and log the results to MLflow.
+    """Evaluate `config`'s model on `eval.sets` x `eval.decodings` and log the results to MLflow.
 
-    `adapter_folder`: the adapter to merge into the base model (default: `resolve_adapter(cfg)`, which gives none for
+    `adapter_folder`: the adapter to merge into the base model (default: `resolve_adapter(config)`, which gives none for
     few-shot prompting). `tracked_run`: log into this run (a training run, a Tune trial's run) at `step`; else a run
     `<name>/eval` of its own is made and ended. Joins Ray, or starts it locally, only when Ray is not up.
     """
-    adapter = Path(adapter_folder) if adapter_folder is not None else resolve_adapter(cfg)
+    adapter = Path(adapter_folder) if adapter_folder is not None else resolve_adapter(config)
     if tracked_run is not None:
-        return _evaluate_into(cfg, adapter, tracked_run, step)
-    run = start_run(cfg.tracking, f"{cfg.name}/eval")
+        return _evaluate_into(config, adapter, tracked_run, step)
+    run = start_run(config.tracking, f"{config.name}/eval")
     with run.ended_on_exit():
-        run.log_config(cfg)
-        return _evaluate_into(cfg, adapter, run, step)
+        run.log_config(config)
+        return _evaluate_into(config, adapter, run, step)
 
 
-def _evaluate_into(cfg: ExperimentConfig, adapter: Path | None, run: TrackedRun, step: int) -> EvalResult:
+def _evaluate_into(config: ExperimentConfig, adapter: Path | None, run: TrackedRun, step: int) -> EvalResult:
     """Evaluate, log the metrics at `step`, and the evaluation folder as the run's `eval` artifacts (also after a
     failure: the predictions made so far)."""
-    folder = eval_folder(cfg)
+    folder = eval_folder(config)
     try:
         init_ray()
         with user_errors_surfaced():
-            values = evaluate_on_ray(cfg, adapter, folder)
+            values = evaluate_on_ray(config, adapter, folder)
         run.log_metrics(step, values)
     finally:
         if folder.is_dir():

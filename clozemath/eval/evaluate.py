@@ -66,14 +66,14 @@ class Prompting:
     """P's template (`data.prompt_template`), for the fine-tuned prefix."""
 
 
-def prompting(cfg: ExperimentConfig) -> Prompting:
+def prompting(config: ExperimentConfig) -> Prompting:
     """`eval.few_shot` auto: few-shot for methods that train nothing (`base`); `eval.prompt_attention` auto:
     bidirectional for a prefix_lm-trained model prompted in its own format, causal otherwise."""
-    few_shot = not cfg.method.trains if cfg.eval.few_shot == "auto" else cfg.eval.few_shot
-    attention = cfg.eval.prompt_attention
+    few_shot = not config.method.trains if config.eval.few_shot == "auto" else config.eval.few_shot
+    attention = config.eval.prompt_attention
     if attention == "auto":
-        attention = "bidirectional" if cfg.method.attention == "prefix_lm" and not few_shot else "causal"
-    return Prompting(few_shot, attention, cfg.data.prompt_template)
+        attention = "bidirectional" if config.method.attention == "prefix_lm" and not few_shot else "causal"
+    return Prompting(few_shot, attention, config.data.prompt_template)
 
 
 @dataclass(frozen=True)
@@ -159,20 +159,20 @@ def evaluate_batch(
 # The evaluated model and where its results go
 
 
-def resolve_adapter(cfg: ExperimentConfig) -> Path | None:
+def resolve_adapter(config: ExperimentConfig) -> Path | None:
     """The adapter to evaluate: `eval.adapter`, else none for few-shot prompting, else the one the run of this
     config wrote (`<train.output_dir>/<name>/adapter`). A missing adapter is a one-line error."""
-    if cfg.eval.adapter is not None:
-        folder = Path(cfg.eval.adapter)
-    elif prompting(cfg).few_shot:
+    if config.eval.adapter is not None:
+        folder = Path(config.eval.adapter)
+    elif prompting(config).few_shot:
         return None
-    elif not cfg.method.trains:
+    elif not config.method.trains:
         raise ClozeMathError(
-            f"method '{cfg.method.name}' trains no adapter: evaluate it few-shot (eval.few_shot=true) or set "
+            f"method '{config.method.name}' trains no adapter: evaluate it few-shot (eval.few_shot=true) or set "
             "eval.adapter=PATH"
         )
     else:
-        folder = run_folder(cfg) / ADAPTER_DIR
+        folder = run_folder(config) / ADAPTER_DIR
     if not (folder / "adapter_config.json").is_file():
         raise ClozeMathError(
             f"adapter '{folder}': not found (no adapter_config.json); train it with `clozemath run` or set "
@@ -181,10 +181,10 @@ def resolve_adapter(cfg: ExperimentConfig) -> Path | None:
     return folder
 
 
-def load_evaluated_model(cfg: ExperimentConfig, adapter: Path | None, device: torch.device | str) -> Loaded:
+def load_evaluated_model(config: ExperimentConfig, adapter: Path | None, device: torch.device | str) -> Loaded:
     """The base model alone (few-shot), or with the adapter merged in, in eval mode."""
     from clozemath.model.load import load_for_inference, load_model
 
     if adapter is None:
-        return load_model(cfg.model, 0, device, training=False)
-    return load_for_inference(cfg.model, adapter, device)
+        return load_model(config.model, 0, device, training=False)
+    return load_for_inference(config.model, adapter, device)
