@@ -2,7 +2,7 @@
 
 For every trial: its samples and tokens (the run's own preprocessing steps on the first `SAMPLE_PROBLEMS` problems,
 scaled to the set), the steps its layout makes (the ZeRO stage, row size and compilation the workers would choose on
-the card: `clozemath.train.zero`, `clozemath.train.loop.choose_layout`), and the time of its parts: training at the
+the card: `clozemath.train.zero`, `clozemath.train.layout.choose_layout`), and the time of its parts: training at the
 measured tokens/s of its model on the card, evaluation at the measured problems/s, and the fixed costs (workers'
 start, model load, the first step's compilation, preprocessing). The grid's wall time is its trials laid on the GPUs
 in order, each starting when enough are free, as Tune runs them. The figures come from `configs/throughput.yaml`,
@@ -29,7 +29,7 @@ from clozemath.data.sources import load_problems
 from clozemath.data.tokenize import IGNORE_INDEX, MASK, SEP, SpecialTokens, sentinel
 from clozemath.errors import ClozeMathError
 from clozemath.train.budget import Footprint, matched_epochs
-from clozemath.train.loop import Layout, choose_layout
+from clozemath.train.layout import Layout, choose_layout
 from clozemath.train.packing import auto_pack_tokens, packs_needed
 from clozemath.train.zero import TrainingMemory, auto_zero_stage, model_memory, planned_row_tokens
 
@@ -433,7 +433,7 @@ class Estimator:
                              self.table.scaling_factor(stage, train.num_workers))
         trained = layout.plan.total_steps * train.grad_accum / layout.plan.micro_batches_per_epoch * data.tokens
         train_s = trained / (rate.value * train.num_workers * train.gpu_share * scaling.value)
-        compile_key = (self.table.figures_name(config.model), layout.budget, stage) if layout.compiled else None
+        compile_key = (self.table.figures_name(config.model), layout.row_tokens, stage) if layout.compiled else None
         first = self.first_step(config.model, warm=compile_key in self._compiled).value if compile_key \
             else self.overhead_s("first_step_uncompiled")
         if compile_key:
@@ -609,7 +609,7 @@ def estimate_text(result: GridEstimate) -> str:
     for placed in result.scheduled:
         trial, layout = placed.trial, placed.trial.layout
         steps = f"{layout.plan.total_steps:,}" if layout else "-"
-        row = "-" if layout is None else (f"{layout.budget:,}" if layout.budget else "padded")
+        row = "-" if layout is None else (f"{layout.row_tokens:,}" if layout.row_tokens else "padded")
         compiled = "-" if layout is None else ("yes" if layout.compiled else "no")
         rows.append(
             f"| {trial.name} | {trial.gpus:g} | {trial.samples:,} | {trial.tokens / 1e6:.1f}M | {steps} | {row} | "
