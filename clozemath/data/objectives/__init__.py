@@ -3,8 +3,8 @@ MFT noise.
 
 An objective is one module (a builder: `Solution`, method, RNG -> samples, wrapped in an `Objective`) and one line in
 `_BUILT_IN` below, or a `register` call: methods may then list it in `objectives`, `clozemath prepare` and a run's
-preprocessing build its samples (balanced against LM like every objective but LM), and the report and `clozemath
-prepare` count its samples under its name. Built in: `lm`, `cloze` (the paper's equation masking), `random_span`.
+preprocessing build its samples (balanced against LM like every objective but LM; the cache key hashes its module)
+and count them under its name. Built in: `lm`, `cloze` (the paper's equation masking), `random_span`.
 
 Text convention (one rule for every objective, so that methods differ in one thing only). With P the formatted
 prompt (`Question: ...\\nAnswer:`) and Y the clean solution:
