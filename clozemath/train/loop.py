@@ -6,12 +6,12 @@ it does with them (print, `ray.train.report`, copy) is its business. Every rank 
 of times. The last checkpoint also holds the trained adapter in `adapter/` (written by rank 0), so that a run's
 final checkpoint is its result.
 
-Resuming is exact. The data order is a pure function of (seed, epoch, rank, the rows): a seeded permutation per
-epoch (laid into packed rows, `clozemath.train.packing`, or cut into padded micro-batches), read as an endless stream
-of micro-batches (`clozemath.train.batches`); everything random within a step (dropout, MFT noise) is drawn after
-seeding with (seed, step, rank). A checkpoint holds the engine state (trainable weights, optimizer
-partitions, schedule), the step and the data position (the next micro-batch); a resumed run redoes no step and
-ends at the planned number of optimizer steps whatever happened on the way (`clozemath.train.checkpoint`).
+Resuming is exact. The data order is a pure function of (seed, epoch, rank, the rows): a seeded permutation per epoch
+(laid into packed rows, `clozemath.train.packing`, or cut into padded micro-batches), read as an endless stream of
+micro-batches (`clozemath.train.batches`); everything random within a step (dropout, MFT noise) is drawn after
+seeding with (seed, step, rank). A checkpoint holds the engine state (trainable weights, optimizer partitions,
+schedule), the step and the data position (the next micro-batch); a resumed run redoes no step and ends at the
+planned number of optimizer steps whatever happened on the way (`clozemath.train.checkpoint`).
 
 The run's shape (row width, compilation, steps) is planned in `clozemath.train.layout`, a step's forward, loss,
 backward and optimizer live in `clozemath.train.step`.
