@@ -1,4 +1,4 @@
-"""Decoding throughput: `clozemath.eval.decode` against transformers' `model.generate`, at its best, on the same
+"""Decoding throughput: `clozemath.eval.decoding` against transformers' `model.generate`, at its best, on the same
 problems, prompts, batches and card.
 
 Problems per second and generated tokens per second on the GSM8K test problems for greedy decoding, beam search and
@@ -15,7 +15,7 @@ CoT-decoding, on every side:
   shape (transformers' advice against recompiling). Its first pass over the set (compiling every shape it meets) is
   timed and reported apart; the rate is its second pass's.
 
-`generate` runs under the same sdpa backends as ours (`decode.SDPA_BACKENDS`: not cuDNN's, which plans every new
+`generate` runs under the same sdpa backends as ours (`decoding.SDPA_BACKENDS`: not cuDNN's, which plans every new
 shape), unless `--reference-cudnn`. Every side is first warmed on the set's first batch (`--warmup-tokens` new
 tokens). Beam search is `generate(num_beams=...)`. CoT-decoding has no `generate` of its own: one forward pass gives
 each prompt's top-k first tokens, then one `generate` over the k x B branch rows (each prompt's k copies with their
@@ -63,8 +63,8 @@ from bench.limits import (  # noqa: E402
 from bench.speed_record import SPEED_JSON, Headline, Side, command_line, failure_note, record  # noqa: E402
 from clozemath.config import ModelConfig, read_yaml  # noqa: E402
 from clozemath.data.sources import DATA_DIR_ENV, Problem, load_problems  # noqa: E402
-from clozemath.eval.decode import (  # noqa: E402
-    CPU_BATCH_SIZE, SDPA_BACKENDS, Generation, ModelShape, auto_batch_size, decode,
+from clozemath.eval.decoding import (  # noqa: E402
+    CPU_BATCH_SIZE, SDPA_BACKENDS, DecodeSettings, Generation, ModelShape, auto_batch_size, decode,
 )
 from clozemath.eval.evaluate import Prompting, build_prompts, stop_strings  # noqa: E402
 from clozemath.errors import ClozeMathError  # noqa: E402
@@ -270,12 +270,11 @@ def generated_tokens(scheme: str, generations: list[Generation], max_new_tokens:
 
 
 def ours(model, tokenizer, prompts, scheme: str, settings: Settings, attention: str, engine: str = "auto"):
-    return decode(
-        model, tokenizer, prompts, scheme, max_new_tokens=settings.max_new_tokens, stop=settings.stop,
-        eos_token_ids=list(settings.eos_ids), prompt_attention=attention, batch_size=settings.batch_size,
-        num_beams=settings.num_beams, cot_k=settings.cot_k, answer_span=partial(answer_span, "gsm8k"),
-        normalize_answer=get_task("gsm8k").answer_key, engine=engine,
-    )
+    return decode(model, tokenizer, prompts, scheme, DecodeSettings(
+        max_new_tokens=settings.max_new_tokens, stop=settings.stop, eos_token_ids=list(settings.eos_ids),
+        prompt_attention=attention, batch_size=settings.batch_size, num_beams=settings.num_beams, cot_k=settings.cot_k,
+        answer_span=partial(answer_span, "gsm8k"), normalize_answer=get_task("gsm8k").answer_key, engine=engine,
+    ))
 
 
 def gpu_name(device: torch.device) -> str:

@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 
 from bench import eval_throughput as bench
-from clozemath.eval.decode import Generation
+from clozemath.eval.decoding import Generation
 
 
 def settings(batch_size: int, max_new_tokens: int = 4, num_beams: int = 2) -> bench.Settings:

@@ -1,4 +1,4 @@
-"""`clozemath run --dry-run`: a grid's cost estimated before anything starts (clozemath/cost.py)."""
+"""`clozemath run --dry-run`: a grid's cost estimated before anything starts (clozemath/cost/)."""
 
 from __future__ import annotations
 

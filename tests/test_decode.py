@@ -13,7 +13,9 @@ import pytest
 import torch
 from transformers import AutoTokenizer, DynamicCache, Gemma3ForCausalLM, Gemma3TextConfig, LlamaConfig, LlamaForCausalLM
 
-from clozemath.eval.decode import AUTO_MAX_ROWS, DecodeStats, ModelShape, auto_batch_size, bytes_per_prompt, decode
+from clozemath.eval.decoding import (
+    AUTO_MAX_ROWS, DecodeSettings, DecodeStats, ModelShape, auto_batch_size, bytes_per_prompt, decode,
+)
 from clozemath.eval.prompts import finetuned_prompt
 from clozemath.errors import ClozeMathError
 from clozemath.model.attention import additive_mask
@@ -89,30 +91,34 @@ eagerly: CUDA graphs need a GPU)."""
 
 @ENGINES
 def test_greedy_equals_generate_with_left_padding(model, tokenizer, reference, engine):
-    ours = decode(
-        model, tokenizer, PROMPTS, "greedy", max_new_tokens=NEW, eos_token_ids=tokenizer.eos_token_id, engine=engine
-    )
+    ours = decode(model, tokenizer, PROMPTS, "greedy", DecodeSettings(
+        max_new_tokens=NEW, eos_token_ids=tokenizer.eos_token_id, engine=engine,
+    ))
     assert [g.token_ids for g in ours] == reference
     assert all(g.finish_reason == "length" for g in ours)
     assert [g.text for g in ours] == tokenizer.batch_decode(reference, skip_special_tokens=True)
 
     eos = eos_inside(reference, row=1, at=5)  # rows end at different steps: finished rows leave the batch
     expected = hf_generate(model, tokenizer, PROMPTS, eos=eos)
-    ours = decode(model, tokenizer, PROMPTS, "greedy", max_new_tokens=NEW, eos_token_ids=eos, engine=engine)
+    ours = decode(model, tokenizer, PROMPTS, "greedy", DecodeSettings(
+        max_new_tokens=NEW, eos_token_ids=eos, engine=engine,
+    ))
     assert [g.token_ids for g in ours] == expected
     assert ours[1].finish_reason == "eos" and len(ours[1].token_ids) == 5
 
 
 def test_results_keep_prompt_order_across_length_batches(model, tokenizer, reference):
     shuffled = [PROMPTS[i] for i in (2, 0, 3, 1)]
-    ours = decode(model, tokenizer, shuffled, max_new_tokens=NEW, eos_token_ids=tokenizer.eos_token_id, batch_size=1)
+    ours = decode(model, tokenizer, shuffled, "greedy", DecodeSettings(
+        max_new_tokens=NEW, eos_token_ids=tokenizer.eos_token_id, batch_size=1,
+    ))
     assert [g.token_ids for g in ours] == [reference[i] for i in (2, 0, 3, 1)]
 
 
 def test_an_auto_batch_that_runs_out_of_memory_is_halved_until_it_fits(model, tokenizer, reference, monkeypatch):
-    import clozemath.eval.decode as decoding
+    from clozemath.eval.decoding import job
 
-    prefill, sizes = decoding._prefill, []
+    prefill, sizes = job.prefill, []
 
     def small_memory(model, prompts, *args):
         sizes.append(len(prompts))
@@ -120,18 +126,24 @@ def test_an_auto_batch_that_runs_out_of_memory_is_halved_until_it_fits(model, to
             raise torch.OutOfMemoryError("CUDA out of memory (simulated: one prompt fits)")
         return prefill(model, prompts, *args)
 
-    monkeypatch.setattr(decoding, "_prefill", small_memory)
+    monkeypatch.setattr(job, "prefill", small_memory)
     with pytest.warns(UserWarning, match="out of memory with 4 prompts"):
-        ours = decode(model, tokenizer, PROMPTS, max_new_tokens=NEW, eos_token_ids=tokenizer.eos_token_id)
+        ours = decode(model, tokenizer, PROMPTS, "greedy", DecodeSettings(
+            max_new_tokens=NEW, eos_token_ids=tokenizer.eos_token_id,
+        ))
     assert [g.token_ids for g in ours] == reference
     assert sizes == [4, 2, 1, 1, 1, 1]  # the auto size (16 on CPU) covers all 4; halved twice, then kept
     with pytest.raises(torch.OutOfMemoryError):  # a size the user chose is theirs: no silent change
-        decode(model, tokenizer, PROMPTS, max_new_tokens=NEW, eos_token_ids=tokenizer.eos_token_id, batch_size=2)
+        decode(model, tokenizer, PROMPTS, "greedy", DecodeSettings(
+            max_new_tokens=NEW, eos_token_ids=tokenizer.eos_token_id, batch_size=2,
+        ))
 
 
 def test_token_id_prompts_decode_like_text_prompts(model, tokenizer, reference):
     ids = tokenizer(PROMPTS)["input_ids"]
-    ours = decode(model, tokenizer, ids, max_new_tokens=NEW, eos_token_ids=tokenizer.eos_token_id)
+    ours = decode(model, tokenizer, ids, "greedy", DecodeSettings(
+        max_new_tokens=NEW, eos_token_ids=tokenizer.eos_token_id,
+    ))
     assert [g.token_ids for g in ours] == reference
 
 
@@ -143,10 +155,9 @@ def test_stop_strings_and_eos_end_rows_independently(model, tokenizer, reference
     assert all(stop not in text for text in texts[1:]) and all(eos not in row for row in reference[2:])
     assert eos not in reference[0][:8]
     for scheme in ("greedy", "beam"):  # one beam follows the greedy path, through the beam-search code
-        ours = decode(
-            model, tokenizer, PROMPTS, scheme, max_new_tokens=NEW, stop=[stop], eos_token_ids=eos, num_beams=1,
-            engine=engine,
-        )
+        ours = decode(model, tokenizer, PROMPTS, scheme, DecodeSettings(
+            max_new_tokens=NEW, stop=[stop], eos_token_ids=eos, num_beams=1, engine=engine,
+        ))
         assert [g.finish_reason for g in ours] == ["stop", "eos", "length", "length"]
         assert ours[0].text == texts[0][: texts[0].index(stop)]
         assert ours[0].token_ids == reference[0][: len(ours[0].token_ids)] and len(ours[0].token_ids) <= 8
@@ -157,8 +168,8 @@ def test_stop_strings_and_eos_end_rows_independently(model, tokenizer, reference
 
 def test_beam_with_one_beam_equals_greedy(model, tokenizer, reference):
     eos = eos_inside(reference, row=2, at=4)
-    greedy = decode(model, tokenizer, PROMPTS, "greedy", max_new_tokens=NEW, eos_token_ids=eos)
-    beam = decode(model, tokenizer, PROMPTS, "beam", num_beams=1, max_new_tokens=NEW, eos_token_ids=eos)
+    greedy = decode(model, tokenizer, PROMPTS, "greedy", DecodeSettings(max_new_tokens=NEW, eos_token_ids=eos))
+    beam = decode(model, tokenizer, PROMPTS, "beam", DecodeSettings(num_beams=1, max_new_tokens=NEW, eos_token_ids=eos))
     assert [(g.token_ids, g.text, g.finish_reason) for g in beam] == [
         (g.token_ids, g.text, g.finish_reason) for g in greedy
     ]
@@ -175,10 +186,9 @@ def test_beam_search_equals_generate(model, tokenizer, reference, early_stopping
     )
     rows = out.sequences[:, inputs.input_ids.shape[1] :].tolist()
     expected = [row[: row.index(eos)] if eos in row else row for row in rows]
-    ours = decode(
-        model, tokenizer, PROMPTS, "beam", num_beams=5, early_stopping=early_stopping, max_new_tokens=NEW,
-        eos_token_ids=eos, engine=engine,
-    )
+    ours = decode(model, tokenizer, PROMPTS, "beam", DecodeSettings(
+        num_beams=5, early_stopping=early_stopping, max_new_tokens=NEW, eos_token_ids=eos, engine=engine,
+    ))
     assert [g.token_ids for g in ours] == expected
     assert [g.score for g in ours] == pytest.approx(out.sequences_scores.tolist(), abs=1e-4)
     assert any(g.finish_reason == "eos" for g in ours)
@@ -200,10 +210,9 @@ class LogitsRecorder:
 def test_bidirectional_prompt_equals_full_prefix_lm_passes(model, tokenizer, engine):
     steps = 6
     with LogitsRecorder(model) as recorder:
-        ours = decode(
-            model, tokenizer, PROMPTS, max_new_tokens=steps, eos_token_ids=tokenizer.eos_token_id,
-            prompt_attention="bidirectional", engine=engine,
-        )
+        ours = decode(model, tokenizer, PROMPTS, "greedy", DecodeSettings(
+            max_new_tokens=steps, eos_token_ids=tokenizer.eos_token_id, prompt_attention="bidirectional", engine=engine,
+        ))
     assert all(len(g.token_ids) == steps for g in ours)
     prompt_ids = tokenizer(PROMPTS)["input_ids"]
     rows = [prompt + g.token_ids for prompt, g in zip(prompt_ids, ours)]
@@ -240,10 +249,12 @@ def test_a_sliding_window_model_past_its_window_decodes_with_the_eager_engine(to
         max_position_embeddings=256, attn_implementation="sdpa",
     )
     gemma = Gemma3ForCausalLM(config).eval()
-    eager = decode(gemma, tokenizer, PROMPTS, max_new_tokens=new, engine="eager")
+    eager = decode(gemma, tokenizer, PROMPTS, "greedy", DecodeSettings(max_new_tokens=new, engine="eager"))
     stats = DecodeStats()
     with pytest.warns(UserWarning, match="sliding-window layers holds 16 tokens"):
-        static = decode(gemma, tokenizer, PROMPTS, max_new_tokens=new, engine="static", stats=stats)
+        static = decode(gemma, tokenizer, PROMPTS, "greedy", DecodeSettings(
+            max_new_tokens=new, engine="static",
+        ), stats=stats)
     assert [g.token_ids for g in static] == [g.token_ids for g in eager] and all(len(g.token_ids) for g in eager)
     assert (stats.steps > 0) == (new == 4)  # the prompts that fit the window decode with the static engine
 
@@ -262,10 +273,10 @@ def test_ids_past_the_tokenizer_are_never_decoded(tokenizer, engine, scheme):
     with torch.no_grad():
         padded.lm_head.weight[len(tokenizer) :] = 50.0 * torch.randn(7, 32)
         assert (padded(**tokenizer(PROMPTS[:1], return_tensors="pt")).logits[0, -1].argmax() >= len(tokenizer))
-    ours = decode(
-        padded, tokenizer, PROMPTS, scheme, max_new_tokens=6, num_beams=2, cot_k=2, answer_span=last_word,
-        engine=engine, eos_token_ids=tokenizer.eos_token_id,
-    )
+    ours = decode(padded, tokenizer, PROMPTS, scheme, DecodeSettings(
+        max_new_tokens=6, num_beams=2, cot_k=2, answer_span=last_word, engine=engine,
+        eos_token_ids=tokenizer.eos_token_id,
+    ))
     tokens = [token for g in ours for branch in g.branches or [g] for token in branch.token_ids]
     assert len(tokens) >= 6 * len(PROMPTS) and max(tokens) < len(tokenizer)
 
@@ -273,15 +284,14 @@ def test_ids_past_the_tokenizer_are_never_decoded(tokenizer, engine, scheme):
 def test_bidirectional_needs_an_additive_mask_implementation(model, tokenizer):
     flash = SimpleNamespace(config=SimpleNamespace(_attn_implementation="flash_attention_2"))
     with pytest.raises(ClozeMathError, match="flash_attention_2"):
-        decode(flash, tokenizer, ["x"], prompt_attention="bidirectional")
+        decode(flash, tokenizer, ["x"], "greedy", DecodeSettings(prompt_attention="bidirectional"))
 
 
 @ENGINES
 def test_cot_first_branch_is_greedy(model, tokenizer, reference, engine):
-    ours = decode(
-        model, tokenizer, PROMPTS, "cot", cot_k=3, max_new_tokens=NEW, eos_token_ids=tokenizer.eos_token_id,
-        answer_span=last_word, engine=engine,
-    )
+    ours = decode(model, tokenizer, PROMPTS, "cot", DecodeSettings(
+        cot_k=3, max_new_tokens=NEW, eos_token_ids=tokenizer.eos_token_id, answer_span=last_word, engine=engine,
+    ))
     assert [g.branches[0].token_ids for g in ours] == reference
     assert all(len(g.branches) == 3 and len({b.token_ids[0] for b in g.branches}) == 3 for g in ours)
     for chosen in ours:
@@ -352,10 +362,10 @@ def test_cot_decoding_picks_the_largest_summed_margin(tokenizer):
         return match.span() if match else None
 
     prompts = ["Q: 1<|reserved_special_token_0|>", "A longer question, padded less<|reserved_special_token_0|>"]
-    for chosen in decode(
-        model, tokenizer, prompts, "cot", cot_k=4, max_new_tokens=10, answer_span=last_number,
-        normalize_answer=lambda answer: answer.replace(",", ""), add_special_tokens=False,
-    ):
+    for chosen in decode(model, tokenizer, prompts, "cot", DecodeSettings(
+        cot_k=4, max_new_tokens=10, answer_span=last_number, normalize_answer=lambda answer: answer.replace(",", ""),
+        add_special_tokens=False,
+    )):
         assert [b.text for b in chosen.branches] == [" a 9.", " b 7.", " c 5,000.", " d 5000."]
         assert [b.answer for b in chosen.branches] == ["9", "7", "5,000", "5000"]
         assert [b.confidence for b in chosen.branches] == pytest.approx([0.1, 0.6, 0.45, 0.4], abs=1e-3)
@@ -364,10 +374,9 @@ def test_cot_decoding_picks_the_largest_summed_margin(tokenizer):
 
 
 def test_cot_without_any_answer_keeps_the_greedy_branch(model, tokenizer, reference):
-    ours = decode(
-        model, tokenizer, PROMPTS[:2], "cot", cot_k=2, max_new_tokens=NEW, eos_token_ids=tokenizer.eos_token_id,
-        answer_span=lambda text: None,
-    )
+    ours = decode(model, tokenizer, PROMPTS[:2], "cot", DecodeSettings(
+        cot_k=2, max_new_tokens=NEW, eos_token_ids=tokenizer.eos_token_id, answer_span=lambda text: None,
+    ))
     assert [(g.token_ids, g.answer, g.confidence) for g in ours] == [(r, None, None) for r in reference[:2]]
 
 
@@ -425,10 +434,9 @@ def test_beam_search_with_a_stop_string_and_several_eos_ids_equals_generate(mode
         pad_token_id=tokenizer.pad_token_id, eos_token_id=[*eos_ids, stop_token], output_scores=True,
         return_dict_in_generate=True,
     )
-    ours = decode(
-        model, tokenizer, PROMPTS, "beam", num_beams=4, length_penalty=length_penalty, max_new_tokens=NEW,
-        eos_token_ids=eos_ids, stop=[stop],
-    )
+    ours = decode(model, tokenizer, PROMPTS, "beam", DecodeSettings(
+        num_beams=4, length_penalty=length_penalty, max_new_tokens=NEW, eos_token_ids=eos_ids, stop=[stop],
+    ))
     for generation, row in zip(ours, out.sequences[:, inputs.input_ids.shape[1] :].tolist()):
         ends = [i for i, token in enumerate(row) if token in (*eos_ids, stop_token)]
         expected = row[: ends[0] + 1] if ends else row
@@ -478,9 +486,9 @@ def mixed(model, tokenizer) -> Mixed:
 def frequent_looks(monkeypatch):
     """The host looks at the new tokens every 3 steps (16 on a GPU): refills within a short generation, and looks
     at steps that do not divide max_new_tokens."""
-    import clozemath.eval.decode as decoding
+    from clozemath.eval.decoding import static
 
-    monkeypatch.setattr(decoding, "_GPU_SYNC_EVERY", 3)
+    monkeypatch.setattr(static, "_GPU_SYNC_EVERY", 3)
 
 
 @pytest.mark.usefixtures("frequent_looks")
@@ -489,10 +497,9 @@ def test_refilled_rows_give_each_prompt_its_own_greedy_tokens(model, tokenizer, 
     """Rows that end (at the end-of-sequence id, at any step) take the next waiting prompt; every prompt gets the
     tokens `generate` gives it, in the prompts' order, whichever rows it shared the batch with."""
     stats = DecodeStats()
-    ours = decode(
-        model, tokenizer, MIXED, max_new_tokens=LONG, eos_token_ids=mixed.eos, batch_size=batch_size, engine=engine,
-        stats=stats,
-    )
+    ours = decode(model, tokenizer, MIXED, "greedy", DecodeSettings(
+        max_new_tokens=LONG, eos_token_ids=mixed.eos, batch_size=batch_size, engine=engine,
+    ), stats=stats)
     assert [g.token_ids for g in ours] == mixed.expected
     assert [g.finish_reason for g in ours] == ["length" if len(row) == LONG else "eos" for row in mixed.expected]
     assert [g.text for g in ours] == tokenizer.batch_decode(mixed.expected, skip_special_tokens=True)
@@ -506,10 +513,10 @@ def test_refilled_rows_give_each_prompt_its_own_greedy_tokens(model, tokenizer, 
 def test_refilled_rows_encode_their_prompt_bidirectionally(model, tokenizer, mixed):
     def run(engine: str, batch_size: int, attention: str = "bidirectional"):
         return [
-            g.token_ids for g in decode(
-                model, tokenizer, MIXED, max_new_tokens=LONG, eos_token_ids=mixed.eos, batch_size=batch_size,
-                engine=engine, prompt_attention=attention,
-            )
+            g.token_ids for g in decode(model, tokenizer, MIXED, "greedy", DecodeSettings(
+                max_new_tokens=LONG, eos_token_ids=mixed.eos, batch_size=batch_size, engine=engine,
+                prompt_attention=attention,
+            ))
         ]
 
     refilled = run("static", 2)
@@ -521,8 +528,8 @@ def test_refilled_rows_encode_their_prompt_bidirectionally(model, tokenizer, mix
 def test_refilled_rows_end_at_stop_strings(model, tokenizer, mixed):
     stop = tokenizer.decode(mixed.free[1][4:6])  # one row's text holds it from its 5th or 6th token on
     kwargs = dict(max_new_tokens=LONG, eos_token_ids=mixed.eos, stop=[stop, "\n\n"])
-    refilled = decode(model, tokenizer, MIXED, batch_size=2, engine="static", **kwargs)
-    eager = decode(model, tokenizer, MIXED, batch_size=len(MIXED), engine="eager", **kwargs)
+    refilled = decode(model, tokenizer, MIXED, "greedy", DecodeSettings(batch_size=2, engine="static", **kwargs))
+    eager = decode(model, tokenizer, MIXED, "greedy", DecodeSettings(batch_size=len(MIXED), engine="eager", **kwargs))
     assert [(g.token_ids, g.text, g.finish_reason) for g in refilled] == [
         (g.token_ids, g.text, g.finish_reason) for g in eager
     ]
@@ -533,7 +540,9 @@ def test_refilled_rows_end_at_stop_strings(model, tokenizer, mixed):
 @pytest.mark.parametrize("new", [1, 2])
 def test_refills_when_each_prompt_makes_one_or_two_tokens(model, tokenizer, mixed, new):
     stats = DecodeStats()
-    ours = decode(model, tokenizer, MIXED, max_new_tokens=new, batch_size=3, engine="static", stats=stats)
+    ours = decode(model, tokenizer, MIXED, "greedy", DecodeSettings(
+        max_new_tokens=new, batch_size=3, engine="static",
+    ), stats=stats)
     assert [g.token_ids for g in ours] == [row[:new] for row in mixed.free]
     assert stats.refills == len(MIXED) - 3 and stats.steps == 3 * (new - 1)  # 3 fills of 3, 3 and 2 prompts
 
@@ -543,10 +552,10 @@ def test_cot_branches_take_and_leave_rows_together(model, tokenizer, mixed):
     """A prompt's k branches enter the batch together and leave it when the last of them ends."""
 
     def run(engine: str, batch_size: int, stats: DecodeStats | None = None):
-        return decode(
-            model, tokenizer, MIXED, "cot", cot_k=3, max_new_tokens=LONG, eos_token_ids=mixed.eos,
-            answer_span=last_word, batch_size=batch_size, engine=engine, stats=stats,
-        )
+        return decode(model, tokenizer, MIXED, "cot", DecodeSettings(
+            cot_k=3, max_new_tokens=LONG, eos_token_ids=mixed.eos, answer_span=last_word, batch_size=batch_size,
+            engine=engine,
+        ), stats=stats)
 
     def branches(generations):
         return [[(b.token_ids, b.text, b.finish_reason, b.answer) for b in g.branches] for g in generations]
@@ -567,9 +576,9 @@ def test_cot_branches_take_and_leave_rows_together(model, tokenizer, mixed):
 
 @pytest.mark.usefixtures("frequent_looks")
 def test_an_auto_batch_out_of_memory_at_a_refill_keeps_the_prompts_done(model, tokenizer, mixed, monkeypatch):
-    import clozemath.eval.decode as decoding
+    from clozemath.eval.decoding import batching, job
 
-    prefill, prefilled = decoding._prefill, []
+    prefill, prefilled = job.prefill, []
 
     def out_of_memory_at_the_first_refill(model, prompts, *args):
         prefilled.append([tokenizer.decode(ids, skip_special_tokens=True) for ids in prompts])
@@ -577,10 +586,12 @@ def test_an_auto_batch_out_of_memory_at_a_refill_keeps_the_prompts_done(model, t
             raise torch.OutOfMemoryError("CUDA out of memory (simulated)")
         return prefill(model, prompts, *args)
 
-    monkeypatch.setattr(decoding, "_prefill", out_of_memory_at_the_first_refill)
-    monkeypatch.setattr(decoding, "CPU_BATCH_SIZE", 4)
+    monkeypatch.setattr(job, "prefill", out_of_memory_at_the_first_refill)
+    monkeypatch.setattr(batching, "CPU_BATCH_SIZE", 4)
     with pytest.warns(UserWarning, match="out of memory with 4 prompts a batch; going on with 2"):
-        ours = decode(model, tokenizer, MIXED, max_new_tokens=LONG, eos_token_ids=mixed.eos, engine="static")
+        ours = decode(model, tokenizer, MIXED, "greedy", DecodeSettings(
+            max_new_tokens=LONG, eos_token_ids=mixed.eos, engine="static",
+        ))
     assert [g.token_ids for g in ours] == mixed.expected
     first = prefilled[0]  # the 4 longest prompts
     assert sorted(first) == sorted(MIXED[i] for i in (1, 4, 3, 6))

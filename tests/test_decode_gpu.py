@@ -14,7 +14,7 @@ import torch
 
 from clozemath.config import ModelConfig, read_yaml
 from clozemath.data.sources import load_problems
-from clozemath.eval.decode import DecodeStats, decode
+from clozemath.eval.decoding import DecodeSettings, DecodeStats, decode
 from clozemath.eval.evaluate import Prompting, build_prompts
 from clozemath.eval.prompts import DEFAULT_TEMPLATE
 from clozemath.tasks import answer_span, get_task
@@ -58,11 +58,10 @@ def tokens(generations) -> list[list[list[int]]]:
 )
 def test_graphs_give_the_tokens_of_the_same_steps_run_eagerly(loaded, prompts, scheme, attention):
     def run(engine: str, stats: DecodeStats | None = None):
-        return decode(
-            loaded.model, loaded.tokenizer, prompts, scheme, max_new_tokens=128, prompt_attention=attention,
-            batch_size=16, num_beams=5, cot_k=9, answer_span=partial(answer_span, "gsm8k"),
-            normalize_answer=get_task("gsm8k").answer_key, engine=engine, stats=stats,
-        )
+        return decode(loaded.model, loaded.tokenizer, prompts, scheme, DecodeSettings(
+            max_new_tokens=128, prompt_attention=attention, batch_size=16, num_beams=5, cot_k=9,
+            answer_span=partial(answer_span, "gsm8k"), normalize_answer=get_task("gsm8k").answer_key, engine=engine,
+        ), stats=stats)
 
     stats = DecodeStats()
     graphs, static = run("graphs", stats), run("static")
@@ -78,11 +77,10 @@ def test_refilled_rows_give_the_tokens_of_a_batch_of_all_prompts(loaded32, promp
     """In float32 (no bfloat16 rounding that another batch's shapes could tip): 8 prompts' rows, refilled as prompts
     end, give every prompt the tokens it gets in one batch of all 32."""
     def run(batch_size: int, stats: DecodeStats):
-        return decode(
-            loaded32.model, loaded32.tokenizer, prompts, scheme, max_new_tokens=128, batch_size=batch_size, cot_k=9,
-            answer_span=partial(answer_span, "gsm8k"), normalize_answer=get_task("gsm8k").answer_key,
-            engine="graphs", stats=stats,
-        )
+        return decode(loaded32.model, loaded32.tokenizer, prompts, scheme, DecodeSettings(
+            max_new_tokens=128, batch_size=batch_size, cot_k=9, answer_span=partial(answer_span, "gsm8k"),
+            normalize_answer=get_task("gsm8k").answer_key, engine="graphs",
+        ), stats=stats)
 
     refilling, whole = DecodeStats(), DecodeStats()
     refilled, one_batch = run(8, refilling), run(len(prompts), whole)
@@ -106,8 +104,9 @@ def test_a_model_in_training_decodes_with_the_engine_chosen_for_it(prompts):
     experiment = ExperimentConfig.model_validate({"name": "t", "model": cfg.model_dump(), "method": {"name": "it"}})
 
     def run(engine: str):
-        return decode(training.model, training.tokenizer, prompts[:8], "greedy", max_new_tokens=16, batch_size=8,
-                      engine=engine)
+        return decode(training.model, training.tokenizer, prompts[:8], "greedy", DecodeSettings(
+            max_new_tokens=16, batch_size=8, engine=engine,
+        ))
 
     chosen = run(during_training_engine(experiment, "cuda"))
     assert len(chosen) == 8

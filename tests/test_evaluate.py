@@ -30,7 +30,7 @@ from clozemath.eval.predictions import (
 )
 from clozemath.eval.harness import STRICT_MATCH, harness_verdicts
 from clozemath.eval.prompts import GSM8K_STOP
-from clozemath.eval.decode import decode
+from clozemath.eval.decoding import DecodeSettings, decode
 from clozemath.model.load import load_model, save_adapter
 from clozemath.tasks import grade
 
@@ -177,11 +177,11 @@ def test_cot_decoding_votes_with_marked_answers_unless_told_otherwise(
     ends on a bare number votes only under `eval.cot_vote: any`."""
     seen = {}
 
-    def fake_decode(*args, answer_span, **kwargs):
-        seen["span"] = answer_span
+    def fake_decode(model, tokenizer, prompts, decoding, settings):
+        seen["span"] = settings.answer_span
         return []
 
-    monkeypatch.setattr("clozemath.eval.decode.decode", fake_decode)
+    monkeypatch.setattr("clozemath.eval.decoding.decode", fake_decode)
     config = load_config(SMOKE, ["eval.decodings=[cot]"] + ([] if vote == "marked" else [f"eval.cot_vote={vote}"]))
     assert config.eval.cot_vote == vote
     evaluate_batch(loaded, eval_problems(config.eval.sets[0])[:1], "cot", config.eval, prompting(config))
@@ -385,7 +385,8 @@ def test_few_shot_generations_are_cut_at_the_harness_stops(smoke):
     problems = eval_problems(smoke.eval.sets[0])[:2]
     base = load_config(SMOKE, ["method=base", "eval.max_new_tokens=24", "eval.num_beams=2", "eval.cot_k=3"])
     loaded = scripted_model(smoke, "Answer:", " 7\n\nQuestion:", eos=False)
-    (unstopped,) = decode(loaded.model, loaded.tokenizer, ["Question: 1+6?\nAnswer:"], max_new_tokens=12)
+    prompt = ["Question: 1+6?\nAnswer:"]
+    (unstopped,) = decode(loaded.model, loaded.tokenizer, prompt, "greedy", DecodeSettings(max_new_tokens=12))
     assert unstopped.text.startswith(" 7\n\nQuestion: 7\n\nQuestion:")  # what the stops must cut
     for decoding in DECODINGS:
         for prediction in evaluate_batch(loaded, problems, decoding, base.eval, prompting(base)):

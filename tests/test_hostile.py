@@ -239,26 +239,28 @@ def _template(folder: Path, name: str, init: list[str], conditions: list[str], q
 
 HOSTILE_TEMPLATES = {
     "heavy_lines": (["$x = range(2, 10)", *(f"$y{i} = x ** 1500 * x ** 1500 + {i}" for i in range(1500))],
-                    ["y1499 < 0"], "past its budget of work"),
-    "large_draws": (["$x = range(2, 10)"], ["len(sample(range(1000000), 1000000)) < x"], "past its budget of work"),
-    "costly_condition": (["$x = range(2, 10)"], ["sum(range(x * 100000)) < 0"], "past its budget of work"),
+                    ["y1499 < 0"]),
+    "large_draws": (["$x = range(2, 10)"], ["len(sample(range(1000000), 1000000)) < x"]),
+    "costly_condition": (["$x = range(2, 10)"], ["sum(range(x * 100000)) < 0"]),
     "held_lists": (["$x = range(2, 10)", *(f"l{i} = [list(range(x * 100000 + {i}))]" for i in range(200))],
-                   ["len(l199) < 0"], "past its budget of work"),
+                   ["len(l199) < 0"]),
 }
-"""Each line or draw within the per-expression limits, each template a minute or more (or gigabytes) of work."""
+"""Each line or draw within the per-expression limits, each template a minute or more (or gigabytes) of work. Each
+runs out of its budget of work, or, on a machine slowed by other work, of its budget of time first: either is named."""
+_PAST_A_BUDGET = re.compile(r"past its budget of (work|time)")
 
 
 @pytest.mark.parametrize("name", HOSTILE_TEMPLATES)
 def test_a_template_past_its_budget_is_refused_naming_it(tmp_path: Path, capsys, name: str) -> None:
     """In a process of its own for the costly condition (time) and the lists held (memory); here for the others."""
-    init, conditions, message = HOSTILE_TEMPLATES[name]
+    init, conditions = HOSTILE_TEMPLATES[name]
     path = _template(tmp_path / "templates", name, init, conditions)
     out = tmp_path / "p1.jsonl"
     out.write_text("earlier\n")
     args = ["data", "gsm-symbolic", "--variant", "p1", "--per-template", "50", "--out", str(out), "--templates",
             str(tmp_path / "templates")]
     error = cli(*args).one_line_error() if name in ("costly_condition", "held_lists") else refused(capsys, *args)
-    assert str(path) in error and message in error and "with 0 of 50 instances drawn" in error
+    assert str(path) in error and _PAST_A_BUDGET.search(error) and "with 0 of 50 instances drawn" in error
     assert out.read_text() == "earlier\n"
 
 

@@ -209,7 +209,7 @@ def test_missing_models_give_one_line_errors(
 def test_the_rows_that_align_the_vocabulary_are_never_decoded(scheme: str) -> None:
     """The matrices grow to a multiple of 64 rows (fast matrix products); the rows past the tokenizer are made the
     likeliest tokens here, and neither our decoding nor transformers' generate may pick them."""
-    from clozemath.eval.decode import decode
+    from clozemath.eval.decoding import DecodeSettings, decode
 
     loaded = load_model(tiny_config(tied=False), NUM_SENTINELS, training=False)
     model, tokenizer = loaded.model, loaded.tokenizer
@@ -222,7 +222,7 @@ def test_the_rows_that_align_the_vocabulary_are_never_decoded(scheme: str) -> No
     assert padding_wins
 
     prompts = ["What is 2 + 3?", "Twelve eggs"]
-    ours = decode(model, tokenizer, prompts, scheme, max_new_tokens=6, answer_span=lambda text: None)
+    ours = decode(model, tokenizer, prompts, scheme, DecodeSettings(max_new_tokens=6, answer_span=lambda text: None))
     assert all(0 <= token < len(tokenizer) for generation in ours for token in generation.token_ids)
     if scheme == "greedy":
         inputs = tokenizer(prompts, padding=True, padding_side="left", return_tensors="pt")

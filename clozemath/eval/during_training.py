@@ -23,7 +23,7 @@ from clozemath.eval.evaluate import eval_problems, evaluate_batch, prompting
 from clozemath.records import CURVE_PREFIX, tally_metrics
 
 if TYPE_CHECKING:
-    from clozemath.eval.decode import Engine
+    from clozemath.eval.decoding import Engine
     from clozemath.model.load import Loaded
 
 SumOverRanks = Callable[[list[float]], list[float]]

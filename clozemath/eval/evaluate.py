@@ -19,6 +19,7 @@ from clozemath.data.objectives import format_prompt, lm_sample
 from clozemath.data.sources import Problem
 from clozemath.data.tokenize import encode_samples
 from clozemath.errors import ClozeMathError
+from clozemath.eval.decoding import DecodeSettings
 from clozemath.eval.predictions import Prediction, grade_generation
 from clozemath.records import ADAPTER_DIR, run_folder
 from clozemath.tasks import few_shot_prompt, get_task
@@ -26,7 +27,7 @@ from clozemath.tasks import few_shot_prompt, get_task
 if TYPE_CHECKING:  # peft and the decoders take seconds to import: `clozemath score` and a grid's trial do without
     import torch
 
-    from clozemath.eval.decode import Engine, Generation, PromptAttention
+    from clozemath.eval.decoding import Engine, Generation, PromptAttention
     from clozemath.model.load import Loaded
 
 
@@ -111,20 +112,25 @@ def build_prompts(problems: Sequence[Problem], loaded: Loaded, prompting: Prompt
 # Decoding and grading
 
 
+def decode_settings(eval_cfg: EvalConfig, dataset: str, prompting: Prompting, engine: Engine) -> DecodeSettings:
+    """How a set's prompts decode: the config's lengths, batch size, beams and branches; the set's stop strings, its
+    CoT-decoding answer rule (`eval.cot_vote`), the prompt's attention and the engine."""
+    task = get_task(dataset)
+    return DecodeSettings.of(
+        eval_cfg, stop=stop_strings(dataset, prompting), prompt_attention=prompting.attention,
+        answer_span=partial(task.answer_span, marked_only=eval_cfg.cot_vote == "marked"),
+        normalize_answer=task.answer_key, engine=engine,
+    )
+
+
 def _decode(
     loaded: Loaded, prompts: list[Prompt], dataset: str, decoding: str, eval_cfg: EvalConfig, prompting: Prompting,
     engine: Engine,
 ) -> list[Generation]:
-    from clozemath.eval.decode import decode
+    from clozemath.eval.decoding import decode
 
-    task = get_task(dataset)
-    return decode(
-        loaded.model, loaded.tokenizer, [prompt.ids for prompt in prompts], decoding,
-        max_new_tokens=eval_cfg.max_new_tokens, stop=stop_strings(dataset, prompting),
-        prompt_attention=prompting.attention, batch_size=eval_cfg.batch_size, num_beams=eval_cfg.num_beams,
-        cot_k=eval_cfg.cot_k, answer_span=partial(task.answer_span, marked_only=eval_cfg.cot_vote == "marked"),
-        normalize_answer=task.answer_key, engine=engine,
-    )
+    settings = decode_settings(eval_cfg, dataset, prompting, engine)
+    return decode(loaded.model, loaded.tokenizer, [prompt.ids for prompt in prompts], decoding, settings)
 
 
 def evaluate_batch(

@@ -70,10 +70,15 @@ def package_chunk(requirement: str, member: str) -> Chunk:
         raise ClozeMathError(
             f"GGUF chunk package '{name}': version {distribution.version} is installed, the model needs {version}"
         )
+    # importlib_metadata (the backport mlflow imports, whose finder then answers too) leaves out of `files` the files
+    # missing on disk, where the standard library lists them: a deleted chunk can be either case.
     matches = [recorded for recorded in distribution.files or [] if PurePosixPath(recorded).match(member)]
-    if len(matches) != 1:
-        found = "no file" if not matches else f"{len(matches)} files ({', '.join(map(str, matches[:3]))})"
-        raise ClozeMathError(f"GGUF chunk package '{name}': {found} matching '{member}' (model.gguf_chunks.file)")
+    if not matches:
+        raise ClozeMathError(f"GGUF chunk package '{name}': no file matching '{member}' (model.gguf_chunks.file): "
+                             "the glob names none of its files, or its chunk is missing (reinstall it)")
+    if len(matches) > 1:
+        raise ClozeMathError(f"GGUF chunk package '{name}': {len(matches)} files "
+                             f"({', '.join(map(str, matches[:3]))}) matching '{member}' (model.gguf_chunks.file)")
     recorded = matches[0]
     digest = recorded.hash.value if recorded.hash is not None and recorded.hash.mode == "sha256" else None
     return Chunk(

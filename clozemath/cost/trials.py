@@ -1,188 +1,30 @@
-"""What a run or a grid will cost, before anything starts (`clozemath run CONFIG --dry-run`).
-
-For every trial: its samples and tokens (the run's own preprocessing steps on the first `SAMPLE_PROBLEMS` problems,
-scaled to the set), the steps its layout makes (the ZeRO stage, row size and compilation the workers would choose on
-the card: `clozemath.train.zero`, `clozemath.train.layout.choose_layout`), and the time of its parts: training at the
-measured tokens/s of its model on the card, evaluation at the measured problems/s, and the fixed costs (workers'
-start, model load, the first step's compilation, preprocessing). The grid's wall time is its trials laid on the GPUs
-in order, each starting when enough are free, as Tune runs them. The figures come from `configs/throughput.yaml`,
-each with its source; where one is missing it is derived and the estimate says how.
-
-Nothing here starts Ray or loads weights: the shapes are built on PyTorch's meta device, and a tokenizer is used only
-where it is on this machine (else the shape's own, Llama 3's, and the counts say "estimated"); the caller keeps
-transformers off the network (`HF_HUB_OFFLINE`, as the CLI sets it).
-"""
+"""One trial's cost: its training set counted, the layout its workers would choose on the card, and the time of its
+parts at the table's figures (measured, or derived and said how)."""
 
 from __future__ import annotations
 
-import heapq
 import math
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from clozemath.config import ExperimentConfig, ModelConfig, RunPlan, TrainConfig, read_yaml
+from clozemath.config import ExperimentConfig, ModelConfig, TrainConfig
+from clozemath.cost.shapes import Shape, meta_shape, training_flops_per_token
+from clozemath.cost.throughput import Card, Figure, Throughput
 from clozemath.data.sources import load_problems
-from clozemath.data.tokenize import IGNORE_INDEX, MASK, SEP, SpecialTokens, sentinel
+from clozemath.data.tokenize import IGNORE_INDEX
 from clozemath.errors import ClozeMathError
 from clozemath.train.budget import Footprint, matched_epochs
 from clozemath.train.layout import Layout, choose_layout
 from clozemath.train.packing import auto_pack_tokens, packs_needed
 from clozemath.train.zero import TrainingMemory, auto_zero_stage, model_memory, planned_row_tokens
 
-THROUGHPUT_FILE = "throughput.yaml"
-"""The committed table of measured speeds, in the `configs/` folder."""
 SAMPLE_PROBLEMS = 500
 """Training problems whose samples are built and tokenized to count a set's (the counts are scaled to the set)."""
 FIGURE_NEW_TOKENS = 256
 """The new tokens a problem of the table's evaluation figures decodes."""
-GIB = 2**30
-
-
-# --------------------------------------------------------------------------------------------------------------
-# The throughput table
-
-
-@dataclass(frozen=True)
-class Figure:
-    value: float
-    how: str
-    """Where it comes from: the table's source, or how it was derived from another figure."""
-
-
-@dataclass(frozen=True)
-class Card:
-    name: str
-    memory_bytes: int
-    peak_flops: float
-
-
-class Throughput:
-    """`configs/throughput.yaml`: cards, each model's measured speeds, scaling and fixed costs."""
-
-    def __init__(self, root: Path) -> None:
-        path = root / THROUGHPUT_FILE
-        raw = read_yaml(path)
-        self.root = root
-        self.path = path
-        self.cards = {
-            name: Card(name, int(card["memory_gib"] * GIB), card["peak_tflops"] * 1e12)
-            for name, card in raw.get("cards", {}).items()
-        }
-        self.models: dict[str, dict[str, Any]] = raw.get("models", {})
-        self.scaling: dict[str, dict[Any, Any]] = raw.get("scaling", {})
-        self.overheads: dict[str, dict[str, Any]] = raw.get("overheads", {})
-
-    def card(self, name: str) -> Card:
-        for key, card in self.cards.items():
-            if key.lower() in name.lower():
-                return card
-        raise ClozeMathError(f"{self.path}: no card '{name}' (known: {', '.join(self.cards)}): add it, or pass --card")
-
-    def shape_of(self, model: ModelConfig) -> ModelConfig:
-        """A model config whose `random_init` gives the model's shape: its own; the models config its entry names
-        (`shape: llama-3.1-8b-random`); or the model with the entry's inline shape (`shape: {hidden_size: ...}`)."""
-        if model.random_init is not None:
-            return model
-        shape = self.models.get(model.name, {}).get("shape")
-        if isinstance(shape, dict):
-            return model.model_copy(update={"random_init": shape})
-        if shape is None:
-            raise ClozeMathError(f"{self.path}: model '{model.name}' has no `shape` (the name of a configs/models "
-                                 "file with random_init of its shape, or the shape itself): its weights are not read "
-                                 "for an estimate")
-        return self.model_config(shape)
-
-    def model_config(self, name: str) -> ModelConfig:
-        return ModelConfig.model_validate(read_yaml(self.root / "models" / f"{name}.yaml"))
-
-    def figures_name(self, model: ModelConfig) -> str:
-        """The table entry holding a model's figures: a hub model's are those of the shape it names."""
-        shape = self.models.get(model.name, {}).get("shape")
-        return shape if isinstance(shape, str) else model.name
-
-    def measured(self, name: str, group: str, card: str) -> dict[str, Any] | None:
-        return self.models.get(name, {}).get(group, {}).get(card)
-
-    def overhead(self, name: str) -> dict[str, Any]:
-        if name not in self.overheads:
-            raise ClozeMathError(f"{self.path}: no overheads.{name}")
-        return self.overheads[name]
-
-    def scaling_factor(self, stage: int, workers: int) -> Figure:
-        """Tokens/s per GPU with `workers` workers against one, under this ZeRO stage."""
-        if workers == 1:
-            return Figure(1.0, "one worker")
-        table = self.scaling.get(f"zero{stage}", {})
-        listed = sorted(int(n) for n in table if str(n).isdigit() and int(n) <= workers)
-        if not listed:
-            return Figure(1.0, f"ZeRO-{stage} on {workers} GPUs: not measured, assumed linear")
-        return Figure(float(table[listed[-1]]), f"ZeRO-{stage}: {table.get('source', 'the table')}")
-
-
-# --------------------------------------------------------------------------------------------------------------
-# Shapes on the meta device
-
-
-@dataclass(frozen=True)
-class Shape:
-    """A model's shape as training builds it (LoRA, special-token rows), with nothing allocated."""
-
-    model: torch.nn.Module
-    """peft-wrapped, on the meta device."""
-    params: int
-    tokenizer_note: str
-
-    @property
-    def config(self) -> Any:
-        return self.model.config
-
-
-def special_tokens_for(vocab: int, sentinels: int) -> SpecialTokens:
-    """Stand-in special tokens in the last rows of a vocabulary (only their count matters for a shape)."""
-    names = [SEP, MASK, *(sentinel(k) for k in range(sentinels))]
-    ids = {name: vocab - len(names) + k for k, name in enumerate(names)}
-    return SpecialTokens(tokens={name: name for name in names}, ids=ids, added=True, ordinary_ids=())
-
-
-def meta_shape(model: ModelConfig, vocab: int, sentinels: int = 16) -> torch.nn.Module:
-    """The LoRA model a worker trains, with `model.random_init`'s shape and `vocab` rows, on the meta device."""
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    from clozemath.model.load import aligned_vocabulary, apply_lora
-
-    settings = {key: value for key, value in (model.random_init or {}).items() if key != "seed"}
-    config = LlamaConfig(vocab_size=aligned_vocabulary(vocab), **settings)
-    with torch.device("meta"):
-        base = LlamaForCausalLM(config).to(torch.bfloat16)
-        return apply_lora(base, model.lora, special_tokens_for(vocab, sentinels))
-
-
-def training_flops_per_token(model: torch.nn.Module, target_share: float, context: float) -> float:
-    """FLOPs of one trained token, the convention of issue 24: every frozen matrix product 4x its weights (forward and
-    the input's gradient), LoRA's own 6x (its weights' gradients too), the output layer at the target positions only
-    (`target_share` of the tokens; 6x, or 4x when no token row trains and it needs no weight gradient), and attention
-    12 x layers x (heads x head dim) x `context`, the mean number of positions a token attends to.
-
-    The per-token form of `bench/limits.py`'s count (the benchmarks' MFU, exact per sample), for scaling a figure
-    between models; `bench/` is no package of the library, so the two live apart: change them together."""
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model
-    config = base.config
-    frozen = sum(p.numel() for name, p in base.named_parameters()
-                 if ".layers." in name and p.dim() == 2 and not p.requires_grad)
-    lora = sum(p.numel() for name, p in base.named_parameters() if "lora_" in name)
-    rows_train = any("trainable_tokens" in name for name, _ in base.named_parameters())
-    output = (6 if rows_train else 4) * config.vocab_size * config.hidden_size * target_share
-    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-    attention = 12 * config.num_hidden_layers * config.num_attention_heads * head_dim * context
-    return 4 * frozen + 6 * lora + output + attention
-
-
-# --------------------------------------------------------------------------------------------------------------
-# A trial's data
 
 
 @dataclass(frozen=True)
@@ -232,10 +74,6 @@ def local_tokenizer_model(model: ModelConfig, shape: ModelConfig) -> tuple[Model
         return model, f"counted with {model.name}'s tokenizer"
     except ClozeMathError:
         return shape, f"estimated with {shape.name}'s tokenizer ({model.name}'s is not on this machine)"
-
-
-# --------------------------------------------------------------------------------------------------------------
-# A trial's cost
 
 
 @dataclass(frozen=True)
@@ -297,6 +135,10 @@ class Estimator:
         if key not in self._counts:
             self._counts[key] = count_data(config, counting, note)
         return self._counts[key]
+
+    def counted(self) -> list[str]:
+        """How each training set was counted, once each."""
+        return sorted({count.how for count in self._counts.values()})
 
     def measured_shape(self, name: str) -> Shape | None:
         """The shape of a model the table has figures for (None where it cannot be built here)."""
@@ -505,128 +347,3 @@ class Estimator:
             rate = self.eval_rate(config.model, shape, decoding, "eager").value * share
             seconds += points * limit * length / rate
         return seconds
-
-
-# --------------------------------------------------------------------------------------------------------------
-# A grid on a cluster
-
-
-@dataclass(frozen=True)
-class Scheduled:
-    trial: TrialCost
-    start_s: float
-    nodes: tuple[int, ...]
-
-
-def schedule(trials: Sequence[TrialCost], nodes: int, gpus_per_node: float,
-             max_concurrent: int | None = None) -> list[Scheduled]:
-    """The trials in order, each started as soon as enough GPUs are free (on one node where it fits one; across
-    nodes else) and fewer than `max_concurrent` trials run, as Tune starts a grid's trials."""
-    free = [gpus_per_node] * nodes
-    running: list[tuple[float, int, list[tuple[int, float]]]] = []  # (end, order, [(node, gpus)])
-    now, placed = 0.0, []
-    for order, trial in enumerate(trials):
-        if trial.gpus > nodes * gpus_per_node + 1e-9:
-            raise ClozeMathError(f"{trial.name}: needs {trial.gpus:g} GPUs, the cluster has {nodes * gpus_per_node:g}")
-        while True:
-            where = _place(free, trial.gpus)
-            if where is not None and (max_concurrent is None or len(running) < max_concurrent):
-                break
-            end, _, held = heapq.heappop(running)
-            now = max(now, end)
-            for node, gpus in held:
-                free[node] += gpus
-        for node, gpus in where:
-            free[node] -= gpus
-        heapq.heappush(running, (now + trial.wall_s, order, where))
-        placed.append(Scheduled(trial, now, tuple(node for node, _ in where)))
-    return placed
-
-
-def _place(free: list[float], need: float) -> list[tuple[int, float]] | None:
-    """GPUs for a trial: the first node that holds it whole, else the nodes' free GPUs in turn."""
-    for node, gpus in enumerate(free):
-        if gpus + 1e-9 >= need:
-            return [(node, need)]
-    if sum(free) + 1e-9 < need:
-        return None
-    taken, left = [], need
-    for node, gpus in enumerate(free):
-        if gpus > 1e-9 and left > 1e-9:
-            part = min(gpus, left)
-            taken.append((node, part))
-            left -= part
-    return taken
-
-
-@dataclass(frozen=True)
-class GridEstimate:
-    name: str
-    card: Card
-    nodes: int
-    gpus_per_node: float
-    scheduled: list[Scheduled]
-    ray_start_s: float
-    notes: dict[str, str]
-    counts: list[str]
-
-    @property
-    def wall_s(self) -> float:
-        return self.ray_start_s + max((s.start_s + s.trial.wall_s for s in self.scheduled), default=0.0)
-
-    @property
-    def gpu_hours(self) -> float:
-        return sum(s.trial.gpus * s.trial.wall_s for s in self.scheduled) / 3600
-
-
-def estimate(plan: RunPlan, gpus: float, card_name: str, nodes: int = 1) -> GridEstimate:
-    """The cost of `plan` on `nodes` nodes of `gpus / nodes` GPUs of `card_name` each."""
-    table = Throughput(plan.root)
-    card = table.card(card_name)
-    estimator = Estimator(table, card, gpus / nodes)
-    trials = [estimator.trial(config, plan.root) for config in plan.experiments]
-    scheduled = schedule(trials, nodes, gpus / nodes, plan.grid.max_concurrent_trials)
-    counts = sorted({count.how for count in estimator._counts.values()})
-    return GridEstimate(plan.grid.name, card, nodes, gpus / nodes, scheduled, estimator.overhead_s("ray_start"),
-                        estimator.notes, counts)
-
-
-def _duration(seconds: float) -> str:
-    minutes = round(seconds / 60)
-    return f"{minutes // 60} h {minutes % 60:02d} min" if minutes >= 60 else f"{seconds / 60:.1f} min"
-
-
-def estimate_text(result: GridEstimate) -> str:
-    """The dry-run's printout: a line per trial, the totals, and the figures behind them."""
-    cluster = f"{result.nodes} node{'s' if result.nodes > 1 else ''} of {result.gpus_per_node:g} x {result.card.name}"
-    rows = [
-        f"{result.name}: {len(result.scheduled)} trial(s) on {cluster}; an estimate, nothing was started.",
-        "",
-        "| trial | GPUs | samples | their tokens | steps | row | ZeRO | compiled | train | first step | eval | fixed | "
-        "starts at | wall | GPU-h |",
-        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
-    ]
-    for placed in result.scheduled:
-        trial, layout = placed.trial, placed.trial.layout
-        steps = f"{layout.plan.total_steps:,}" if layout else "-"
-        row = "-" if layout is None else (f"{layout.row_tokens:,}" if layout.row_tokens else "padded")
-        compiled = "-" if layout is None else ("yes" if layout.compiled else "no")
-        rows.append(
-            f"| {trial.name} | {trial.gpus:g} | {trial.samples:,} | {trial.tokens / 1e6:.1f}M | {steps} | {row} | "
-            f"{trial.stage or '-'} | {compiled} | {_duration(trial.train_s)} | {_duration(trial.first_step_s)} | "
-            f"{_duration(trial.eval_s)} | {_duration(trial.fixed_s)} | {_duration(placed.start_s)} | "
-            f"{_duration(trial.wall_s)} | {trial.gpus * trial.wall_s / 3600:.2f} |"
-        )
-    rows += [
-        "",
-        f"Total: {result.gpu_hours:,.1f} GPU-hours; wall time {_duration(result.wall_s)} on {cluster} "
-        f"(Ray's start {result.ray_start_s:.0f} s, then the trials in order, each as soon as its GPUs are free).",
-        *(["Training sets counted: " + "; ".join(result.counts)] if result.counts else []),
-        "Figures (configs/throughput.yaml):",
-        *(f"- {what}: {how}" for what, how in result.notes.items()),
-        "A compiled trial's first step is cold once per model, row size and stage, warm after (the compile cache that "
-        "every trial and node shares: train.compile_cache). Evaluation runs on the trial's GPUs; its figures are of "
-        "random weights, whose rows never stop before max_new_tokens: an upper bound for a trained model.",
-    ]
-    return "\n".join(rows)
-

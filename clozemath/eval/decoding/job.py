@@ -1,0 +1,106 @@
+"""One `decode` call as a decoding sees it (`Job`: the prompts, what ends a row, the settings, the counters), and what
+a decoding is (`Decoding`: what the registry, `clozemath.eval.decoding.registry`, holds by name)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import torch
+from transformers import PreTrainedTokenizerBase
+
+from clozemath.eval.decoding.eager import KVBatch, prefill
+from clozemath.eval.decoding.settings import DecodeSettings
+from clozemath.eval.decoding.static import StaticBatch, slots_for
+from clozemath.eval.decoding.tokens import Generation, Stops
+
+RunEngine = Literal["eager", "static", "graphs"]
+"""An engine a batch runs on (`settings.Engine` less "auto", which `decode` resolves)."""
+Emit = Callable[[int, Generation], None]
+"""Takes a prompt's generation (by the prompt's index) once it is done."""
+
+
+@dataclass
+class DecodeStats:
+    """What the static and graph engines' greedy and CoT decoding did (`decode(stats=...)` adds to it): how much of
+    the batch's work went to live rows, and how often freed rows took a waiting prompt."""
+
+    steps: int = 0
+    """Decoding steps (each runs every row of the batch)."""
+    row_steps: int = 0
+    """Rows run over all steps: the generated tokens over this is the share of work that live rows got."""
+    refills: int = 0
+    """Prompts that took the rows of a prompt that had ended."""
+
+
+@dataclass(frozen=True)
+class Job:
+    """The prompts of one `decode` call and what decoding them reads."""
+
+    model: Any
+    tokenizer: PreTrainedTokenizerBase
+    prompts: list[list[int]]
+    """Token ids, in the caller's order."""
+    pad_id: int
+    stops: Stops
+    settings: DecodeSettings
+    stats: DecodeStats
+    copies: int
+    """Rows a prompt takes (`Decoding.copies`)."""
+
+    @property
+    def backend(self) -> Any:
+        """The fast tokenizer's backend, which decodes rows token by token."""
+        return self.tokenizer.backend_tokenizer
+
+    def prefill(self, indices: Sequence[int]) -> tuple[KVBatch, torch.Tensor]:
+        """The prompt pass of prompts `indices` (left-padded) and the first generated token's logits [prompts, vocab]."""
+        return prefill(self.model, [self.prompts[i] for i in indices], self.pad_id, self.settings.prompt_attention)
+
+    def batch(self, indices: Sequence[int], engine: RunEngine) -> tuple[KVBatch | StaticBatch, torch.Tensor]:
+        """Prompts `indices` passed and ready to step on `engine`, each `copies` times, copies adjacent; the prompts'
+        first logits [prompts, vocab]."""
+        passed, logits = self.prefill(indices)
+        if engine == "eager":
+            if self.copies > 1:
+                passed.repeat(self.copies)
+            return passed, logits
+        width = passed.attention_mask.shape[1]
+        batch = StaticBatch(
+            self.model, len(indices) * self.copies, slots_for(width, self.stops.max_new_tokens), passed.cache,
+            graphs=engine == "graphs", vocab=self.stops.vocab, margins=False,
+        )
+        sources = [prompt for prompt in range(len(indices)) for _ in range(self.copies)]
+        batch.place(range(len(sources)), passed, sources, [len(self.prompts[indices[p]]) for p in sources])
+        return batch, logits
+
+
+def batches(indices: Sequence[int], size: int) -> Iterator[list[int]]:
+    """`indices` cut into batches of `size`, in order."""
+    for start in range(0, len(indices), size):
+        yield list(indices[start : start + size])
+
+
+class Decoding:
+    """A decoding scheme: how many rows a prompt takes and how a run of prompts is decoded on an engine.
+
+    Adding one is a module with a subclass and one line in the registry's `_BUILT_IN` (or a `register` call). Greedy
+    and CoT-decoding build on `rows.RowDecoding` (rows that continue greedily, refilled on the static engines); beam
+    search on `Job.batch` (batches kept whole).
+    """
+
+    def check(self, settings: DecodeSettings) -> None:
+        """Refuse settings this decoding cannot run with (a ClozeMathError), before any work."""
+
+    def copies(self, settings: DecodeSettings, vocab: int) -> int:
+        """Rows one prompt takes (batch sizing counts them); `vocab`: the tokenizer's ids."""
+        return 1
+
+    def decode(self, job: Job, indices: list[int], size: int, engine: RunEngine, emit: Emit) -> None:
+        """Decode prompts `indices` (longest first), `size` prompts a batch, each generation to `emit` once done.
+
+        An out-of-memory error may end it: `decode` halves an automatic size and goes on with the prompts not yet
+        emitted.
+        """
+        raise NotImplementedError

@@ -1,0 +1,229 @@
+"""The static engine (CUDA): rows decoding over a preallocated cache of `prompt + max_new_tokens` positions a row,
+each row's prompt at its first slots, its per-token step (its attention grouped by key-value head, the greedy choice
+and the margins included) replayed as one CUDA graph ("graphs") or run eagerly, the same kernels ("static").
+
+The host reads the new tokens only every `_GPU_SYNC_EVERY` steps (end-of-sequence, stop strings and the margins are
+checked then); rows freed by ended prompts take waiting prompts' passes (`place`: the refilling that
+`clozemath.eval.decoding.rows` runs), so that the step keeps one shape for the whole run.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+from transformers import AttentionInterface, Cache
+from transformers.cache_utils import StaticLayer
+
+from clozemath.eval.decoding.eager import KVBatch
+from clozemath.eval.decoding.tokens import greedy_choice, top2_margin
+
+_GPU_SYNC_EVERY = 16
+"""Steps between the host's looks at the new tokens (each look waits for the GPU; refills happen
+there)."""
+_CACHE_ALIGN = 16
+"""Static cache positions are a multiple of this (aligned rows for the attention's matmuls)."""
+
+
+def slots_for(width: int, max_new_tokens: int) -> int:
+    """Static cache positions for prompts of up to `width` tokens."""
+    return -(-(width + max_new_tokens) // _CACHE_ALIGN) * _CACHE_ALIGN
+
+
+def sliding_window(model: Any) -> int | None:
+    """The window of a model with sliding-window layers (Gemma 3), None for one without. The static engine gives every
+    layer every slot under one mask: right only while a row's prompt and generation fit the window."""
+    config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+    if "sliding_attention" not in (getattr(config, "layer_types", None) or ()):
+        return None
+    return getattr(config, "sliding_window", None)
+
+
+def _grouped_decode_attention(
+    module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+    attention_mask: torch.Tensor, scaling: float, **_: Any,
+) -> tuple[torch.Tensor, None]:
+    """One query a row over the whole static cache, the query heads grouped on their key-value head.
+
+    sdpa has no grouped-query kernel that takes a mask: transformers repeats the keys and values for every query head
+    (a copy of the cache per layer and step, which dominated the step) and sdpa falls back to its math kernel.
+    """
+    rows, heads, _, dim = query.shape
+    kv_heads = key.shape[1]
+    grouped = query.view(rows, kv_heads, heads // kv_heads, dim)
+    scores = torch.matmul(grouped, key.transpose(-1, -2)) * scaling + attention_mask  # [rows, kv_heads, group, slots]
+    out = torch.matmul(scores.float().softmax(dim=-1).to(value.dtype), value)
+    return out.view(rows, 1, heads, dim), None
+
+
+_DECODE_ATTENTION = "clozemath_grouped_decode"
+AttentionInterface.register(_DECODE_ATTENTION, _grouped_decode_attention)
+
+
+class _SlotLayer(StaticLayer):
+    """A static cache layer whose rows each write at their own position: a row's prompt sits at slots 0..len-1, so the
+    position a step feeds is also the slot it writes (transformers' StaticLayer writes every row at one shared slot)."""
+
+    def __init__(self, keys: torch.Tensor, values: torch.Tensor, positions: torch.Tensor):
+        super().__init__(max_cache_len=keys.shape[2])
+        self.keys, self.values, self.device, self.is_initialized = keys, values, keys.device, True
+        rows = keys.shape[0]
+        self._key_slots = positions.view(rows, 1, 1, 1).expand(rows, keys.shape[1], 1, keys.shape[3])
+        self._value_slots = positions.view(rows, 1, 1, 1).expand(rows, values.shape[1], 1, values.shape[3])
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any):
+        self.keys.scatter_(2, self._key_slots, key_states)
+        self.values.scatter_(2, self._value_slots, value_states)
+        return self.keys, self.values
+
+
+def _on_device(values: Sequence[int], device: torch.device) -> torch.Tensor:
+    """Host ints as a device tensor, copied without waiting for the device's queue (pinned, non-blocking)."""
+    host = torch.tensor(values, dtype=torch.long)
+    if device.type != "cuda":
+        return host
+    return host.pin_memory().to(device, non_blocking=True)
+
+
+class StaticBatch:
+    """Rows decoding over a preallocated cache of `slots` positions a row, in place and in fixed shapes, so that the
+    step can be replayed as a CUDA graph (`graphs=True`; else it runs eagerly, the same kernels).
+
+    A row holds its prompt at slots 0..len-1 and its generated tokens after. The step's inputs live in fixed tensors:
+    each row's token, its position (the slot the step writes) and its additive attention mask over every slot (its
+    prompt's slots open, each further slot opening as the step writes it; everything else, a former occupant's
+    included, masked). `place` fills rows from a prompt pass, at the start or into rows freed later; a row that has
+    ended rides along until then (its position stops at the last slot). Greedy and CoT rows choose their next token
+    within the step (`advance`) and keep every step's tokens and margins on the device until the host `read`s them;
+    beam search takes the step's logits (`step`) and reorders its rows (`take`).
+    """
+
+    drops_rows = False
+
+    def __init__(self, model: Any, rows: int, slots: int, like: Any, graphs: bool, vocab: int, margins: bool):
+        """`like`: a prompt pass's cache, for each layer's heads, head size and dtype."""
+        device = like.layers[0].keys.device
+        self.model, self.slots, self.sync_every, self._vocab, self._graphs = model, slots, _GPU_SYNC_EVERY, vocab, graphs
+        self._positions = torch.zeros(rows, dtype=torch.long, device=device)
+        self._slot_index = self._positions.view(rows, 1, 1, 1)
+        self.cache = Cache(layers=[
+            _SlotLayer(
+                layer.keys.new_zeros((rows, layer.keys.shape[1], slots, layer.keys.shape[3])),
+                layer.values.new_zeros((rows, layer.values.shape[1], slots, layer.values.shape[3])),
+                self._positions,
+            )
+            for layer in like.layers
+        ])  # zeros, not empty: a masked slot adds 0 x value, and 0 x NaN would poison the row
+        self._closed = torch.finfo(model.dtype).min
+        self._mask = torch.full((rows, 1, 1, slots), self._closed, dtype=model.dtype, device=device)
+        self._tokens = torch.zeros(rows, dtype=torch.long, device=device)
+        self._history = torch.zeros((rows, self.sync_every + 1), dtype=torch.long, device=device)
+        """Column 0: the first token of rows placed since the host's last look; column j: step j's tokens."""
+        self._margin_history = torch.zeros((rows, self.sync_every + 1), device=device) if margins else None
+        self._column = torch.ones(1, dtype=torch.long, device=device)
+        self._graph: torch.cuda.CUDAGraph | None = None
+        self._captured: Callable[[], torch.Tensor] | None = None
+        self._output: torch.Tensor | None = None
+        self._generated = (slots, 0)
+        """Beam search: the slots that generated tokens may occupy, [first, end)."""
+
+    def place(
+        self, rows: Sequence[int], prefill: KVBatch, sources: Sequence[int], lengths: Sequence[int],
+        tokens: torch.Tensor | None = None, margins: torch.Tensor | None = None,
+    ) -> None:
+        """Rows `rows` take the prompts of rows `sources` of a prompt pass (left-padded; `lengths`: their tokens): its
+        keys and values moved to slots 0..len-1, a mask that opens those only, the next position; for greedy and CoT
+        rows their first token (and margin)."""
+        device = self._tokens.device
+        index, source_index, length = (_on_device(values, device) for values in (rows, sources, lengths))
+        width = prefill.attention_mask.shape[1]
+        offsets = torch.arange(width, device=device)
+        moved = (width - length[:, None] + offsets).clamp_(max=width - 1)  # slot t <- position width - len + t
+        for source, target in zip(prefill.cache.layers, self.cache.layers):
+            for states, into in ((source.keys, target.keys), (source.values, target.values)):
+                picked = states.index_select(0, source_index)
+                picked = picked.gather(2, moved[:, None, :, None].expand(-1, picked.shape[1], -1, picked.shape[3]))
+                into[:, :, :width].index_copy_(0, index, picked)
+        opened = torch.arange(self.slots, device=device) < length[:, None]
+        mask = torch.full(opened.shape, self._closed, dtype=self._mask.dtype, device=device).masked_fill_(opened, 0.0)
+        self._mask.index_copy_(0, index, mask[:, None, None, :])
+        self._positions.index_copy_(0, index, length)
+        if tokens is not None:
+            self._tokens.index_copy_(0, index, tokens)
+            self._history[:, 0].index_copy_(0, index, tokens)
+        if margins is not None and self._margin_history is not None:
+            self._margin_history[:, 0].index_copy_(0, index, margins)
+        self._generated = (min(self._generated[0], *lengths), max(self._generated[1], *lengths))
+
+    def _forward(self) -> torch.Tensor:
+        """One step: every row feeds its token at its position (and slot); the next-token logits [rows, vocab]."""
+        self._mask.scatter_(3, self._slot_index, 0.0)
+        config = self.model.config
+        implementation = config._attn_implementation
+        config._attn_implementation = _DECODE_ATTENTION
+        try:
+            out = self.model(
+                input_ids=self._tokens[:, None], attention_mask=self._mask, position_ids=self._positions[:, None],
+                past_key_values=self.cache, use_cache=True,
+            )
+        finally:
+            config._attn_implementation = implementation
+        self._positions.add_(1).clamp_(max=self.slots - 1)  # only an ended row gets there: live ones stop 1 before
+        return out.logits[:, -1]
+
+    def _choose(self) -> torch.Tensor:
+        """One step, then each row's greedy choice (and margin) as its next token, kept in the history's next column."""
+        logits = self._forward()
+        if self._margin_history is not None:
+            self._margin_history.index_copy_(1, self._column, top2_margin(logits)[:, None])
+        self._tokens.copy_(greedy_choice(logits, self._vocab))
+        self._history.index_copy_(1, self._column, self._tokens[:, None])
+        self._column.add_(1)
+        return logits
+
+    def _replayed(self, run: Callable[[], torch.Tensor]) -> torch.Tensor:
+        """`run()`; with graphs, captured at its first call (run eagerly on a side stream first, as capture needs) and
+        replayed after: its output is then valid until the next step."""
+        self._generated = (self._generated[0], min(self._generated[1] + 1, self.slots))
+        if not self._graphs:
+            return run()
+        if self._graph is not None:
+            assert self._captured == run and self._output is not None
+            self._graph.replay()
+            return self._output
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            output = run()
+        torch.cuda.current_stream().wait_stream(stream)
+        self._graph, self._captured = torch.cuda.CUDAGraph(), run
+        with torch.cuda.graph(self._graph, stream=stream):
+            self._output = run()
+        return output
+
+    def step(self, tokens: torch.Tensor) -> torch.Tensor:
+        """Feed one token per row; the next-token logits [rows, vocab] (with graphs: valid until the next step)."""
+        self._tokens.copy_(tokens)
+        return self._replayed(self._forward)
+
+    def advance(self, steps: int) -> None:
+        """`steps` (at most `sync_every`) greedy steps, their tokens and margins kept on the device."""
+        self._column.fill_(1)
+        for _ in range(steps):
+            self._replayed(self._choose)
+
+    def read(self, steps: int) -> tuple[list[list[int]], list[list[float]] | None]:
+        """For each row: its first token (if placed since the last look), then the tokens of the last `steps` steps;
+        the same for the margins."""
+        tokens = self._history[:, : steps + 1].tolist()
+        margins = self._margin_history[:, : steps + 1].tolist() if self._margin_history is not None else None
+        return tokens, margins
+
+    def take(self, index: torch.Tensor) -> None:
+        """Reorder rows within their prompt's group (beams): only the generated slots differ between them."""
+        first, end = self._generated
+        for layer in self.cache.layers:
+            for states in (layer.keys, layer.values):
+                generated = states[:, :, first:end]
+                generated.copy_(generated.index_select(0, index))

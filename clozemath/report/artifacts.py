@@ -1,0 +1,93 @@
+"""The trials' per-problem predictions: read from their MLflow artifacts or from an export, and exported."""
+
+from __future__ import annotations
+
+import gzip
+import io
+import json
+import os
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import asdict
+from pathlib import Path
+from tempfile import TemporaryDirectory
+
+from clozemath import tracking
+from clozemath.data.sources import read_jsonl
+from clozemath.errors import ClozeMathError
+from clozemath.eval.predictions import Prediction, prediction_from_row
+from clozemath.files import atomic_path
+from clozemath.records import PREDICTIONS_ARTIFACTS
+from clozemath.report.names import Column
+from clozemath.report.runs import TrialResult
+
+EXPORT_FILE = "predictions.jsonl.gz"
+EXPORTS = ("full", "compact")
+"""What `export_predictions` keeps of a prediction: everything but the prompt (`full`), or also not the generation
+(`compact`: the answer, its rule and verdicts, how the generation ended)."""
+
+
+class PredictionArtifacts:
+    """Each run's predictions from its `eval/predictions/<set>.jsonl` artifacts, downloaded once; or all runs' from
+    files `export_predictions` wrote (`exported`), which need no artifact store."""
+
+    def __init__(self, tracking_uri: str, exported: Sequence[str | Path] = ()) -> None:
+        self._client = tracking.client(tracking_uri)
+        self._runs: dict[str, list[Prediction]] = {}
+        self._exported = bool(exported)
+        for path in exported:
+            self._runs |= self._read_export(Path(path))
+
+    def predictions(self, run_id: str) -> list[Prediction]:
+        """The run's predictions, every set and decoding (none if it logged none)."""
+        if run_id not in self._runs:
+            self._runs[run_id] = [] if self._exported else self._download(run_id)
+        return self._runs[run_id]
+
+    def correctness(self, run_id: str, column: Column) -> dict[str, bool] | None:
+        """None when the run logged no predictions of this set and decoding."""
+        found = {p.id: p.correct for p in self.predictions(run_id) if (p.dataset, p.decoding) == column}
+        return found or None
+
+    def _download(self, run_id: str) -> list[Prediction]:
+        files = [artifact.path for artifact in self._client.list_artifacts(run_id, PREDICTIONS_ARTIFACTS)
+                 if artifact.path.endswith(".jsonl") and not artifact.path.endswith(".partial.jsonl")]
+        os.environ["MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR"] = "false"  # a bar per file would bury the tables
+        found = []
+        with TemporaryDirectory() as folder:
+            for path in files:
+                local = Path(self._client.download_artifacts(run_id, path, folder))
+                # lines end at "\n" only: a generation may hold U+2028
+                found += [prediction_from_row(row, where) for where, row in read_jsonl(local)]
+        return found
+
+    @staticmethod
+    def _read_export(path: Path) -> dict[str, list[Prediction]]:
+        if not path.is_file():
+            raise ClozeMathError(f"{path}: no such predictions export (`clozemath report --export-predictions`)")
+        runs: dict[str, list[Prediction]] = defaultdict(list)
+        for where, row in read_jsonl(path):
+            if not isinstance(row.get("run_id"), str):
+                raise ClozeMathError(f"{where}: no 'run_id' (not a file `clozemath report --export-predictions` wrote)")
+            runs[row["run_id"]].append(prediction_from_row({"generation": "", **row}, where))  # compact: none
+        return dict(runs)
+
+
+def export_predictions(results: list[TrialResult], artifacts: PredictionArtifacts, path: Path, keep: str) -> Path:
+    """Every trial's predictions in one gzipped JSONL file, a line per prediction with its run (id, name, model,
+    method, seed, training set); without the prompts (rebuilt from the problem), and in `compact` without the
+    generations. Reproducible: the same runs give the same bytes."""
+    if keep not in EXPORTS:
+        raise ClozeMathError(f"--export-predictions: '{keep}' is none of {', '.join(EXPORTS)}")
+    dropped = {"prompt"} | ({"generation"} if keep == "compact" else set())
+    ordered = sorted(results, key=lambda r: (r.train_set, r.model, r.method, r.seed, r.run_id))
+    with atomic_path(path) as temporary, temporary.open("wb") as file, \
+            gzip.GzipFile(filename="", mode="wb", fileobj=file, mtime=0) as raw:  # no name nor time in the header
+        with io.TextIOWrapper(raw, encoding="utf-8", newline="\n") as handle:
+            for r in ordered:
+                run = {"run_id": r.run_id, "run_name": r.run_name, "model": r.model, "method": r.method,
+                       "seed": r.seed, "train_set": r.train_set}
+                for prediction in artifacts.predictions(r.run_id):
+                    row = {key: value for key, value in asdict(prediction).items() if key not in dropped}
+                    handle.write(json.dumps({**run, **row}, ensure_ascii=False) + "\n")
+    return path

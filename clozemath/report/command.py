@@ -1,0 +1,72 @@
+"""`clozemath report`: the runs of one or more grids, their tables, summary, trials and figure, printed and
+written."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from clozemath.files import write_text_atomic
+from clozemath.report.artifacts import EXPORT_FILE, PredictionArtifacts, export_predictions
+from clozemath.report.compare import comparisons, orderings
+from clozemath.report.figure import FIGURE_FILE, accuracy_curves, plot_accuracy_vs_steps
+from clozemath.report.render import Table, TextTable, to_latex, to_markdown
+from clozemath.report.runs import experiments_runs, trials_json
+from clozemath.report.tables import comparison_tables, compute_table, grading_tables, paper_tables, results_tables
+
+TRIALS_FILE = "trials.json"
+SUMMARY_FILE = "summary.md"
+
+
+def report_folder(experiment: str | Sequence[str], out: str | Path | None) -> Path:
+    """Where the report is written: `out`, by default `reports/<experiment>[+<experiment>...]`."""
+    names = [experiment] if isinstance(experiment, str) else list(experiment)
+    return Path(out) if out is not None else Path("reports") / "+".join(names)
+
+
+def report(
+    experiment: str | Sequence[str],
+    tracking_uri: str = "sqlite:///mlruns.db",
+    out: str | Path | None = None,
+    latex: bool = False,
+    parent_run_id: str | None = None,
+    decoding: str = "beam",
+    export: str | None = None,
+    exported: Sequence[str | Path] = (),
+) -> str:
+    """Print the results, grading and comparisons tables and the paper's tables that have runs (markdown, or LaTeX)
+    of one experiment's grid, or of several reported as one (Table 4's ablations beside the main grid's runs); write
+    them, the paper's orderings against this replication (`summary.md`, markdown for the README), the trials' metrics
+    (JSON) and Figure 3 under `out` (default `reports/<experiment>[+<experiment>...]`); returns the printed text.
+    `export`: also write every trial's predictions (`export_predictions`, full or compact) there. `exported`: read
+    the predictions from such files instead of the runs' artifacts."""
+    names = [experiment] if isinstance(experiment, str) else list(experiment)
+    grids = experiments_runs(tracking_uri, names, parent_run_id)
+    results = [r for _, runs in grids for r in runs]
+    folder = report_folder(names, out)
+    folder.mkdir(parents=True, exist_ok=True)
+    artifacts = PredictionArtifacts(tracking_uri, exported)
+    found = comparisons(results, artifacts)
+    render: Callable[[Table | TextTable], str] = to_latex if latex else to_markdown
+    tables: list[Table | TextTable] = [
+        *results_tables(results), *comparison_tables(found), *grading_tables(results),
+        *(table for table in paper_tables(results, decoding) if table.values),
+    ]
+    text = "\n\n".join([*map(render, tables), compute_table(results)])
+    tables_file = folder / ("tables.tex" if latex else "tables.md")
+    write_text_atomic(tables_file, text + "\n")
+    summary = orderings(found, decoding)
+    write_text_atomic(folder / SUMMARY_FILE, summary + "\n")
+    write_text_atomic(folder / TRIALS_FILE, trials_json(results))
+    figure = plot_accuracy_vs_steps(accuracy_curves(tracking_uri, results, decoding), folder / FIGURE_FILE)
+    written = [tables_file, folder / SUMMARY_FILE, folder / TRIALS_FILE, figure]
+    if export is not None:
+        written.append(export_predictions(results, artifacts, folder / EXPORT_FILE, export))
+    for parent, runs in grids:
+        print(f"grid run {parent.info.run_id} ({parent.info.run_name}): {len(runs)} trials")
+    print()
+    print("\n\n".join(filter(None, [summary, text])))
+    sizes = ", ".join(f"{path} ({path.stat().st_size / 2**20:.1f} MiB)" if path.suffix == ".gz" else str(path)
+                      for path in written)
+    print(f"\nwritten: {sizes}")
+    return text

@@ -1,0 +1,88 @@
+"""Which differences between methods are more than noise: each pair of methods on every (eval set, decoding), the
+difference with its paired and hierarchical bootstrap intervals (`clozemath.intervals`) from the per-problem
+predictions, and the paper's orderings against them (`clozemath.claims`)."""
+
+from __future__ import annotations
+
+import statistics
+
+from clozemath.claims import PAPER_GSM8K, Comparison, orderings_paragraph, paper_pairs
+from clozemath.intervals import BySeed, hierarchical_difference, paired_difference
+from clozemath.report.artifacts import PredictionArtifacts
+from clozemath.report.names import (
+    BASE_DECODING,
+    REFERENCES,
+    REPLICATION_METHODS,
+    REPLICATION_NAMES,
+    Block,
+    Column,
+    column_name,
+    method_name,
+    model_name,
+    ordered,
+)
+from clozemath.report.runs import TrialResult, accuracy_metric, blocks, eval_columns, measured_on, percents
+
+
+def _by_seed(trials: list[TrialResult], column: Column, artifacts: PredictionArtifacts) -> BySeed | None:
+    """Seed -> per-problem correctness of these trials; None when one of them has no predictions."""
+    found = {}
+    for r in trials:
+        correctness = artifacts.correctness(r.run_id, column)
+        if correctness is None:
+            return None
+        found[r.seed] = correctness
+    return found
+
+
+def _compared_pairs(measured: set[str]) -> list[tuple[str, str]]:
+    """The (method, reference) pairs of one evaluation: every pair the paper's numbers order, its better method
+    first (`clozemath.claims`); then each other trained method (a grid's variant) against IT and against base."""
+    pairs = paper_pairs(measured, REPLICATION_METHODS)
+    others = ordered(measured - set(PAPER_GSM8K) - {"base"}, REPLICATION_METHODS)
+    return pairs + [(method, reference) for method in others for reference in REFERENCES if reference in measured]
+
+
+def _compare(trials: list[TrialResult], method: str, reference: str, column: Column,
+             artifacts: PredictionArtifacts) -> Comparison:
+    compared, against = measured_on(trials, method, column), measured_on(trials, reference, column)
+    gap = statistics.fmean(percents(compared, column)) - statistics.fmean(percents(against, column))
+    compared_seeds, against_seeds = _by_seed(compared, column, artifacts), _by_seed(against, column, artifacts)
+    if compared_seeds is None or against_seeds is None:
+        return Comparison(column, method, reference, gap, None, None, "no predictions")
+    seeds = hierarchical_difference(compared_seeds, against_seeds)
+    problems = paired_difference(compared_seeds, against_seeds)
+    return Comparison(column, method, reference, gap, seeds, problems, "" if seeds else "no seeds or problems pair")
+
+
+def comparisons(results: list[TrialResult], artifacts: PredictionArtifacts) -> dict[Block, list[Comparison]]:
+    """Per training set and model, on every (eval set, decoding): each pair of methods the paper orders, and each
+    other trained method against IT and base."""
+    found: dict[Block, list[Comparison]] = {}
+    for block, trials in blocks(results).items():
+        found[block] = []
+        for column in eval_columns(trials):
+            measured = {r.method for r in trials if accuracy_metric(column) in r.metrics}
+            found[block] += [_compare(trials, method, reference, column, artifacts)
+                             for method, reference in _compared_pairs(measured)]
+    return found
+
+
+def orderings(found: dict[Block, list[Comparison]], decoding: str) -> str:
+    """The paper's orderings against this replication on GSM8K-trained runs evaluated on GSM8K with `decoding` (else
+    greedy): a paragraph per model (`clozemath.claims.orderings_paragraph`)."""
+    paragraphs = []
+    for (train_set, model), rows in found.items():
+        if train_set != "gsm8k":
+            continue
+        decodings = [d for d in (decoding, BASE_DECODING) if any(c.evaluation == ("gsm8k", d) for c in rows)]
+        if not decodings:
+            continue
+        evaluation = ("gsm8k", decodings[0])
+        paired = [c for c in rows if c.evaluation == evaluation and (c.method, c.reference) in
+                  paper_pairs({c.method, c.reference}, REPLICATION_METHODS)]
+        text = orderings_paragraph(paired, lambda m: method_name(m, REPLICATION_NAMES),
+                                   f"{column_name(evaluation)} ({model_name(model)})")
+        if text:
+            paragraphs.append(text)
+    return "\n\n".join(paragraphs)

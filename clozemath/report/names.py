@@ -1,0 +1,65 @@
+"""How the report names and orders things: models, methods, training and evaluation sets, decodings."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+from clozemath.tasks import get_task, task_names
+
+MODEL_NAMES = {
+    "deepseek-math-7b": "DeepSeek-Math", "llama-3.1-8b": "Llama-3.1-8B", "llama-3.2-3b": "Llama-3.2-3B",
+    "llama-3.2-1b": "Llama-3.2-1B", "smollm2-135m": "SmolLM2-135M-Instruct",
+}
+METHOD_NAMES = {
+    "base": "Base", "mft": "MFT", "clozemath": "ClozeMath",
+    "it_prefixlm": "W/o Text infilling", "clozemath_causal": "W/o PrefixLM",
+    "it": "W/o Text-infilling & W/o PrefixLM",
+    "random_span": "W/o Equation masking",
+}
+ABLATIONS = ("it_prefixlm", "clozemath_causal", "it", "random_span")
+TRAIN_SETS = ("gsm8k", "math")
+"""The paper's training sets, in its tables' order."""
+SYMBOLIC_SETS = ("gsm_symbolic", "gsm_p1", "gsm_p2")
+"""Table 3's evaluation sets."""
+BASE_DECODING = "greedy"
+"""Base models are decoded as lm-evaluation-harness decodes them; their accuracy is its GSM8K strict-match."""
+REPLICATION_METHODS = ("base", "it", "mft", "clozemath", "it_prefixlm", "clozemath_causal", "random_span")
+"""The order of the results and comparisons tables: the baselines, the paper's methods, then the other ablations."""
+REFERENCES = ("it", "base")
+"""What each trained method is compared against."""
+DECODINGS = ("greedy", "beam", "cot")
+
+Column = tuple[str, str]
+"""(eval set, decoding)."""
+REPLICATION_NAMES = {**METHOD_NAMES, "it": "IT"}
+"""Beside base, MFT and ClozeMath, `it` is the instruction-tuning baseline rather than Table 4's ablation."""
+Block = tuple[str, str]
+"""(training set, model)."""
+
+
+def set_title(name: str) -> str:
+    """The evaluation set as tables name it (its registry title; an unknown set by its own name)."""
+    return get_task(name).title if name in task_names() else name
+
+
+def model_name(model: str) -> str:
+    return MODEL_NAMES.get(model, model)
+
+
+def method_name(method: str, names: dict[str, str] = METHOD_NAMES) -> str:
+    """The method's name in a table, with a grid variant's axis values (`IT (lr=0.0001)`)."""
+    name, _, variant = method.partition(" (")
+    return f"{names.get(name, name)} ({variant}" if variant else names.get(method, method)
+
+
+def ordered(names: Iterable[str], preferred: Sequence[str]) -> list[str]:
+    present = set(names)
+    return [name for name in preferred if name in present] + sorted(present - set(preferred))
+
+
+def rank(name: str, preferred: Sequence[str]) -> tuple[int, str]:
+    return (preferred.index(name) if name in preferred else len(preferred), name)
+
+
+def column_name(column: Column) -> str:
+    return f"{set_title(column[0])} {column[1]}"

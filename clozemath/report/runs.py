@@ -1,0 +1,152 @@
+"""A grid's trials read back from MLflow (`TrialResult`), and the measurements selected from them."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from mlflow import MlflowClient
+from mlflow.entities import Run
+
+from clozemath import tracking
+from clozemath.config import TrackingConfig
+from clozemath.errors import ClozeMathError
+from clozemath.records import (
+    ACCURACY,
+    EVAL_PREFIX,
+    GRID_ROLE,
+    METHOD_TAG,
+    MODEL_TAG,
+    PARENT_TAG,
+    ROLE_TAG,
+    SEED_TAG,
+    TRAIN_SET_TAG,
+    TRIAL_TAG,
+    eval_metric,
+    parse_eval_metric,
+)
+from clozemath.report.names import DECODINGS, MODEL_NAMES, SYMBOLIC_SETS, TRAIN_SETS, Block, Column, ordered, rank
+
+
+@dataclass(frozen=True)
+class TrialResult:
+    """One child run: what it trained, and its metrics' latest values."""
+
+    run_id: str
+    model: str
+    method: str
+    train_set: str
+    seed: str
+    metrics: dict[str, float]
+    steps: int | None = None
+    """The optimizer steps the trial planned (None: it trained nothing, or predates this record)."""
+    tokens: int | None = None
+    """The training tokens those steps see."""
+    run_name: str = ""
+    tags: dict[str, str] = field(default_factory=dict)
+    """The run's own tags (MLflow's `mlflow.*` ones left out)."""
+    params: dict[str, str] = field(default_factory=dict)
+
+
+def grid_runs(tracking_uri: str, experiment: str, parent_run_id: str | None = None) -> tuple[Run, list[TrialResult]]:
+    """The grid's parent run (the latest of the experiment unless chosen) and its child runs."""
+    client = tracking.client(tracking_uri)
+    found = client.get_experiment_by_name(experiment)
+    if found is None:
+        raise ClozeMathError(f"MLflow experiment '{experiment}' not found in {tracking.resolved_uri(tracking_uri)}")
+    if parent_run_id is None:
+        parents = tracking.find_runs(TrackingConfig(uri=tracking_uri, experiment=experiment), {ROLE_TAG: GRID_ROLE})
+        if not parents:
+            raise ClozeMathError(f"MLflow experiment '{experiment}': no grid run in it (run `clozemath run` first)")
+        parent = parents[0]
+    else:
+        parent = client.get_run(parent_run_id)
+    children = _all_runs(client, found.experiment_id, f"tags.`{PARENT_TAG}` = '{parent.info.run_id}'")
+    return parent, [_trial_result(run) for run in children if MODEL_TAG in run.data.tags]
+
+
+def _all_runs(client: MlflowClient, experiment_id: str, query: str) -> list[Run]:
+    runs, token = [], None
+    while True:
+        page = client.search_runs([experiment_id], filter_string=query, max_results=1000, page_token=token)
+        runs.extend(page)
+        token = page.token
+        if not token:
+            return runs
+
+
+def _trial_result(run: Run) -> TrialResult:
+    tags, params = run.data.tags, run.data.params
+    steps, tokens = (params.get(f"train.planned_{name}") for name in ("steps", "tokens"))
+    model, method = tags[MODEL_TAG], tags[METHOD_TAG]
+    train_set, seed = tags.get(TRAIN_SET_TAG, ""), tags.get(SEED_TAG, "0")
+    variant = _variant(tags.get(TRIAL_TAG, ""), model, method, train_set)
+    return TrialResult(
+        run.info.run_id, model, f"{method} ({variant})" if variant else method, train_set, seed,
+        dict(run.data.metrics), None if steps is None else int(steps), None if tokens is None else int(tokens),
+        run.info.run_name or "", {k: v for k, v in tags.items() if not k.startswith("mlflow.")}, dict(params),
+    )
+
+
+def _variant(trial: str, model: str, method: str, train_set: str) -> str:
+    """The grid point's other axis values (`lr=0.0001` of `grid/method=it,lr=0.0001`): trials that differ in them are
+    not seeds of one cell, so the method is reported as `it (lr=0.0001)`."""
+    labels = {model, method, train_set}  # a bundle axis may carry another name (`train_set=gsm8k`)
+    pairs = [pair.split("=", 1) for pair in trial.split("/", 1)[-1].split(",") if "=" in pair]
+    known = {"model", "method", "dataset", "seed"}
+    return ",".join(f"{key}={value}" for key, value in pairs if key not in known and value not in labels)
+
+
+def experiments_runs(tracking_uri: str, experiments: Sequence[str], parent_run_id: str | None = None
+                     ) -> list[tuple[Run, list[TrialResult]]]:
+    """Each experiment's grid run and trials (`grid_runs`), to be reported as one: grids that share a trial (the
+    same model, method, training set and seed) are refused, since their results would be pooled as if seeds."""
+    if parent_run_id is not None and len(experiments) != 1:
+        raise ClozeMathError("--parent names one grid's run: give one --experiment with it")
+    grids = [grid_runs(tracking_uri, name, parent_run_id) for name in experiments]
+    seen: dict[tuple[str, str, str, str], str] = {}
+    for name, (_, runs) in zip(experiments, grids):
+        for r in runs:
+            key = (r.model, r.method, r.train_set, r.seed)
+            if seen.setdefault(key, name) != name:
+                raise ClozeMathError(f"experiments '{seen[key]}' and '{name}' both hold {r.method} seed {r.seed} of "
+                                     f"{r.model} on {r.train_set}: report them apart")
+    return grids
+
+
+def trials_json(results: list[TrialResult]) -> str:
+    """Every trial's run id and name, tags, params and latest metrics."""
+    in_order = sorted(results, key=lambda r: (r.train_set, r.model, r.method, r.seed, r.run_id))
+    trials = [{"run_id": r.run_id, "run_name": r.run_name, "tags": r.tags, "params": r.params, "metrics": r.metrics}
+              for r in in_order]
+    return json.dumps(trials, indent=1, sort_keys=True) + "\n"
+
+
+def blocks(results: list[TrialResult]) -> dict[Block, list[TrialResult]]:
+    """The trials of each (training set, model), in the report's order."""
+    train_sets = ordered((r.train_set for r in results), list(TRAIN_SETS))
+    models = ordered((r.model for r in results), list(MODEL_NAMES))
+    found = {(t, m): [r for r in results if (r.train_set, r.model) == (t, m)] for t in train_sets for m in models}
+    return {block: trials for block, trials in found.items() if trials}
+
+
+def eval_columns(trials: list[TrialResult]) -> list[Column]:
+    """Every (eval set, decoding) some trial has an accuracy of: the paper's sets first, greedy, beam, CoT first."""
+    parsed = [parse_eval_metric(key) for r in trials for key in r.metrics]
+    found = {(m.set_name, m.decoding) for m in parsed
+             if m is not None and m.prefix == EVAL_PREFIX and m.stat == ACCURACY}
+    return sorted(found, key=lambda c: (rank(c[0], [*TRAIN_SETS, *SYMBOLIC_SETS]), rank(c[1], DECODINGS)))
+
+
+def accuracy_metric(column: Column) -> str:
+    return eval_metric(column[0], column[1], ACCURACY)
+
+
+def measured_on(trials: list[TrialResult], method: str, column: Column) -> list[TrialResult]:
+    return [r for r in trials if r.method == method and accuracy_metric(column) in r.metrics]
+
+
+def percents(trials: list[TrialResult], column: Column) -> list[float]:
+    """The accuracy of each of these trials (all measured on `column`), in percent."""
+    return [100 * r.metrics[accuracy_metric(column)] for r in trials]

@@ -1,0 +1,236 @@
+"""The report's tables: the paper's Tables 1-4, compute, and per training set and model the results (spread over
+seeds), the grading and the comparisons (`clozemath.report.compare`)."""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Callable, Sequence
+
+from clozemath.claims import Comparison
+from clozemath.intervals import Difference
+from clozemath.records import (
+    ACCURACY,
+    CORRECT,
+    CUT_SHARE,
+    FALLBACK_SHARE,
+    FLEXIBLE_ACCURACY,
+    STRICT_ACCURACY,
+    TOTAL,
+    UNCUT_ACCURACY,
+    eval_metric,
+)
+from clozemath.report.names import (
+    ABLATIONS,
+    BASE_DECODING,
+    METHOD_NAMES,
+    MODEL_NAMES,
+    REPLICATION_METHODS,
+    REPLICATION_NAMES,
+    SYMBOLIC_SETS,
+    TRAIN_SETS,
+    Block,
+    Column,
+    column_name,
+    method_name,
+    model_name,
+    ordered,
+    set_title,
+)
+from clozemath.report.render import Table, TextTable
+from clozemath.report.runs import TrialResult, blocks, eval_columns, measured_on, percents
+
+
+def _mean(values: list[float]) -> float | None:
+    return 100 * statistics.fmean(values) if values else None
+
+
+def cell(results: list[TrialResult], model: str, method: str, train_set: str, metric: str) -> float | None:
+    """Mean over seeds of one metric, in percent."""
+    return _mean([r.metrics[metric] for r in results
+                  if (r.model, r.method, r.train_set) == (model, method, train_set) and metric in r.metrics])
+
+
+def pooled_cell(results: list[TrialResult], model: str, method: str, train_set: str, sets: Sequence[str],
+                decoding: str) -> float | None:
+    """Mean over seeds of the pooled accuracy of several sets (all of them measured)."""
+    pooled = []
+    for r in results:
+        if (r.model, r.method, r.train_set) != (model, method, train_set):
+            continue
+        keys = [(eval_metric(s, decoding, CORRECT), eval_metric(s, decoding, TOTAL)) for s in sets]
+        if all(c in r.metrics and t in r.metrics for c, t in keys):
+            total = sum(r.metrics[t] for _, t in keys)
+            pooled.append(sum(r.metrics[c] for c, _ in keys) / total if total else 0.0)
+    return _mean(pooled)
+
+
+def _columns_grouped(rows: Sequence[int], columns: int) -> list[list[tuple[int, int]]]:
+    return [[(row, column) for row in rows] for column in range(columns)]
+
+
+def table_overall(results: list[TrialResult], models: list[str], methods: list[str], decoding: str) -> Table:
+    table = Table("Table 1: overall accuracy", ["Training set", "Method", *map(model_name, models)], [], [])
+    for train_set in TRAIN_SETS:
+        first = len(table.values)
+        for method in (m for m in methods if m in ("base", "mft", "clozemath")):
+            used = BASE_DECODING if method == "base" else decoding
+            row = [cell(results, model, method, train_set, eval_metric(train_set, used, ACCURACY)) for model in models]
+            if any(value is not None for value in row):
+                table.labels.append([set_title(train_set), METHOD_NAMES[method]])
+                table.values.append(row)
+        table.groups += _columns_grouped(range(first, len(table.values)), len(models))
+    return table
+
+
+def table_cot(results: list[TrialResult], models: list[str], methods: list[str]) -> Table:
+    shown = [m for m in methods if m != "base" and any(
+        cell(results, model, m, "gsm8k", eval_metric("gsm8k", "cot", ACCURACY)) is not None for model in models)]
+    table = Table("Table 2: GSM8K, CoT-decoding", ["Model", *map(method_name, shown)], [], [])
+    for model in models:
+        row = [cell(results, model, method, "gsm8k", eval_metric("gsm8k", "cot", ACCURACY)) for method in shown]
+        if any(value is not None for value in row):
+            table.labels.append([model_name(model)])
+            table.values.append(row)
+            table.groups.append([(len(table.values) - 1, column) for column in range(len(shown))])
+    return table
+
+
+def table_symbolic(results: list[TrialResult], models: list[str], methods: list[str], decoding: str) -> Table:
+    header = ["Training set", "Evaluation", "Method", *map(model_name, models)]
+    table = Table("Table 3: GSM-Symbolic", header, [], [])
+    evaluations: list[tuple[str, Callable[[str, str, str], float | None]]] = [
+        (set_title(s), lambda model, method, train_set, s=s: cell(
+            results, model, method, train_set, eval_metric(s, decoding, ACCURACY)))
+        for s in SYMBOLIC_SETS
+    ]
+    evaluations.append(("Overall", lambda model, method, train_set: pooled_cell(
+        results, model, method, train_set, list(SYMBOLIC_SETS), decoding)))
+    for train_set in TRAIN_SETS:
+        for evaluation, measure in evaluations:
+            first = len(table.values)
+            for method in (m for m in methods if m != "base"):
+                row = [measure(model, method, train_set) for model in models]
+                if any(value is not None for value in row):
+                    table.labels.append([set_title(train_set), evaluation, method_name(method)])
+                    table.values.append(row)
+            table.groups += _columns_grouped(range(first, len(table.values)), len(models))
+    return table
+
+
+def table_ablations(results: list[TrialResult], models: list[str], methods: list[str], decoding: str) -> Table:
+    metric = eval_metric("gsm8k", decoding, ACCURACY)
+    ablated = [m for m in models if any(cell(results, m, method, "gsm8k", metric) is not None for method in ABLATIONS)]
+    columns = ablated or models
+    table = Table("Table 4: ablations (GSM8K)", ["Method", *map(model_name, columns)], [], [])
+    for method in (m for m in methods if m == "clozemath" or m in ABLATIONS):
+        row = [cell(results, model, method, "gsm8k", metric) for model in columns]
+        if any(value is not None for value in row):
+            table.labels.append([METHOD_NAMES[method]])
+            table.values.append(row)
+    table.groups = _columns_grouped(range(len(table.values)), len(columns))
+    return table
+
+
+def paper_tables(results: list[TrialResult], decoding: str = "beam") -> list[Table]:
+    models = ordered((r.model for r in results), list(MODEL_NAMES))
+    methods = ordered((r.method for r in results), list(METHOD_NAMES))
+    return [
+        table_overall(results, models, methods, decoding),
+        table_cot(results, models, methods),
+        table_symbolic(results, models, methods, decoding),
+        table_ablations(results, models, methods, decoding),
+    ]
+
+
+def compute_table(results: list[TrialResult]) -> str:
+    """Each trained trial's optimizer steps and training tokens (markdown): what a comparison of methods spent."""
+    trained = sorted((r for r in results if r.steps is not None), key=lambda r: (r.train_set, r.model, r.method))
+    lines = ["**Compute: steps and training tokens per trial**", "",
+             "| Training set | Model | Method | Seed | Steps | Training tokens |",
+             "| --- | --- | --- | --- | ---: | ---: |"]
+    lines += [f"| {set_title(r.train_set)} | {model_name(r.model)} | {method_name(r.method)} | "
+              f"{r.seed} | {r.steps:,} | {'–' if r.tokens is None else f'{r.tokens:,}'} |" for r in trained]
+    return "\n".join(lines)
+
+
+def _spread(values: list[float]) -> str:
+    """The cell "mean ± std (n)" over seeds (the sample std; a single seed has none)."""
+    if not values:
+        return "–"
+    if len(values) == 1:
+        return f"{values[0]:.2f} (1)"
+    return f"{statistics.fmean(values):.2f} ± {statistics.stdev(values):.2f} ({len(values)})"
+
+
+def results_tables(results: list[TrialResult]) -> list[TextTable]:
+    """Per training set and model: a row per method, a column per (eval set, decoding), the spread over seeds."""
+    tables = []
+    for (train_set, model), trials in blocks(results).items():
+        columns = eval_columns(trials)
+        rows = [[method_name(method, REPLICATION_NAMES),
+                 *(_spread(percents(measured_on(trials, method, column), column)) for column in columns)]
+                for method in ordered((r.method for r in trials), REPLICATION_METHODS)]
+        title = (f"Results: {model_name(model)} trained on {set_title(train_set)}, "
+                 "accuracy (%), mean ± std over seeds (n)")
+        tables.append(TextTable(title, ["Method", *map(column_name, columns)], 1, rows))
+    return tables
+
+
+def _mean_cell(trials: list[TrialResult], column: Column, stat: str) -> str:
+    """The mean over these trials of one statistic of `column`, in percent (– where none measured it)."""
+    values = [100 * r.metrics[key] for r in trials if (key := eval_metric(*column, stat)) in r.metrics]
+    return "–" if not values else f"{statistics.fmean(values):.{1 if stat.endswith('share') else 2}f}"
+
+
+GRADING_STATS = (ACCURACY, STRICT_ACCURACY, FLEXIBLE_ACCURACY, FALLBACK_SHARE, CUT_SHARE, UNCUT_ACCURACY)
+GRADING_HEADER = ["Accuracy", "Strict", "Flexible", "Fallback share", "Cut share", "Accuracy uncut"]
+
+
+def grading_tables(results: list[TrialResult]) -> list[TextTable]:
+    """Per training set and model: how each method's answers were graded, mean over seeds, in percent: its accuracy;
+    strict (only answers after `####`; the harness's strict-match for base) and flexible (the last number too; the
+    harness's flexible-extract); the share of answers the last-number fallback found; the share of generations cut at
+    `max_new_tokens` and the accuracy of the others."""
+    tables = []
+    for (train_set, model), trials in blocks(results).items():
+        rows = []
+        for column in eval_columns(trials):
+            for method in ordered({r.method for r in trials}, REPLICATION_METHODS):
+                measured = measured_on(trials, method, column)
+                if measured:
+                    rows.append([column_name(column), method_name(method, REPLICATION_NAMES),
+                                 *(_mean_cell(measured, column, stat) for stat in GRADING_STATS)])
+        title = (f"Grading: {model_name(model)} trained on {set_title(train_set)}, mean over seeds (%); strict counts "
+                 "only `####` answers (base: the harness's strict-match), flexible the last number too (base: "
+                 "flexible-extract)")
+        tables.append(TextTable(title, ["Evaluation", "Method", *GRADING_HEADER], 2, rows))
+    return tables
+
+
+def _interval(difference: Difference | None) -> str:
+    return "–" if difference is None else f"[{difference.low:+.2f}, {difference.high:+.2f}]"
+
+
+def _comparison_row(comparison: Comparison) -> list[str]:
+    labels = [column_name(comparison.evaluation), method_name(comparison.method, REPLICATION_NAMES),
+              method_name(comparison.reference, REPLICATION_NAMES)]
+    seeds, problems = comparison.seeds, comparison.problems
+    if seeds is None or problems is None:
+        return [*labels, f"{comparison.gap:+.2f}", f"– ({comparison.missing}: difference of the means)", "–", "–", "–"]
+    return [*labels, f"{seeds.points:+.2f}", _interval(seeds), "yes" if seeds.excludes_zero else "no",
+            _interval(problems), f"{seeds.pairs} × {seeds.problems:,}"]
+
+
+def comparison_tables(found: dict[Block, list[Comparison]]) -> list[TextTable]:
+    """Per training set and model, a row per comparison: the difference, its interval over seeds and problems (what
+    "excludes 0" judges), and its interval over problems alone (`clozemath.intervals`)."""
+    header = ["Evaluation", "Method", "vs", "Δ (pp)", "95% interval, seeds and problems", "Excludes 0",
+              "95% interval, problems only", "Seed pairs × problems"]
+    tables = []
+    for (train_set, model), rows in found.items():
+        if rows:
+            title = (f"Comparisons: {model_name(model)} trained on {set_title(train_set)}, method - reference in "
+                     "accuracy points; the 95% interval resamples seeds, then problems (hierarchical bootstrap; "
+                     "\"excludes 0\" judges it), beside the interval over problems with the trained models held fixed")
+            tables.append(TextTable(title, header, 3, [_comparison_row(c) for c in rows]))
+    return tables
