@@ -22,6 +22,7 @@ REPORTS=$WORK/reports
 RATE_GRIDS=(configs/grids/replication_matched.yaml configs/grids/table4.yaml)
 PREDICTIONS_LIMIT=$((15 * 1024 * 1024))  # below what comes back (16 MiB a file)
 MAIN_OVERRIDES=${MAIN_OVERRIDES:-}        # e.g. 'axes.train.seed=[0,1,2]' for a shorter lease
+ALL_OVERRIDES=${ALL_OVERRIDES:-}          # every grid's: e.g. a smoke run of the chain on CPU (see below)
 
 run() {  # a command of the chain, timed into its log
     echo "[$(date +%T)] \$ $*"
@@ -36,7 +37,7 @@ run() {  # a command of the chain, timed into its log
 grid() {  # clozemath run GRID [OVERRIDE...] on the lease's store and model
     local config=$1; shift
     run "$PY" -m clozemath_cli run "$config" "model.path=${MODEL_DIR:?set MODEL_DIR to the folder of the SmolLM2 GGUF}" \
-        "train.output_dir=$WORK/runs" "tracking.uri=$STORE" "$@"
+        "train.output_dir=$WORK/runs" "tracking.uri=$STORE" $ALL_OVERRIDES "$@"
 }
 
 report() {
