@@ -22,6 +22,7 @@ REPORTS=$WORK/reports
 RATE_GRIDS=(configs/grids/replication_matched.yaml configs/grids/table4.yaml)
 PREDICTIONS_LIMIT=$((15 * 1024 * 1024))  # below what comes back (16 MiB a file)
 MAIN_OVERRIDES=${MAIN_OVERRIDES:-}        # e.g. 'axes.train.seed=[0,1,2]' for a shorter lease
+RATE_OVERRIDES=${RATE_OVERRIDES:-}        # stage 1's: e.g. 'axes.train.lr=[3.0e-4]'
 ALL_OVERRIDES=${ALL_OVERRIDES:-}          # every grid's: e.g. a smoke run of the chain on CPU (see below)
 
 run() {  # a command of the chain, timed into its log
@@ -65,7 +66,7 @@ chain() {
     export RAY_ADDRESS=127.0.0.1:6379
 
     echo "chain: stage 1, the rates"
-    grid configs/grids/replication_matched_lr.yaml
+    grid configs/grids/replication_matched_lr.yaml $RATE_OVERRIDES
     if ! run "$PY" bench/choose_lrs.py --experiment replication-matched-lr --tracking-uri "$STORE" \
             --grids "${RATE_GRIDS[@]}" --out "$REPORTS/rates.md"; then
         echo "chain: no rates chosen; stopping"; finish "$started"; return
