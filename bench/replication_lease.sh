@@ -62,6 +62,7 @@ chain() {
     fi
     # One cluster for every driver: its GPUs shared out in trial slots (`train.gpu_share`), whoever asks. The workers
     # inherit this environment (PYTHONPATH, CLOZEMATH_DATA_DIR).
+    export RAY_AUTH_MODE=token  # as `ray start` makes the cluster (Ray >= 2.59), for every driver that joins it
     run ray start --head --port=6379 --num-gpus="$(nvidia-smi -L 2>/dev/null | wc -l)" --disable-usage-stats
     export RAY_ADDRESS=127.0.0.1:6379
 
