@@ -16,7 +16,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from clozemath.config import DataConfig, MethodConfig, ModelConfig
-from clozemath.data.objectives import dataset_samples
+from clozemath.data.prepare import training_samples
 from clozemath.data.sources import load_problems
 from clozemath.data.training_sets import training_set_names
 from clozemath.data.tokenize import encode_sample, encode_samples, install_special_tokens, num_sentinels_needed
@@ -47,7 +47,7 @@ def run(method: MethodConfig, single: int) -> None:
         with timed(f"{dataset}: load problems", times):
             problems = load_problems(data.dataset, data.split, data.path)
         with timed(f"{dataset}: build samples", times):
-            samples = dataset_samples(problems, method, data)
+            samples = training_samples(problems, method, data)
         sentinels = num_sentinels_needed(samples)
         specials = install_special_tokens(tokenizer, max(sentinels, 1))
         with timed(f"{dataset}: tokenize (batched)", times):

@@ -22,6 +22,8 @@ REPORTS=$WORK/reports
 RATE_GRIDS=(configs/grids/replication_matched.yaml configs/grids/table4.yaml)
 PREDICTIONS_LIMIT=$((15 * 1024 * 1024))  # below what comes back (16 MiB a file)
 MAIN_OVERRIDES=${MAIN_OVERRIDES:-}        # e.g. 'axes.train.seed=[0,1,2]' for a shorter lease
+RATE_OVERRIDES=${RATE_OVERRIDES:-}        # stage 1's: e.g. 'axes.train.lr=[3.0e-4]'
+ALL_OVERRIDES=${ALL_OVERRIDES:-}          # every grid's: e.g. a smoke run of the chain on CPU (see below)
 
 run() {  # a command of the chain, timed into its log
     echo "[$(date +%T)] \$ $*"
@@ -36,7 +38,7 @@ run() {  # a command of the chain, timed into its log
 grid() {  # clozemath run GRID [OVERRIDE...] on the lease's store and model
     local config=$1; shift
     run "$PY" -m clozemath_cli run "$config" "model.path=${MODEL_DIR:?set MODEL_DIR to the folder of the SmolLM2 GGUF}" \
-        "train.output_dir=$WORK/runs" "tracking.uri=$STORE" "$@"
+        "train.output_dir=$WORK/runs" "tracking.uri=$STORE" $ALL_OVERRIDES "$@"
 }
 
 report() {
@@ -60,11 +62,12 @@ chain() {
     fi
     # One cluster for every driver: its GPUs shared out in trial slots (`train.gpu_share`), whoever asks. The workers
     # inherit this environment (PYTHONPATH, CLOZEMATH_DATA_DIR).
+    export RAY_AUTH_MODE=token  # as `ray start` makes the cluster (Ray >= 2.59), for every driver that joins it
     run ray start --head --port=6379 --num-gpus="$(nvidia-smi -L 2>/dev/null | wc -l)" --disable-usage-stats
     export RAY_ADDRESS=127.0.0.1:6379
 
     echo "chain: stage 1, the rates"
-    grid configs/grids/replication_matched_lr.yaml
+    grid configs/grids/replication_matched_lr.yaml $RATE_OVERRIDES
     if ! run "$PY" bench/choose_lrs.py --experiment replication-matched-lr --tracking-uri "$STORE" \
             --grids "${RATE_GRIDS[@]}" --out "$REPORTS/rates.md"; then
         echo "chain: no rates chosen; stopping"; finish "$started"; return

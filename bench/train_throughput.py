@@ -76,7 +76,8 @@ from clozemath.files import write_text_atomic  # noqa: E402
 from clozemath.model.attention import flex_kernel_options, head_dim  # noqa: E402
 from clozemath.model.load import load_model  # noqa: E402
 from clozemath.safe_yaml import read_yaml  # noqa: E402
-from clozemath.train.loop import StepMetrics, model_inputs, train  # noqa: E402
+from clozemath.train.batches import model_inputs  # noqa: E402
+from clozemath.train.loop import StepMetrics, train  # noqa: E402
 
 LORA = {"rank": 32, "alpha": 64, "target_modules": "all-linear"}
 

@@ -41,6 +41,7 @@ def before(config: dict[str, Any]) -> dict[str, Any]:
 
 def worker(rank: int, args: argparse.Namespace, run: str, port: int, out: Path) -> None:
     import clozemath.train.loop as loop
+    import clozemath.train.step as step
     from clozemath.config import ExperimentConfig, MethodConfig, ModelConfig, TrainConfig
     from clozemath.model.load import load_model
     from clozemath.safe_yaml import read_yaml
@@ -53,8 +54,8 @@ def worker(rank: int, args: argparse.Namespace, run: str, port: int, out: Path) 
     if gpu:
         torch.cuda.set_device(device)
     if run == "before":
-        built = loop.deepspeed_config
-        loop.deepspeed_config = lambda *a, **k: before(built(*a, **k))
+        built = step.deepspeed_config
+        step.deepspeed_config = lambda *a, **k: before(built(*a, **k))
     model = ModelConfig.model_validate(read_yaml(ROOT / "configs" / "models" / f"{args.model}.yaml"))
     if args.path:
         model = model.model_copy(update={"path": args.path})

@@ -16,7 +16,7 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, get_args
+from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
@@ -29,7 +29,7 @@ from clozemath.config import (
     TrackingConfig,
     folder_name,
 )
-from clozemath.data.samples import SampleKind
+from clozemath.data.objectives import get_objective
 from clozemath.data.training_sets import training_set
 from clozemath.errors import ClozeMathError
 from clozemath.eval.decoding import decoding_names
@@ -387,13 +387,6 @@ def _decoding(name: str) -> None:
         raise ClozeMathError(f"unknown decoding '{name}' (known: {', '.join(known)})")
 
 
-def _objective(name: str) -> None:
-    # TODO(r27train): the objective registry's names.
-    known = get_args(SampleKind)
-    if name not in known:
-        raise ClozeMathError(f"unknown objective '{name}' (known: {', '.join(known)})")
-
-
 def _known(lookup: Callable[[str], object], name: str, key: str, source: Path | str) -> None:
     """`lookup(name)` finds it, else an error naming the key and the file."""
     try:
@@ -404,7 +397,7 @@ def _known(lookup: Callable[[str], object], name: str, key: str, source: Path | 
 
 def _check_method(method: MethodConfig, source: Path | str, prefix: str = "") -> None:
     for index, objective in enumerate(method.objectives):
-        _known(_objective, objective, f"{prefix}objectives.{index}", source)
+        _known(get_objective, objective, f"{prefix}objectives.{index}", source)
 
 
 def _check_data(data: DataConfig, source: Path | str, prefix: str = "") -> None:

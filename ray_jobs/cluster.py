@@ -44,7 +44,7 @@ def init_ray() -> None:
     address = os.environ.get("RAY_ADDRESS")
     on_sigterm = signal.getsignal(signal.SIGTERM)
     if address:
-        ray.init(runtime_env=env)
+        _join(address, env)
     else:
         ray.init(num_cpus=max(MIN_LOCAL_CPUS, os.cpu_count() or 1), runtime_env=env)
     if callable(on_sigterm) and threading.current_thread() is threading.main_thread():
@@ -53,6 +53,22 @@ def init_ray() -> None:
     resources = ray.cluster_resources()
     where = f"joined the cluster at {address}" if address else "started on this machine"
     console.phase(f"ray: {where} ({resources.get('CPU', 0):.0f} CPUs, {resources.get('GPU', 0):.0f} GPUs)")
+
+
+def _join(address: str, env: dict[str, dict[str, str]]) -> None:
+    """ray.init at RAY_ADDRESS, where a refused token is a one-line error: since Ray 2.59 `ray start` turns token
+    authentication on for a local cluster, and a driver whose RAY_AUTH_MODE differs cannot join (Ray 2.60 says only
+    "Failed to connect")."""
+    try:
+        ray.init(runtime_env=env)
+    except ConnectionError as exc:
+        if "token" not in f"{exc!r} {exc.__cause__!r}".lower():
+            raise
+        mode = os.environ.get("RAY_AUTH_MODE", "disabled")
+        raise ClozeMathError(
+            f"the Ray cluster at {address} refused this driver (RAY_AUTH_MODE={mode}): set RAY_AUTH_MODE=token as "
+            "the cluster was started, with its token in ~/.ray/auth_token or RAY_AUTH_TOKEN"
+        ) from None
 
 
 _REMOTE_USER_ERROR = re.compile(r"clozemath\.errors\.ClozeMathError: (.+)")

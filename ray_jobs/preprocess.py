@@ -26,8 +26,8 @@ import ray.data
 
 from clozemath.config import ExperimentConfig, MethodConfig, ModelConfig
 from clozemath.data import objectives, prepare, samples, segment, sources, tokenize
-from clozemath.data.objectives import TokenOffsets, lm_repeats
-from clozemath.data.prepare import SENTINELS, SampleEncoder, balanced_copies, needs_offsets, problem_samples
+from clozemath.data.objectives import TokenOffsets, lm_repeats, needs_offsets
+from clozemath.data.prepare import SENTINELS, SampleEncoder, balanced_copies, problem_samples
 from clozemath.data.samples import Sample
 from clozemath.data.sources import Problem, load_problems
 from clozemath.data.tokenize import token_offsets
@@ -82,7 +82,9 @@ def _sha256(*parts: str | bytes) -> str:
 
 def code_version() -> str:
     """The source of every module that decides what a sample's token ids are."""
-    modules = (sources, segment, samples, objectives, tokenize, prepare, inspect.getmodule(code_version))
+    modules = (
+        sources, segment, samples, *objectives.source_modules(), tokenize, prepare, inspect.getmodule(code_version)
+    )
     return _sha256(*(inspect.getsource(module) for module in modules))
 
 

@@ -42,7 +42,10 @@ from clozemath.files import copy_folder_atomic
 from clozemath.eval.during_training import evaluate_step, step_evaluation
 from clozemath.records import ADAPTER_DIR, RAY_TRAIN_DIR, compile_cache_folder, is_curve_metric
 from clozemath.tracking import TrackedRun
-from clozemath.train.loop import StepMetrics, all_ranks_sum, eager_inference, plan_steps
+from clozemath.train.compilation import eager_inference
+from clozemath.train.distributed import all_ranks_sum
+from clozemath.train.layout import plan_steps
+from clozemath.train.loop import StepMetrics
 from ray_jobs.preprocess import TokenizedSet
 from ray_jobs.reports import STEPS_KEY, ForwardMetrics
 
@@ -99,7 +102,8 @@ def train_worker(settings: dict[str, Any]) -> None:
 
     from clozemath.model.load import load_model
     from clozemath.model.memory import share_gpu
-    from clozemath.train.loop import train, use_compile_cache
+    from clozemath.train.compilation import use_compile_cache
+    from clozemath.train.loop import train
     from clozemath.train.zero import with_zero_stage
 
     # DeepSpeed's gloo path calls torch.distributed functions torch has deprecated: nothing a user can act on.

@@ -13,7 +13,6 @@ from clozemath.model.attention import (
     block_mask,
     flex_kernel_options,
     head_dim,
-    prefix_mask_from_lengths,
 )
 
 VOCAB = 97
@@ -37,6 +36,11 @@ def model() -> LlamaForCausalLM:
     return LlamaForCausalLM(config).eval()
 
 
+def prefix_mask_of(prefix_len: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+    """True at the first `prefix_len[b]` real (non-padding) positions of row b, wherever its padding lies."""
+    return attention_mask.bool() & (attention_mask.cumsum(dim=1) <= prefix_len.unsqueeze(1))
+
+
 def logits(
     model: LlamaForCausalLM,
     input_ids: torch.Tensor,
@@ -45,7 +49,7 @@ def logits(
     impl: str = "sdpa",
 ) -> torch.Tensor:
     model.set_attn_implementation(impl)
-    prefix_mask = None if prefix_len is None else prefix_mask_from_lengths(prefix_len, attention_mask)
+    prefix_mask = None if prefix_len is None else prefix_mask_of(prefix_len, attention_mask)
     with torch.no_grad():
         out = model(input_ids, **attention_inputs(impl, attention_mask, prefix_mask, torch.float32)).logits
     model.set_attn_implementation("sdpa")
@@ -126,7 +130,7 @@ def test_implementations_agree_with_sdpa(model: LlamaForCausalLM, impl: str) -> 
 
 def test_block_mask_holds_the_same_pairs_as_the_dense_mask() -> None:
     _, mask, prefix_len = padded_batch()
-    prefix_mask = prefix_mask_from_lengths(prefix_len, mask)
+    prefix_mask = prefix_mask_of(prefix_len, mask)
     blocks = block_mask(mask, prefix_mask)
     batch, seq = mask.shape
     b, q, kv = torch.meshgrid(torch.arange(batch), torch.arange(seq), torch.arange(seq), indexing="ij")

@@ -12,7 +12,7 @@ import pytest
 
 from clozemath.plan import load_config
 from clozemath.records import compile_cache_folder
-from clozemath.train.loop import COMPILE_CACHE_ENV, use_compile_cache
+from clozemath.train.compilation import COMPILE_CACHE_ENV, use_compile_cache
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -36,7 +36,7 @@ def test_a_process_compiles_into_the_folder_it_is_given(tmp_path: Path, monkeypa
 COMPILE_ONCE = """
 import json, sys
 from pathlib import Path
-from clozemath.train.loop import use_compile_cache
+from clozemath.train.compilation import use_compile_cache
 use_compile_cache(Path(sys.argv[1]))
 import torch
 from torch._dynamo.utils import counters

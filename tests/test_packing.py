@@ -12,18 +12,18 @@ from clozemath.config import DataConfig, ExperimentConfig, MethodConfig, ModelCo
 from clozemath.data.prepare import prepare_data
 from clozemath.data.tokenize import IGNORE_INDEX, collate, collate_packs
 from clozemath.errors import ClozeMathError
-from clozemath.train.loop import (
+from clozemath.train.batches import model_inputs
+from clozemath.train.layout import (
     COMPILE_PAYS_OFF_TOKENS,
     EAGER_PACK_TOKENS,
     Layout,
     Plan,
-    TargetLoss,
-    model_inputs,
     plan_line,
     should_compile,
-    train,
     training_layout,
 )
+from clozemath.train.loop import train
+from clozemath.train.step import TargetLoss
 from clozemath.train.packing import (
     BLOCK,
     MAX_PACK_TOKENS,
@@ -225,20 +225,20 @@ def test_only_a_run_long_enough_to_pay_the_compilation_back_compiles() -> None:
 
 def test_a_short_packed_run_on_flex_attention_moves_to_sdpa_in_rows_of_at_most_4096(monkeypatch) -> None:
     """The layout a short run gets on a GPU (the GPU is only named: the sizes are what the memory would allow)."""
-    import clozemath.train.loop as loop
+    import clozemath.train.layout as layout_module
 
-    monkeypatch.setattr(loop, "pack_budget", lambda train, model, lengths: 16_384)
-    monkeypatch.setattr(loop, "all_ranks_reduce", lambda value, op, device: value)
+    monkeypatch.setattr(layout_module, "packed_row_tokens", lambda train, model, lengths: 16_384)
+    monkeypatch.setattr(layout_module, "all_ranks_reduce", lambda value, op, device: value)
     model = tiny_peft_model()
     model.config._attn_implementation = "flex_attention"  # what loading for training on a GPU chose
     lengths = random_lengths(2000)
     layout = training_layout(experiment("prefix_lm"), model, lengths, torch.device("cuda"))
-    assert (layout.budget, layout.compiled) == (EAGER_PACK_TOKENS, False)
+    assert (layout.row_tokens, layout.compiled) == (EAGER_PACK_TOKENS, False)
     assert layout.plan.micro_batches_per_epoch == packs_needed(lengths, EAGER_PACK_TOKENS)
     assert model.config._attn_implementation == "sdpa"
 
     model.config._attn_implementation = "flex_attention"
     forced = experiment("prefix_lm", compile=True, pack_tokens="auto")
     layout = training_layout(forced, model, lengths, torch.device("cuda"))
-    assert (layout.budget, layout.compiled) == (16_384, True)
+    assert (layout.row_tokens, layout.compiled) == (16_384, True)
     assert model.config._attn_implementation == "flex_attention"

@@ -12,7 +12,8 @@ from transformers import PreTrainedTokenizerBase, PreTrainedTokenizerFast
 
 from clozemath_cli import main
 from clozemath.config import DataConfig, MethodConfig, ModelConfig
-from clozemath.data.objectives import Sample, build_samples, dataset_samples
+from clozemath.data.objectives import Sample, build_samples
+from clozemath.data.prepare import training_samples
 from clozemath.data.sources import load_problems
 from clozemath.data.tokenize import (
     EOS,
@@ -40,7 +41,7 @@ DATA = DataConfig(seed=0)
 
 @cache
 def gsm8k_samples(limit: int) -> list[Sample]:
-    return dataset_samples(load_problems("gsm8k", "train", limit=limit), CLOZEMATH, DATA)
+    return training_samples(load_problems("gsm8k", "train", limit=limit), CLOZEMATH, DATA)
 
 
 SENTINELS = 80

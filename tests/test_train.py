@@ -26,15 +26,10 @@ from clozemath.data.tokenize import EOS, MASK, SEP, SpecialTokens, collate
 from clozemath.errors import ClozeMathError
 from clozemath.model.load import load_for_inference
 from clozemath.plan import load_config
-from clozemath.train.loop import (
-    StepMetrics,
-    TargetLoss,
-    epoch_micro_batches,
-    full_trainable_parameters,
-    model_inputs,
-    target_positions,
-    train,
-)
+from clozemath.train.batches import epoch_micro_batches, model_inputs
+from clozemath.train.checkpoint import full_trainable_parameters
+from clozemath.train.loop import StepMetrics, train
+from clozemath.train.step import TargetLoss, target_positions
 from ray_jobs.cluster import TRAIN_POLL_ENV_VAR, TRAIN_POLL_S, runtime_env
 from clozemath.data.prepare import prepare_data
 from clozemath.data.sources import load_problems
@@ -464,7 +459,7 @@ def test_a_small_training_set_goes_to_the_workers_as_one_object_in_equal_shares(
 def test_the_output_matrix_holds_the_trained_special_token_rows() -> None:
     """What the fused loss multiplies by: the output layer's matrix as the layer applies it (tied to the embedding,
     peft's trainable rows written over the frozen ones)."""
-    from clozemath.train.loop import output_matrix
+    from clozemath.train.step import output_matrix
 
     output = tiny_peft_model(tied=True).get_base_model().get_output_embeddings()
     with torch.no_grad():
@@ -478,7 +473,7 @@ def test_the_output_matrix_holds_the_trained_special_token_rows() -> None:
 
 
 def test_the_fused_loss_is_refused_in_one_line_where_it_cannot_run() -> None:
-    from clozemath.train.loop import use_fused_loss
+    from clozemath.train.step import use_fused_loss
 
     assert not use_fused_loss(TrainConfig(), torch.device("cpu"))  # auto: off on CPU
     with pytest.raises(ClozeMathError, match=r"^train.fused_loss=true needs (liger-kernel|a GPU)"):

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from clozemath.data.tokenize import collate
-from clozemath.train.loop import TargetLoss
+from clozemath.train.step import TargetLoss
 from tests.test_train import PAD, copy_rows, tiny_peft_model
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]

@@ -108,7 +108,9 @@ def test_a_zero3_engine_marks_the_decoder_layers_leaves_and_keeps_trained_parame
     from deepspeed.utils import z3_leaf_module
     from test_train import experiment, tiny_peft_model
 
-    from clozemath.train.loop import build_engine, decoder_layers, init_distributed
+    from clozemath.train.compilation import decoder_layers
+    from clozemath.train.distributed import init_distributed
+    from clozemath.train.step import build_engine
 
     model = tiny_peft_model()
     init_distributed(torch.device("cpu"))

@@ -109,7 +109,7 @@ def estimate_text(result: GridEstimate) -> str:
     for placed in result.scheduled:
         trial, layout = placed.trial, placed.trial.layout
         steps = f"{layout.plan.total_steps:,}" if layout else "-"
-        row = "-" if layout is None else (f"{layout.budget:,}" if layout.budget else "padded")
+        row = "-" if layout is None else (f"{layout.row_tokens:,}" if layout.row_tokens else "padded")
         compiled = "-" if layout is None else ("yes" if layout.compiled else "no")
         rows.append(
             f"| {trial.name} | {trial.gpus:g} | {trial.samples:,} | {trial.tokens / 1e6:.1f}M | {steps} | {row} | "

@@ -17,7 +17,7 @@ from clozemath.data.sources import load_problems
 from clozemath.data.tokenize import IGNORE_INDEX
 from clozemath.errors import ClozeMathError
 from clozemath.train.budget import Footprint, matched_epochs
-from clozemath.train.loop import Layout, choose_layout
+from clozemath.train.layout import Layout, choose_layout
 from clozemath.train.packing import auto_pack_tokens, packs_needed
 from clozemath.train.zero import TrainingMemory, auto_zero_stage, model_memory, planned_row_tokens
 
@@ -275,7 +275,7 @@ class Estimator:
                              self.table.scaling_factor(stage, train.num_workers))
         trained = layout.plan.total_steps * train.grad_accum / layout.plan.micro_batches_per_epoch * data.tokens
         train_s = trained / (rate.value * train.num_workers * train.gpu_share * scaling.value)
-        compile_key = (self.table.figures_name(config.model), layout.budget, stage) if layout.compiled else None
+        compile_key = (self.table.figures_name(config.model), layout.row_tokens, stage) if layout.compiled else None
         first = self.first_step(config.model, warm=compile_key in self._compiled).value if compile_key \
             else self.overhead_s("first_step_uncompiled")
         if compile_key:

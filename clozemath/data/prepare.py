@@ -7,13 +7,14 @@ import itertools
 import json
 import sys
 from collections import Counter
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, Literal, TextIO
 
 from transformers import PreTrainedTokenizerBase
 
-from clozemath.config import ExperimentConfig, MethodConfig
-from clozemath.data.objectives import TokenOffsets, balance, build_samples, lm_repeats
+from clozemath.config import DataConfig, ExperimentConfig, MethodConfig
+from clozemath.data.objectives import TokenOffsets, balance, build_samples, lm_repeats, needs_offsets
 from clozemath.data.samples import Sample
 from clozemath.data.sources import Problem, load_problems
 from clozemath.data.tokenize import (
@@ -46,10 +47,6 @@ def problem_samples(
     return [{**sample.to_dict(), SENTINELS: num_sentinels_needed([sample])} for sample in samples]
 
 
-def needs_offsets(method: MethodConfig) -> bool:
-    return "random_span" in method.objectives
-
-
 def balanced_copies(row: dict[str, Any], repeats: float, seed: int) -> list[dict[str, Any]]:
     """Step 2 (a flat map over samples): the sample's copies (an LM sample's `lm_copies`; one of any other).
     `repeats`: `lm_repeats` of the kinds of all samples."""
@@ -74,6 +71,20 @@ class SampleEncoder:
 
 # --------------------------------------------------------------------------------------------------------------
 # The steps in this process (`clozemath prepare`)
+
+
+def training_samples(
+    problems: Iterable[Problem], method: MethodConfig, data: DataConfig, offsets: TokenOffsets | None = None
+) -> list[Sample]:
+    """Steps 1 and 2 here: the problems' samples, balanced, in problem order (each problem's LM copies first)."""
+    rows = [
+        sample for problem in problems
+        for sample in problem_samples(
+            problem.to_dict(), method, data.prompt_template, data.seed, data.max_length, offsets
+        )
+    ]
+    repeats = lm_repeats(Counter(row["kind"] for row in rows), method.lm_share)
+    return [Sample(**copy) for row in rows for copy in balanced_copies(row, repeats, data.seed)]
 
 
 @dataclass
@@ -108,16 +119,8 @@ def prepare_data(config: ExperimentConfig, limit: int | None = None) -> Prepared
     problems = load_problems(data.dataset, data.split, data.path, limit if limit is not None else data.limit)
     tokenizer = load_tokenizer(config.model)
     offsets = token_offsets(tokenizer) if needs_offsets(method) else None
-    rows = [
-        sample for problem in problems
-        for sample in problem_samples(
-            problem.to_dict(), method, data.prompt_template, data.seed, data.max_length, offsets
-        )
-    ]
-    repeats = lm_repeats(Counter(row["kind"] for row in rows), method.lm_share)
-    samples = [Sample(**copy) for row in rows for copy in balanced_copies(row, repeats, data.seed)]
-    encoder = SampleEncoder(tokenizer, config.model.eos_token, max((row[SENTINELS] for row in rows), default=0),
-                            data.max_length)
+    samples = training_samples(problems, method, data, offsets)
+    encoder = SampleEncoder(tokenizer, config.model.eos_token, num_sentinels_needed(samples), data.max_length)
     return PreparedData(len(problems), samples, encoder.encode(samples), tokenizer, encoder.specials)
 
 

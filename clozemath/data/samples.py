@@ -3,10 +3,6 @@
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
-from typing import Literal
-
-SampleKind = Literal["lm", "cloze", "random_span"]
-INFILLING_KINDS: tuple[SampleKind, ...] = ("cloze", "random_span")
 
 
 @dataclass(frozen=True)
@@ -14,7 +10,8 @@ class Sample:
     """Prefix and target as text, special tokens written by name: `<SEP>`, `<M_0>`, `<mask>`, `<EOS>`."""
 
     problem_id: str
-    kind: SampleKind
+    kind: str
+    """The name of the objective that made it (`clozemath.data.objectives`)."""
     prefix: str
     target: str
 

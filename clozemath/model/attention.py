@@ -39,13 +39,6 @@ def flex_kernel_options(head_dim: int, dtype: torch.dtype, device: torch.device)
     return FLEX_KERNEL_OPTIONS if hopper and head_dim == 64 and dtype in (torch.bfloat16, torch.float16) else None
 
 
-def prefix_mask_from_lengths(prefix_len: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-    """True at the first `prefix_len[b]` real (non-padding) positions of each one-document row, wherever its padding
-    lies."""
-    real_rank = attention_mask.bool().long().cumsum(dim=1) - 1  # index of each real token among the row's real tokens
-    return attention_mask.bool() & (real_rank < prefix_len.to(real_rank.device).unsqueeze(1))
-
-
 def prefix_lm_mask_mod(attention_mask: torch.Tensor, prefix_mask: torch.Tensor) -> MaskMod:
     """FlexAttention `mask_mod(batch, head, q, kv)`: may query q attend key kv.
 

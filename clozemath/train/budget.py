@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from clozemath.config import TrainConfig
 from clozemath.errors import ClozeMathError
-from clozemath.train.loop import plan_steps
+from clozemath.train.layout import plan_steps
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,4 @@
-"""Packing: an epoch's samples laid into rows of a fixed token budget (`train.pack_tokens`).
+"""Packing: an epoch's samples laid into rows of a fixed width (`train.pack_tokens`).
 
 Every micro-batch is then one row of the same shape, almost all of it real tokens, so a GPU step does full-size
 work whatever the samples' lengths, and a compiled model never meets a new shape. The samples of a row never see
@@ -32,12 +32,12 @@ MEMORY_SHARE = 0.5
 """Share of the GPU's memory left beside the loaded model that `auto` plans to fill with activations."""
 
 
-def best_fit_decreasing(lengths: Sequence[int], order: Sequence[int], budget: int) -> list[Pack]:
+def best_fit_decreasing(lengths: Sequence[int], order: Sequence[int], row_tokens: int) -> list[Pack]:
     """Longest sample first (ties in `order`'s order), each into the fullest row that still has room for it."""
     longest = max((lengths[i] for i in order), default=0)
-    if longest > budget:
+    if longest > row_tokens:
         raise ClozeMathError(
-            f"train.pack_tokens={budget} is shorter than the longest training sample ({longest} tokens): "
+            f"train.pack_tokens={row_tokens} is shorter than the longest training sample ({longest} tokens): "
             "raise it, or lower data.max_length"
         )
     packs: list[Pack] = []
@@ -46,7 +46,7 @@ def best_fit_decreasing(lengths: Sequence[int], order: Sequence[int], budget: in
         slot = bisect.bisect_left(free, (lengths[i], -1))
         if slot == len(free):
             packs.append([i])
-            bisect.insort(free, (budget - lengths[i], len(packs) - 1))
+            bisect.insort(free, (row_tokens - lengths[i], len(packs) - 1))
         else:
             room, pack = free.pop(slot)
             packs[pack].append(i)
@@ -55,9 +55,9 @@ def best_fit_decreasing(lengths: Sequence[int], order: Sequence[int], budget: in
     return packs
 
 
-def packs_needed(lengths: Sequence[int], budget: int) -> int:
+def packs_needed(lengths: Sequence[int], row_tokens: int) -> int:
     """Rows an epoch of these samples fills (the same for any permutation)."""
-    return len(best_fit_decreasing(lengths, range(len(lengths)), budget))
+    return len(best_fit_decreasing(lengths, range(len(lengths)), row_tokens))
 
 
 def spread_packs(packs: list[Pack], count: int) -> list[Pack]:
@@ -73,11 +73,11 @@ def spread_packs(packs: list[Pack], count: int) -> list[Pack]:
     return packs
 
 
-def epoch_packs(lengths: Sequence[int], budget: int, count: int, seed: int, epoch: int) -> list[Pack]:
+def epoch_packs(lengths: Sequence[int], row_tokens: int, count: int, seed: int, epoch: int) -> list[Pack]:
     """One epoch's `count` packed rows (every sample in exactly one), in a seeded random order."""
     generator = torch.Generator().manual_seed(seed * 100_003 + epoch)
     order = torch.randperm(len(lengths), generator=generator).tolist()
-    packs = spread_packs(best_fit_decreasing(lengths, order, budget), count)
+    packs = spread_packs(best_fit_decreasing(lengths, order, row_tokens), count)
     return [packs[k] for k in torch.randperm(len(packs), generator=generator).tolist()]
 
 

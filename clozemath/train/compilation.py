@@ -1,0 +1,55 @@
+"""Compiling the decoder layers, the compile cache that later processes read, and decoding eagerly with a training
+model (evaluation during training)."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import torch
+
+
+def decoder_layers(model: torch.nn.Module) -> torch.nn.ModuleList:
+    causal_lm = model.get_base_model() if hasattr(model, "get_base_model") else model
+    return causal_lm.get_decoder().layers
+
+
+COMPILE_CACHE_ENV = {"TORCHINDUCTOR_CACHE_DIR": "inductor", "TRITON_CACHE_DIR": "triton"}
+"""Where compiled code is kept (torch 2.11-2.13, read from the environment when a compilation looks it up): every
+modular cache of torch.compile (Inductor's FX graphs and the Triton kernels it generates, AOTAutograd's joint graphs,
+autotuning results; on by default) under `TORCHINDUCTOR_CACHE_DIR` (PyTorch's "Compile Time Caching" recipe), and the
+binaries of Triton kernels that Triton compiles itself (liger-kernel's fused loss) under `TRITON_CACHE_DIR`. Both write
+by atomic rename, so concurrent trials can share a folder; their keys hold the torch and Triton versions and the card,
+so another machine misses rather than loads a wrong kernel. (`torch.compiler.save_cache_artifacts` packs the same
+caches into bytes, for a store that is not a shared folder.)"""
+
+
+def use_compile_cache(folder: Path) -> None:
+    """Keep this process's compilations in `folder` (created), to be found by every later process pointed there:
+    the trials after the first of a grid, on any node that sees the folder, compile from the cache."""
+    folder.mkdir(parents=True, exist_ok=True)
+    for variable, sub in COMPILE_CACHE_ENV.items():
+        os.environ[variable] = str(folder / sub)
+
+
+def compile_decoder_layers(model: torch.nn.Module) -> None:
+    """Regional compilation: each decoder layer (with its LoRA adapters) compiled in place, fixed shapes. The layers
+    share one compiled graph (their weights are its inputs), so compiling costs about one layer's time; the
+    embedding and the loss stay eager (the loss's shape follows the number of target tokens)."""
+    for layer in decoder_layers(model):
+        layer.compile(dynamic=False)
+
+
+@contextmanager
+def eager_inference(model: torch.nn.Module) -> Iterator[None]:
+    """Decoding with a training model: compiled layers run eagerly (decoding's shapes change every call) and attention
+    is sdpa (decoding's dense PrefixLM prompt masks); both restored afterwards."""
+    implementation = model.config._attn_implementation
+    model.set_attn_implementation("sdpa")
+    try:
+        with torch.compiler.set_stance("force_eager"):
+            yield
+    finally:
+        model.set_attn_implementation(implementation)

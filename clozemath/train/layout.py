@@ -1,0 +1,146 @@
+"""How one worker's run is shaped before its first step: packed rows or padded micro-batches, their width, whether
+the decoder layers are compiled, and the optimizer steps these give. The same on every rank and on every restart."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+from clozemath.config import ExperimentConfig, TrainConfig
+from clozemath.errors import ClozeMathError
+from clozemath.model.memory import usable_bytes
+from clozemath.train.distributed import all_ranks_reduce
+from clozemath.train.packing import auto_pack_tokens, packs_needed, whole_blocks
+
+
+@dataclass(frozen=True)
+class Plan:
+    """How many micro-batches an epoch has on this worker, and how many optimizer steps the run makes."""
+
+    micro_batches_per_epoch: int
+    total_steps: int
+    warmup_steps: int
+
+
+def plan_steps(per_epoch: int, train: TrainConfig) -> Plan:
+    """Steps of the whole run from one worker's micro-batches per epoch (every rank must get the same count)."""
+    if per_epoch < train.grad_accum:
+        raise ClozeMathError(
+            f"too few training samples: {per_epoch} micro-batches per worker cannot fill one step of "
+            f"train.grad_accum={train.grad_accum} (train.micro_batch_size={train.micro_batch_size}, "
+            f"train.pack_tokens={train.pack_tokens})"
+        )
+    total = train.max_steps or max(1, int(train.epochs * per_epoch) // train.grad_accum)
+    return Plan(per_epoch, total, warmup_steps=math.ceil(train.warmup_ratio * total))
+
+
+def packed_row_tokens(train: TrainConfig, model: torch.nn.Module, lengths: Sequence[int]) -> int | None:
+    """Tokens of a packed row, or None for padded micro-batches (`train.pack_tokens`; auto packs on a GPU only).
+
+    auto sizes the row to the card's memory (this process's share of it) less what the model holds, not to the memory
+    free right now, and takes the smallest over the ranks: a restarted run (or another rank) then plans the same rows
+    and steps."""
+    if train.pack_tokens != "auto":
+        return train.pack_tokens
+    device = next(model.parameters()).device
+    if device.type != "cuda":
+        return None
+    tokens = auto_pack_tokens(model.config, usable_bytes(device), max(lengths, default=1))
+    return all_ranks_reduce(tokens, dist.ReduceOp.MIN, device)
+
+
+def micro_batches_per_epoch(
+    lengths: Sequence[int], train: TrainConfig, row_tokens: int | None, device: torch.device
+) -> int:
+    """The same on every rank: padded micro-batches of the smallest shard (the others drop their extra rows), or
+    the packed rows of the largest (the others spread their samples over as many rows)."""
+    if row_tokens is None:
+        return all_ranks_reduce(len(lengths) // train.micro_batch_size, dist.ReduceOp.MIN, device)
+    return all_ranks_reduce(packs_needed(lengths, row_tokens), dist.ReduceOp.MAX, device)
+
+
+COMPILE_PAYS_OFF_TOKENS = 2_000_000
+"""`train.compile: auto` compiles a worker's run of at least this many tokens. Compiling the decoder layers and
+FlexAttention's kernels takes seconds to minutes; below this a run is over sooner uncompiled, in rows of
+`EAGER_PACK_TOKENS` through sdpa. The break-even measured per model and card, compiled and uncompiled speeds and
+compile times: `bench/results/train_throughput_profile_h100_h200.md`."""
+EAGER_PACK_TOKENS = 4096
+"""`train.pack_tokens: auto` caps an uncompiled row here: sdpa's dense mask spans all L x L pairs of a row, so a longer
+row spends more on attention across samples it then masks out."""
+
+
+@dataclass(frozen=True)
+class Layout:
+    """How one worker's steps are shaped: packed rows of `row_tokens` tokens (None: padded micro-batches), and whether
+    the decoder layers are compiled (FlexAttention's block-sparse document masks) or run eagerly (dense masks, sdpa)."""
+
+    row_tokens: int | None
+    compiled: bool
+    plan: Plan
+
+
+def training_layout(
+    config: ExperimentConfig, model: torch.nn.Module, lengths: Sequence[int], device: torch.device
+) -> Layout:
+    """Row size, compilation and the steps they give; the same on every rank and on every restart (a function of the
+    rows' lengths, the config and the GPU's memory). An uncompiled packed run on FlexAttention (chosen when the model
+    was loaded for training) moves to sdpa: FlexAttention run eagerly compiles its own kernels all the same."""
+    train = config.train
+    layout = choose_layout(train, packed_row_tokens(train, model, lengths), max(lengths, default=1), device,
+                           lambda row_tokens: micro_batches_per_epoch(lengths, train, row_tokens, device))
+    if layout.row_tokens is not None and not layout.compiled and config.model.attn_implementation == "auto" \
+            and model.config._attn_implementation == "flex_attention":
+        model.set_attn_implementation("sdpa")
+    return layout
+
+
+def choose_layout(
+    train: TrainConfig, row_tokens: int | None, longest: int, device: torch.device,
+    per_epoch: Callable[[int | None], int],
+) -> Layout:
+    """`training_layout`'s choice from the `row_tokens` it sizes (None: padded micro-batches) and `per_epoch`, the
+    micro-batches an epoch takes in rows of that width: compiled when `should_compile`, else an auto row capped at
+    `EAGER_PACK_TOKENS`. `clozemath.cost` makes the same choice for a run not started."""
+    plan = plan_steps(per_epoch(row_tokens), train)
+    compiled = should_compile(train, row_tokens, plan, device)
+    if row_tokens is None or compiled:
+        return Layout(row_tokens, compiled, plan)
+    if train.pack_tokens == "auto" and row_tokens > EAGER_PACK_TOKENS:
+        row_tokens = max(EAGER_PACK_TOKENS, whole_blocks(longest))
+        plan = plan_steps(per_epoch(row_tokens), train)
+    return Layout(row_tokens, compiled, plan)
+
+
+def should_compile(train: TrainConfig, row_tokens: int | None, plan: Plan, device: torch.device) -> bool:
+    """`train.compile`; auto: packed rows (one shape) on a GPU under ZeRO-2 (ZeRO-3 gathers each layer's weights
+    in module hooks, which a compiled layer would trace), for a run long enough to pay the compilation back."""
+    if train.compile != "auto":
+        return train.compile
+    if device.type != "cuda" or row_tokens is None or train.zero_stage != 2:
+        return False
+    return run_positions(plan, train, row_tokens) >= COMPILE_PAYS_OFF_TOKENS
+
+
+def run_positions(plan: Plan, train: TrainConfig, row_tokens: int) -> int:
+    """Token positions of a worker's whole run in packed rows of `row_tokens` (padding included: rows are ~full);
+    not `clozemath.train.budget.planned_tokens`, the training tokens of a run's epochs."""
+    return plan.total_steps * train.grad_accum * row_tokens
+
+
+def plan_line(layout: Layout, train: TrainConfig) -> str:
+    """What the steps will be, said before the first: a compiled first step is silent for minutes on a cold cache."""
+    plan, row_tokens = layout.plan, layout.row_tokens
+    rows = (f"packed rows of {row_tokens:,} tokens" if row_tokens is not None
+            else f"micro-batches of {train.micro_batch_size}")
+    text = f"{plan.total_steps:,} steps of {train.grad_accum} {rows}"
+    if layout.compiled:
+        return text + "; the first step compiles the decoder layers (minutes on a cold cache)"
+    if row_tokens is not None and train.compile == "auto" and train.zero_stage == 2:
+        tokens = run_positions(plan, train, row_tokens)
+        return text + (f", not compiled ({tokens / 1e6:.1f}M tokens; compiling pays back past "
+                       f"{COMPILE_PAYS_OFF_TOKENS / 1e6:.0f}M: train.compile=true forces it)")
+    return text
