@@ -75,6 +75,8 @@ from clozemath.safe_yaml import read_yaml  # noqa: E402
 from clozemath.tasks import answer_span, get_task  # noqa: E402
 
 SCHEMES = ("greedy", "beam", "cot")
+"""The decodings this bench has a reference for (`generate`, greedy or beam; CoT over it): a subset of the registry's
+(`decoding_names()`), not its list."""
 SIDES = ("ours", "eager", "generate", "generate-static")
 DEFAULT_PROBLEMS = 512
 

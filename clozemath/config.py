@@ -11,7 +11,6 @@ from __future__ import annotations
 import os
 from typing import Annotated, Any, Literal
 
-import yaml
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
 
 AtLeastOne = Annotated[int, Field(ge=1)]
@@ -170,7 +169,7 @@ class MethodConfig(_Strict):
     trains: bool = True
     """False for `base`: the model is evaluated few-shot, untouched."""
     objectives: list[str] = ["lm"]
-    """Training objectives: the sample kinds of `clozemath.data.samples`."""
+    """Training objectives, by name (`clozemath.data.objectives`; `clozemath.plan` checks them)."""
     attention: Literal["causal", "prefix_lm"] = "causal"
     lm_share: float = 0.5
     """Share of LM samples after balancing (LM samples are repeated to reach it)."""
@@ -231,7 +230,7 @@ class TrainConfig(_Strict):
     compile: bool | Literal["auto"] = "auto"
     """Compile each decoder layer (torch.compile, fixed shapes), attention through FlexAttention's block-sparse
     document masks. auto: when packing on a GPU under ZeRO-2 and the run trains enough tokens to pay back the
-    compilation (`clozemath.train.loop.COMPILE_PAYS_OFF_TOKENS`); otherwise packed rows of at most
+    compilation (`clozemath.train.layout.COMPILE_PAYS_OFF_TOKENS`); otherwise packed rows of at most
     `EAGER_PACK_TOKENS` through sdpa with dense masks, which starts at once."""
     compile_cache: str | None = None
     """Where the workers keep torch.compile's artifacts (Inductor's compiled graphs and kernels, Triton's binaries):
@@ -440,20 +439,3 @@ def to_wire(config: ExperimentConfig) -> dict[str, Any]:
 
 def from_wire(data: dict[str, Any]) -> ExperimentConfig:
     return ExperimentConfig.model_validate(data)
-
-
-def flatten(config: BaseModel | dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    """Dotted keys -> scalar values (lists become their string form), e.g. for MLflow params."""
-    data = config.model_dump() if isinstance(config, BaseModel) else config
-    flat: dict[str, Any] = {}
-    for key, value in data.items():
-        dotted = f"{prefix}{key}"
-        if isinstance(value, dict):
-            flat.update(flatten(value, f"{dotted}."))
-        else:
-            flat[dotted] = value if isinstance(value, (int, float, str, bool, type(None))) else str(value)
-    return flat
-
-
-def dump_yaml(config: BaseModel) -> str:
-    return yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False)

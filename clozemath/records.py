@@ -1,4 +1,4 @@
-"""The names a run leaves behind, in one place: its folder's layout, its MLflow metric keys and tags.
+"""The names a run leaves behind, in one place: its folder's layout, its MLflow metric keys, tags and params.
 
 Writers (training, evaluation, the grid) and readers (the summary, `clozemath report`) go through this module, so
 that a name cannot drift between them. Committed results and users' MLflow stores depend on every string here:
@@ -16,8 +16,11 @@ from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-from clozemath.config import ExperimentConfig, flatten
+from pydantic import BaseModel
+
+from clozemath.config import ExperimentConfig
 from clozemath.errors import ClozeMathError
 from clozemath.files import check_writable_folder, write_text_atomic
 
@@ -69,6 +72,19 @@ def compile_cache_folder(config: ExperimentConfig) -> Path:
 def grid_folder(output_dir: str, grid: str) -> Path:
     """`<train.output_dir>/<grid>`: an experiment's run folder, or the folder of a grid's trials' run folders."""
     return Path(output_dir).resolve() / grid
+
+
+def flatten(config: BaseModel | dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """Dotted keys -> scalar values (lists become their string form): a config's MLflow params and its record."""
+    data = config.model_dump() if isinstance(config, BaseModel) else config
+    flat: dict[str, Any] = {}
+    for key, value in data.items():
+        dotted = f"{prefix}{key}"
+        if isinstance(value, dict):
+            flat.update(flatten(value, f"{dotted}."))
+        else:
+            flat[dotted] = value if isinstance(value, (int, float, str, bool, type(None))) else str(value)
+    return flat
 
 
 # --------------------------------------------------------------------------------------------------------------

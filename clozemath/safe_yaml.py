@@ -1,6 +1,6 @@
 """YAML documents read as plain data within bounds: the size of a file, the values once aliases are expanded, the
 depth of nesting. Configs, overrides and the throughput table are read through here; a mistake or an excess is a
-one-line `ClozeMathError` naming the file (and line)."""
+one-line `ClozeMathError` naming the file (and line). A config is written back as YAML (`dump_yaml`) here too."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from pydantic import BaseModel
 
 from clozemath.errors import ClozeMathError
 
@@ -99,3 +100,7 @@ def read_yaml(path: Path) -> dict[str, Any]:
     if not isinstance(raw, dict):
         raise ClozeMathError(f"{path}: expected a mapping at the top level, got {type(raw).__name__}")
     return raw
+
+
+def dump_yaml(config: BaseModel) -> str:
+    return yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False)

@@ -21,9 +21,10 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel
 
-from clozemath.config import TRACKING_SCHEMES, TrackingConfig, dump_yaml, flatten
+from clozemath.config import TRACKING_SCHEMES, TrackingConfig
 from clozemath.errors import ClozeMathError
-from clozemath.records import CONFIG_ARTIFACT, PARENT_TAG
+from clozemath.records import CONFIG_ARTIFACT, PARENT_TAG, flatten
+from clozemath.safe_yaml import dump_yaml
 
 if TYPE_CHECKING:  # MLflow is imported where it is used: checking a store's URI needs none of it
     from mlflow import MlflowClient

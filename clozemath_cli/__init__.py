@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 from clozemath import console
 from clozemath.data.training_sets import training_set_names
 from clozemath.errors import ClozeMathError
+from clozemath.eval.decoding import decoding_names
 
 if TYPE_CHECKING:
     from clozemath.config import ExperimentConfig
@@ -218,7 +219,7 @@ def _add_report(commands: argparse._SubParsersAction) -> None:
                         "as one (e.g. Table 4's ablations beside the main grid's runs)")
     report.add_argument("--tracking-uri", default="sqlite:///mlruns.db", help="default: sqlite:///mlruns.db")
     report.add_argument("--parent", metavar="RUN_ID", help="the grid's MLflow run (default: the latest)")
-    report.add_argument("--decoding", default="beam",
+    report.add_argument("--decoding", default="beam", choices=decoding_names(),
                         help="decoding of Tables 1, 3, 4, the orderings and the plot (default: beam)")
     report.add_argument("--latex", action="store_true", help="LaTeX tabulars instead of markdown")
     report.add_argument("--out", help="folder for the tables, summary.md, trials.json and the plot (default: "

@@ -28,7 +28,7 @@ import ray
 from ray import tune
 
 from clozemath import console, tracking
-from clozemath.config import ExperimentConfig, GridConfig, TrackingConfig, dump_yaml, from_wire, to_wire
+from clozemath.config import ExperimentConfig, GridConfig, TrackingConfig, from_wire, to_wire
 from clozemath.data.sources import data_identity
 from clozemath.errors import ClozeMathError
 from clozemath.eval.evaluate import eval_set_identity
@@ -55,6 +55,7 @@ from clozemath.records import (
     run_folder,
     trial_tags,
 )
+from clozemath.safe_yaml import dump_yaml
 from clozemath.tracking import TrackedRun
 from ray_jobs.cluster import init_ray, user_error
 from ray_jobs.logs import logged

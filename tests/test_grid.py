@@ -27,9 +27,10 @@ from sqlalchemy.exc import OperationalError
 
 from clozemath import records, tracking
 from clozemath_cli import main
-from clozemath.config import GridConfig, TrackingConfig, flatten
+from clozemath.config import GridConfig, TrackingConfig
 from clozemath.errors import ClozeMathError
 from clozemath.plan import expand_grid, load_config
+from clozemath.records import flatten
 import ray_jobs.grid
 from ray_jobs.grid import (
     QuietUserErrors,

@@ -187,6 +187,8 @@ def test_nonsense_values_are_refused_at_load_naming_key_and_file(override: str, 
         (["method=mft", "method.mft.r_max=1.5"], "'method.mft.r_max': Input should be less than or equal to 1"),
         (["model.lora.dropout=2"], "'model.lora.dropout': Input should be less than 1"),
         (["model.lora.rank=0"], "'model.lora.rank'"),
+        (["method.objectives=[lm,nope]"], "'method.objectives.1': unknown objective 'nope' (known: lm, cloze, random_span)"),
+        (["eval.decodings=[greedy,nope]"], "'eval.decodings.1': unknown decoding 'nope' (known: greedy, beam, cot)"),
     ],
 )
 def test_nonsense_values_of_an_experiment_are_refused(overrides: list[str], message: str) -> None:

@@ -4,6 +4,7 @@ building, balancing, the preprocessing cache key) and trained like the built-in 
 from __future__ import annotations
 
 import random
+import subprocess
 import sys
 from collections import Counter
 from pathlib import Path
@@ -82,3 +83,12 @@ def test_an_unknown_objective_is_a_one_line_error() -> None:
     method = MethodConfig(name="m").model_copy(update={"objectives": ["lm", "no_such_objective"]})
     with pytest.raises(ClozeMathError, match="unknown objective 'no_such_objective' \\(known: lm, cloze, random_span\\)"):
         objectives.needs_offsets(method)
+
+
+def test_names_come_without_torch() -> None:
+    """A config's objective names are checked (`clozemath.plan`) before anything heavy is imported."""
+    code = ("import sys; from clozemath.data.objectives import objective_names; "
+            "print(*objective_names(), 'torch' in sys.modules, 'transformers' in sys.modules)")
+    root = Path(__file__).resolve().parents[1]
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=root).stdout
+    assert out.split() == ["lm", "cloze", "random_span", "False", "False"]

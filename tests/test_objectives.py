@@ -21,15 +21,14 @@ from clozemath.config import DataConfig, MethodConfig, ModelConfig, RandomSpanCo
 from clozemath.data.objectives import (
     Sample,
     TokenOffsets,
-    apply_mft_noise,
     balance,
     build_samples,
     format_prompt,
     lm_repeats,
-    mft_rate,
     samples_from_segments,
     visible_tokens,
 )
+from clozemath.data.objectives.mft import apply_mft_noise, mft_rate
 from clozemath.data.prepare import training_samples
 from clozemath.data.segment import Segment, equation_units, segment_solution
 from clozemath.data.sources import MAX_LINE_BYTES_ENV, Problem, load_problems

@@ -21,11 +21,12 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 from clozemath import records, tracking
 from clozemath_cli import main
-from clozemath.config import ExperimentConfig, MethodConfig, ModelConfig, TrainConfig, flatten
+from clozemath.config import ExperimentConfig, MethodConfig, ModelConfig, TrainConfig
 from clozemath.data.tokenize import EOS, MASK, SEP, SpecialTokens, collate
 from clozemath.errors import ClozeMathError
 from clozemath.model.load import load_for_inference
 from clozemath.plan import load_config
+from clozemath.records import flatten
 from clozemath.train.batches import epoch_micro_batches, model_inputs
 from clozemath.train.checkpoint import full_trainable_parameters
 from clozemath.train.loop import StepMetrics, train

@@ -1,8 +1,19 @@
-"""A training sample as text: what the objectives make and the tokenizer encodes."""
+"""A training sample as text: what the objectives make and the tokenizer encodes, special tokens written by name.
+
+The names live here, apart from the tokenizer (`clozemath.data.tokenize` maps them onto token ids), so that the
+objectives, and a config's check of their names, load without torch or transformers."""
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
+
+SEP = "<SEP>"
+MASK = "<mask>"
+EOS = "<EOS>"
+
+
+def sentinel(k: int) -> str:
+    return f"<M_{k}>"
 
 
 @dataclass(frozen=True)

@@ -12,18 +12,11 @@ import numpy as np
 import torch
 from transformers import PreTrainedTokenizerBase
 
-from clozemath.data.samples import Sample
+from clozemath.data.samples import EOS, MASK, SEP, Sample, sentinel
 from clozemath.errors import ClozeMathError
 
-SEP = "<SEP>"
-MASK = "<mask>"
-EOS = "<EOS>"
 _RESERVED = re.compile(r"^<\|reserved_special_token_(\d+)\|>$")
 _SENTINEL_INDEX = re.compile(r"<M_(\d+)>")
-
-
-def sentinel(k: int) -> str:
-    return f"<M_{k}>"
 
 
 def special_names(num_sentinels: int) -> list[str]:

@@ -1,10 +1,12 @@
-"""How the report names and orders things: models, methods, training and evaluation sets, decodings."""
+"""How the report names and orders things: models, methods, training and evaluation sets, decodings.
+
+Training sets and decodings come in their registries' order (`training_set_names()`, `decoding_names()`), read when
+a report is made, so that one declared or registered there is reported too."""
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
-from clozemath.data.training_sets import training_set_names
 from clozemath.tasks import get_task, task_names
 
 MODEL_NAMES = {
@@ -18,8 +20,6 @@ METHOD_NAMES = {
     "random_span": "W/o Equation masking",
 }
 ABLATIONS = ("it_prefixlm", "clozemath_causal", "it", "random_span")
-TRAIN_SETS = training_set_names()
-"""The paper's training sets, in its tables' order."""
 SYMBOLIC_SETS = ("gsm_symbolic", "gsm_p1", "gsm_p2")
 """Table 3's evaluation sets."""
 BASE_DECODING = "greedy"
@@ -28,7 +28,6 @@ REPLICATION_METHODS = ("base", "it", "mft", "clozemath", "it_prefixlm", "clozema
 """The order of the results and comparisons tables: the baselines, the paper's methods, then the other ablations."""
 REFERENCES = ("it", "base")
 """What each trained method is compared against."""
-DECODINGS = ("greedy", "beam", "cot")
 
 Column = tuple[str, str]
 """(eval set, decoding)."""

@@ -11,7 +11,9 @@ from mlflow.entities import Run
 
 from clozemath import tracking
 from clozemath.config import TrackingConfig
+from clozemath.data.training_sets import training_set_names
 from clozemath.errors import ClozeMathError
+from clozemath.eval.decoding import decoding_names
 from clozemath.records import (
     ACCURACY,
     EVAL_PREFIX,
@@ -26,7 +28,7 @@ from clozemath.records import (
     eval_metric,
     parse_eval_metric,
 )
-from clozemath.report.names import DECODINGS, MODEL_NAMES, SYMBOLIC_SETS, TRAIN_SETS, Block, Column, ordered, rank
+from clozemath.report.names import MODEL_NAMES, SYMBOLIC_SETS, Block, Column, ordered, rank
 
 
 @dataclass(frozen=True)
@@ -125,18 +127,20 @@ def trials_json(results: list[TrialResult]) -> str:
 
 def blocks(results: list[TrialResult]) -> dict[Block, list[TrialResult]]:
     """The trials of each (training set, model), in the report's order."""
-    train_sets = ordered((r.train_set for r in results), list(TRAIN_SETS))
+    train_sets = ordered((r.train_set for r in results), list(training_set_names()))
     models = ordered((r.model for r in results), list(MODEL_NAMES))
     found = {(t, m): [r for r in results if (r.train_set, r.model) == (t, m)] for t in train_sets for m in models}
     return {block: trials for block, trials in found.items() if trials}
 
 
 def eval_columns(trials: list[TrialResult]) -> list[Column]:
-    """Every (eval set, decoding) some trial has an accuracy of: the paper's sets first, greedy, beam, CoT first."""
+    """Every (eval set, decoding) some trial has an accuracy of: the training sets first, then GSM-Symbolic's, each set's
+    decodings in the registry's order."""
     parsed = [parse_eval_metric(key) for r in trials for key in r.metrics]
     found = {(m.set_name, m.decoding) for m in parsed
              if m is not None and m.prefix == EVAL_PREFIX and m.stat == ACCURACY}
-    return sorted(found, key=lambda c: (rank(c[0], [*TRAIN_SETS, *SYMBOLIC_SETS]), rank(c[1], DECODINGS)))
+    sets, decodings = [*training_set_names(), *SYMBOLIC_SETS], decoding_names()
+    return sorted(found, key=lambda c: (rank(c[0], sets), rank(c[1], decodings)))
 
 
 def accuracy_metric(column: Column) -> str:

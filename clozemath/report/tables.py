@@ -7,6 +7,7 @@ import statistics
 from collections.abc import Callable, Sequence
 
 from clozemath.claims import Comparison
+from clozemath.data.training_sets import training_set_names
 from clozemath.intervals import Difference
 from clozemath.records import (
     ACCURACY,
@@ -27,7 +28,6 @@ from clozemath.report.names import (
     REPLICATION_METHODS,
     REPLICATION_NAMES,
     SYMBOLIC_SETS,
-    TRAIN_SETS,
     Block,
     Column,
     column_name,
@@ -70,7 +70,7 @@ def _columns_grouped(rows: Sequence[int], columns: int) -> list[list[tuple[int, 
 
 def table_overall(results: list[TrialResult], models: list[str], methods: list[str], decoding: str) -> Table:
     table = Table("Table 1: overall accuracy", ["Training set", "Method", *map(model_name, models)], [], [])
-    for train_set in TRAIN_SETS:
+    for train_set in training_set_names():
         first = len(table.values)
         for method in (m for m in methods if m in ("base", "mft", "clozemath")):
             used = BASE_DECODING if method == "base" else decoding
@@ -105,7 +105,7 @@ def table_symbolic(results: list[TrialResult], models: list[str], methods: list[
     ]
     evaluations.append(("Overall", lambda model, method, train_set: pooled_cell(
         results, model, method, train_set, list(SYMBOLIC_SETS), decoding)))
-    for train_set in TRAIN_SETS:
+    for train_set in training_set_names():
         for evaluation, measure in evaluations:
             first = len(table.values)
             for method in (m for m in methods if m != "base"):

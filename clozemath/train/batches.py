@@ -9,7 +9,7 @@ from typing import Any
 import torch
 
 from clozemath.config import ExperimentConfig, TrainConfig
-from clozemath.data.objectives import apply_mft_noise, mft_rate
+from clozemath.data.objectives.mft import apply_mft_noise, mft_rate
 from clozemath.data.tokenize import collate, collate_packs
 from clozemath.model.attention import attention_inputs, flex_kernel_options, head_dim
 from clozemath.train.layout import Plan

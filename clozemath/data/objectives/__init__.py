@@ -1,5 +1,6 @@
-"""Training samples per objective: the objective registry (name -> sample builder), a problem's samples, balancing,
-MFT noise.
+"""Training samples per objective: the objective registry (name -> sample builder), a problem's samples, balancing;
+MFT noise in `mft` (on token ids, so imported from its module: this package loads without torch, and a config's
+objective names are checked against `objective_names()` before anything heavy is imported).
 
 An objective is one module (a builder: `Solution`, method, RNG -> samples, wrapped in an `Objective`) and one line in
 `_BUILT_IN` below, or a `register` call: methods may then list it in `objectives`, `clozemath prepare` and a run's
@@ -36,7 +37,6 @@ from clozemath.data.objectives.balance import balance, lm_copies, lm_repeats, ob
 from clozemath.data.objectives.base import Objective, Solution, TokenOffsets, infilling_sample, problem_rng
 from clozemath.data.objectives.cloze import CLOZE
 from clozemath.data.objectives.lm import LM, lm_sample
-from clozemath.data.objectives.mft import apply_mft_noise, mft_rate
 from clozemath.data.objectives.random_span import RANDOM_SPAN, visible_tokens
 from clozemath.data.samples import Sample
 from clozemath.data.segment import Segment, equation_units, segment_solution, without_final_answer
@@ -44,8 +44,8 @@ from clozemath.data.sources import Problem
 from clozemath.errors import ClozeMathError
 
 __all__ = [
-    "Objective", "Sample", "Solution", "TokenOffsets", "apply_mft_noise", "balance", "build_samples", "format_prompt",
-    "get_objective", "infilling_sample", "lm_copies", "lm_repeats", "lm_sample", "mft_rate", "needs_offsets",
+    "Objective", "Sample", "Solution", "TokenOffsets", "balance", "build_samples", "format_prompt",
+    "get_objective", "infilling_sample", "lm_copies", "lm_repeats", "lm_sample", "needs_offsets",
     "objective_counts", "objective_names", "problem_rng", "register", "samples_from_segments", "source_modules",
     "visible_tokens",
 ]

@@ -7,9 +7,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from clozemath.config import MethodConfig
-from clozemath.data.samples import Sample
+from clozemath.data.samples import EOS, SEP, Sample, sentinel
 from clozemath.data.segment import Segment
-from clozemath.data.tokenize import EOS, SEP, sentinel
 
 TokenOffsets = Callable[[str], list[tuple[int, int]]]
 """A tokenizer's character offsets `[start, end)` of each token of a text (`clozemath.data.tokenize.token_offsets`)."""

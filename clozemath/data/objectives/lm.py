@@ -6,8 +6,7 @@ import random
 
 from clozemath.config import MethodConfig
 from clozemath.data.objectives.base import Objective, Solution
-from clozemath.data.samples import Sample
-from clozemath.data.tokenize import EOS, SEP
+from clozemath.data.samples import EOS, SEP, Sample
 
 
 def lm_sample(problem_id: str, prompt: str, solution: str) -> Sample:
