@@ -63,6 +63,7 @@ chain() {
     # One cluster for every driver: its GPUs shared out in trial slots (`train.gpu_share`), whoever asks. The workers
     # inherit this environment (PYTHONPATH, CLOZEMATH_DATA_DIR).
     export RAY_AUTH_MODE=token  # as `ray start` makes the cluster (Ray >= 2.59), for every driver that joins it
+    [ -n "${DRY_RUN:-}" ] || ray get-auth-token --generate > /dev/null  # ~/.ray/auth_token, unless there is one
     run ray start --head --port=6379 --num-gpus="$(nvidia-smi -L 2>/dev/null | wc -l)" --disable-usage-stats
     export RAY_ADDRESS=127.0.0.1:6379
 
