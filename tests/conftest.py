@@ -40,7 +40,9 @@ def start_session_ray() -> None:
 
     from ray_jobs.cluster import runtime_env
 
-    ray.init(num_cpus=8, runtime_env=runtime_env())
+    # "local": a Ray of the session's own, never a cluster `ray start` left running on this machine (ray.init joins
+    # one it finds) or RAY_ADDRESS's
+    ray.init(address="local", num_cpus=8, runtime_env=runtime_env())
 
 
 @pytest.fixture(scope="session")

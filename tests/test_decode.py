@@ -193,6 +193,35 @@ def test_beam_search_equals_generate(model, tokenizer, reference, early_stopping
     assert any(g.finish_reason == "eos" for g in ours)
 
 
+@ENGINES
+def test_beam_search_frees_a_batch_before_it_allocates_the_next(model, tokenizer, engine, monkeypatch):
+    """Batch sizing plans memory for one batch: the previous one must be gone (by reference counting alone, the
+    cycle collector off) when the next is allocated."""
+    import gc
+    import weakref
+
+    from clozemath.eval.decoding.job import Job
+
+    built, alive_at_build = [], []
+    original = Job.batch
+
+    def recorded(self, indices, engine):
+        alive_at_build.append(sum(ref() is not None for ref in built))
+        batch, logits = original(self, indices, engine)
+        built.append(weakref.ref(batch))
+        return batch, logits
+
+    monkeypatch.setattr(Job, "batch", recorded)
+    gc.disable()
+    try:
+        decode(model, tokenizer, PROMPTS, "beam", DecodeSettings(
+            num_beams=3, max_new_tokens=NEW, eos_token_ids=tokenizer.eos_token_id, batch_size=1, engine=engine,
+        ))
+    finally:
+        gc.enable()
+    assert alive_at_build == [0, 0, 0, 0]
+
+
 class LogitsRecorder:
     def __init__(self, model):
         self.logits: list[torch.Tensor] = []

@@ -29,12 +29,18 @@ class BeamSearch(Decoding):
 
     def decode(self, job: Job, indices: list[int], size: int, engine: RunEngine, emit: Emit) -> None:
         for batch_indices in batches(indices, size):
-            batch, logits = job.batch(batch_indices, engine)
-            for index, generation in zip(batch_indices, _search(batch, logits, job)):
+            for index, generation in zip(batch_indices, _search_batch(job, batch_indices, engine)):
                 emit(index, generation)
 
 
 BEAM = BeamSearch()
+
+
+def _search_batch(job: Job, indices: list[int], engine: RunEngine) -> list[Generation]:
+    """Beam search over one batch of prompts; the batch is freed on return, before the next one is allocated (batch
+    sizing plans memory for one batch at a time)."""
+    batch, logits = job.batch(indices, engine)
+    return _search(batch, logits, job)
 
 
 def _search(batch: KVBatch | StaticBatch, logits: torch.Tensor, job: Job) -> list[Generation]:

@@ -3,6 +3,7 @@ batch halved when the device runs out of memory."""
 
 from __future__ import annotations
 
+import gc
 import warnings
 from collections.abc import Sequence
 from typing import Any
@@ -84,6 +85,7 @@ def _decode_part(
                 raise
         # out of the except block: its traceback no longer holds the batch's tensors
         size = max(1, in_batch // 2)
+        gc.collect()  # whatever the failed batch left in reference cycles, before the allocator lets memory go
         torch.cuda.empty_cache()
         warnings.warn(f"decode: out of memory with {in_batch} prompts a batch; going on with {size}")
     return size

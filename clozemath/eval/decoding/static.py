@@ -123,7 +123,10 @@ class StaticBatch:
         self._margin_history = torch.zeros((rows, self.sync_every + 1), device=device) if margins else None
         self._column = torch.ones(1, dtype=torch.long, device=device)
         self._graph: torch.cuda.CUDAGraph | None = None
-        self._captured: Callable[[], torch.Tensor] | None = None
+        self._captured: Callable[..., torch.Tensor] | None = None
+        """The function the graph replays: unbound, so that the batch holds no reference to itself (a cycle would
+        keep its cache and the graph's memory pool until Python's cycle collector runs, past the next batch's
+        allocation)."""
         self._output: torch.Tensor | None = None
         self._generated = (slots, 0)
         """Beam search: the slots that generated tokens may occupy, [first, end)."""
@@ -189,7 +192,7 @@ class StaticBatch:
         if not self._graphs:
             return run()
         if self._graph is not None:
-            assert self._captured == run and self._output is not None
+            assert self._captured is _function(run) and self._output is not None
             self._graph.replay()
             return self._output
         stream = torch.cuda.Stream()
@@ -197,7 +200,7 @@ class StaticBatch:
         with torch.cuda.stream(stream):
             output = run()
         torch.cuda.current_stream().wait_stream(stream)
-        self._graph, self._captured = torch.cuda.CUDAGraph(), run
+        self._graph, self._captured = torch.cuda.CUDAGraph(), _function(run)
         with torch.cuda.graph(self._graph, stream=stream):
             self._output = run()
         return output
@@ -227,3 +230,8 @@ class StaticBatch:
             for states in (layer.keys, layer.values):
                 generated = states[:, :, first:end]
                 generated.copy_(generated.index_select(0, index))
+
+
+def _function(run: Callable[[], torch.Tensor]) -> Callable[..., torch.Tensor]:
+    """A bound method's function (the same object at every step; the bound method is new at each access)."""
+    return getattr(run, "__func__", run)
