@@ -10,6 +10,9 @@
 #   bash bench/replication_lease.sh wait 570   # progress; call again (within the machine's 30 s) until "chain: done"
 #   bash bench/replication_lease.sh collect    # the results into $OUT
 #
+# STAGES (default 'rates main table4') picks the stages: 'main table4' trains at the rates the grids hold (chosen by
+# the lease of 2026-11-27, committed), 'main' the headline alone, which is what fits one 30-minute lease (see
+# bench/results/replication.md for the measured times).
 # Needs the project importable by `python3` (PYTHON=...) with its dependencies, and `ray` on PATH. DRY_RUN=1 prints
 # the chain's commands instead of running them; MAIN_OVERRIDES adds overrides to the main grid's command. Estimated wall time on 4 x H100: see bench/results/replication.md.
 set -uo pipefail
@@ -23,7 +26,12 @@ RATE_GRIDS=(configs/grids/replication_matched.yaml configs/grids/table4.yaml)
 PREDICTIONS_LIMIT=$((15 * 1024 * 1024))  # below what comes back (16 MiB a file)
 MAIN_OVERRIDES=${MAIN_OVERRIDES:-}        # e.g. 'axes.train.seed=[0,1,2]' for a shorter lease
 RATE_OVERRIDES=${RATE_OVERRIDES:-}        # stage 1's: e.g. 'axes.train.lr=[3.0e-4]'
+STAGES=${STAGES:-rates main table4}      # 'main table4': the rates as the grids hold them (chosen by an earlier lease)
 ALL_OVERRIDES=${ALL_OVERRIDES:-}          # every grid's: e.g. a smoke run of the chain on CPU (see below)
+
+has() {  # whether STAGES names stage $1
+    [[ " $STAGES " == *" $1 "* ]]
+}
 
 run() {  # a command of the chain, timed into its log
     echo "[$(date +%T)] \$ $*"
@@ -67,33 +75,45 @@ chain() {
     run ray start --head --port=6379 --num-gpus="$(nvidia-smi -L 2>/dev/null | wc -l)" --disable-usage-stats
     export RAY_ADDRESS=127.0.0.1:6379
 
-    echo "chain: stage 1, the rates"
-    grid configs/grids/replication_matched_lr.yaml $RATE_OVERRIDES
-    if ! run "$PY" bench/choose_lrs.py --experiment replication-matched-lr --tracking-uri "$STORE" \
-            --grids "${RATE_GRIDS[@]}" --out "$REPORTS/rates.md"; then
-        echo "chain: no rates chosen; stopping"; finish "$started"; return
+    if has rates; then
+        echo "chain: stage 1, the rates"
+        grid configs/grids/replication_matched_lr.yaml $RATE_OVERRIDES
+        if ! run "$PY" bench/choose_lrs.py --experiment replication-matched-lr --tracking-uri "$STORE" \
+                --grids "${RATE_GRIDS[@]}" --out "$REPORTS/rates.md"; then
+            echo "chain: no rates chosen; stopping"; finish "$started"; return
+        fi
+        cp "${RATE_GRIDS[@]}" "$REPORTS/"  # the grids as they ran, rates written in: to commit
     fi
-    cp "${RATE_GRIDS[@]}" "$REPORTS/"  # the grids as they ran, rates written in: to commit
 
-    echo "chain: stage 2, the main grid and Table 4's ablations side by side"
-    if [ -n "${DRY_RUN:-}" ]; then
-        grid configs/grids/replication_matched.yaml $MAIN_OVERRIDES; grid configs/grids/table4.yaml
-    else
-        grid configs/grids/replication_matched.yaml $MAIN_OVERRIDES > "$WORK/main.log" 2>&1 &
-        local main=$!
-        grid configs/grids/table4.yaml > "$WORK/table4.log" 2>&1 &
-        wait "$main" $!
+    echo "chain: stage 2 ($STAGES), the main grid and Table 4's ablations side by side"
+    local drivers=()
+    if has main; then
+        if [ -n "${DRY_RUN:-}" ]; then grid configs/grids/replication_matched.yaml $MAIN_OVERRIDES
+        else grid configs/grids/replication_matched.yaml $MAIN_OVERRIDES > "$WORK/main.log" 2>&1 & drivers+=($!); fi
     fi
+    if has table4; then
+        if [ -n "${DRY_RUN:-}" ]; then grid configs/grids/table4.yaml
+        else grid configs/grids/table4.yaml > "$WORK/table4.log" 2>&1 & drivers+=($!); fi
+    fi
+    [ ${#drivers[@]} -eq 0 ] || wait "${drivers[@]}"
 
     echo "chain: the reports"
-    export_report "$REPORTS/matched" --experiment replication-matched
     local matched=$REPORTS/matched/predictions.jsonl.gz
-    report --experiment replication-matched --decoding greedy --out "$REPORTS/matched_greedy" --predictions "$matched"
-    export_report "$REPORTS/table4_alone" --experiment replication-table4 --decoding greedy
-    report --experiment replication-matched --experiment replication-table4 --decoding greedy --out "$REPORTS/table4" \
-        --predictions "$matched" --predictions "$REPORTS/table4_alone/predictions.jsonl.gz"
-    report --experiment replication-matched-lr --decoding greedy --out "$REPORTS/matched_lr" \
-        --export-predictions compact
+    if has main; then
+        export_report "$REPORTS/matched" --experiment replication-matched
+        report --experiment replication-matched --decoding greedy --out "$REPORTS/matched_greedy" --predictions "$matched"
+    fi
+    if has table4; then
+        export_report "$REPORTS/table4_alone" --experiment replication-table4 --decoding greedy
+    fi
+    if has main && has table4; then
+        report --experiment replication-matched --experiment replication-table4 --decoding greedy --out "$REPORTS/table4" \
+            --predictions "$matched" --predictions "$REPORTS/table4_alone/predictions.jsonl.gz"
+    fi
+    if has rates; then
+        report --experiment replication-matched-lr --decoding greedy --out "$REPORTS/matched_lr" \
+            --export-predictions compact
+    fi
     finish "$started"
 }
 
@@ -118,9 +138,9 @@ collect() {  # at most 8 files, each < 16 MiB
     (cd "$WORK" && tar -czf "$into/reports.tar.gz" --exclude='*.jsonl.gz' reports chain.log main.log table4.log \
         gpu.csv runs/*/logs/driver.log)
     (cd "$WORK" && tar -czf "$into/workers_logs.tar.gz" runs/*/logs/workers.log)
-    cp "$REPORTS/matched/predictions.jsonl.gz" "$into/replication_matched_predictions.jsonl.gz"
-    cp "$REPORTS/table4_alone/predictions.jsonl.gz" "$into/replication_table4_predictions.jsonl.gz"
-    cp "$REPORTS/matched_lr/predictions.jsonl.gz" "$into/replication_matched_lr_predictions.jsonl.gz"
+    cp "$REPORTS/matched/predictions.jsonl.gz" "$into/replication_matched_predictions.jsonl.gz" 2> /dev/null  # the stages that ran
+    cp "$REPORTS/table4_alone/predictions.jsonl.gz" "$into/replication_table4_predictions.jsonl.gz" 2> /dev/null  # the stages that ran
+    cp "$REPORTS/matched_lr/predictions.jsonl.gz" "$into/replication_matched_lr_predictions.jsonl.gz" 2> /dev/null  # the stages that ran
     "$PY" -c "import sqlite3, sys; sqlite3.connect(sys.argv[1]).execute('PRAGMA wal_checkpoint(TRUNCATE)')" \
         "$WORK/mlruns.db"  # the store is in WAL mode: everything into the one file
     gzip -c "$WORK/mlruns.db" > "$into/mlruns.db.gz"

@@ -3,6 +3,7 @@ and `bench/replication_lease.sh`'s chain of commands (no Ray)."""
 
 from __future__ import annotations
 
+import re
 import importlib.util
 import shutil
 from pathlib import Path
@@ -42,7 +43,7 @@ def sweep_store(tmp_path: Path) -> str:
 
 @pytest.fixture
 def grids(tmp_path: Path) -> list[Path]:
-    """Copies of the committed grids (their rates null), beside the models and methods they name."""
+    """Copies of the committed grids, beside the models and methods they name."""
     folder = tmp_path / "configs"
     (folder / "grids").mkdir(parents=True)
     for kind in ("models", "methods"):
@@ -51,8 +52,12 @@ def grids(tmp_path: Path) -> list[Path]:
             for name in ("replication_matched.yaml", "table4.yaml")]
 
 
-def test_the_committed_grids_refuse_to_start_until_their_rates_are_chosen(grids: list[Path]) -> None:
+def test_the_grids_refuse_to_start_until_their_rates_are_chosen(grids: list[Path]) -> None:
+    """The committed grids hold the rates the 2026-11-27 lease chose; with a rule's rate back at null, a grid
+    refuses to start."""
     for grid in grids:
+        load_plan(grid)
+        grid.write_text(re.sub(r"train\.lr: [0-9.e-]+\}\}.*", "train.lr: null}}", grid.read_text()))
         with pytest.raises(Exception, match=r"has no learning rate of its own \(its rule sets null\)"):
             load_plan(grid)
 
