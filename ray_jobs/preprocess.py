@@ -1,10 +1,13 @@
 """Ray Data preprocessing: problems -> samples (flat_map) -> balanced -> token ids (map_batches, actor pool), each
 step one of `clozemath.data.prepare`'s (which `clozemath prepare` runs in its own process).
 
-The token ids are written as Parquet under `<cache root>/<key>/`, where the key hashes everything they depend on:
-the problems themselves, the method, the data settings that shape a sample, the tokenizer's settings and the
-source of the code that builds and encodes samples. A second run with the same key reads the Parquet files and
-skips the pipeline. The folder appears atomically (written beside, then renamed), so a crash leaves no half cache.
+The token ids are written as Parquet under `<cache root>/<key>/`, where the key hashes everything they depend on
+and nothing else: the problems themselves, what of the method and the seed reaches a sample (`sample_inputs`: IT,
+MFT and it_prefixlm share one set at every seed), the data settings that shape a sample, the tokenizer's settings
+and the source of the code that builds and encodes samples. A second run with the same key reads the Parquet files
+and skips the pipeline; one that comes while the first builds waits for it (a lock file per key), so identical
+sets prepared at once are built once. The folder appears atomically (written beside, then renamed), so a crash
+leaves no half cache.
 """
 
 from __future__ import annotations
@@ -23,10 +26,11 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import ray
 import ray.data
+from filelock import FileLock
 
 from clozemath.config import ExperimentConfig, MethodConfig, ModelConfig
 from clozemath.data import objectives, prepare, samples, segment, sources, tokenize
-from clozemath.data.objectives import TokenOffsets, lm_repeats, needs_offsets
+from clozemath.data.objectives import TokenOffsets, lm_repeats, needs_offsets, sample_inputs
 from clozemath.data.prepare import SENTINELS, SampleEncoder, balanced_copies, problem_samples
 from clozemath.data.samples import Sample
 from clozemath.data.sources import Problem, load_problems
@@ -99,8 +103,8 @@ def cache_key(config: ExperimentConfig, problems: list[Problem]) -> str:
     data = config.data
     return _sha256(
         _sha256(*(json.dumps(p.to_dict(), sort_keys=True) for p in problems)),
-        config.method.model_dump_json(),
-        json.dumps({"prompt_template": data.prompt_template, "max_length": data.max_length, "seed": data.seed}),
+        json.dumps(sample_inputs(config.method, data.seed), sort_keys=True),
+        json.dumps({"prompt_template": data.prompt_template, "max_length": data.max_length}),
         json.dumps(tokenizer_settings(config.model), sort_keys=True),
         code_version(),
     )[:24]
@@ -203,18 +207,28 @@ def _build(config: ExperimentConfig, problems: list[Problem], folder: Path) -> d
     }
 
 
-def preprocess(config: ExperimentConfig, cache_root: Path) -> TokenizedSet:
-    """The run's token ids, from the cache when an identical run made them before (Ray is started if needed)."""
-    data = config.data
-    problems = load_problems(data.dataset, data.split, data.path, data.limit)
-    folder = cache_root / cache_key(config, problems)
-    from_cache = (folder / META_FILE).is_file()
-    if not from_cache:
-        remove_abandoned_staging(cache_root)  # what runs killed midway left
+def _build_once(config: ExperimentConfig, problems: list[Problem], folder: Path) -> bool:
+    """Build the set into `folder` unless an identical run has: one run at a time per key (the others wait, then find
+    it built), different keys at once. Whether this run built it."""
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(folder.with_name(f".{folder.name}.lock"))):  # the kernel's lock: it ends with its process
+        if (folder / META_FILE).is_file():
+            return False
+        remove_abandoned_staging(folder.parent)  # what runs killed midway left
         with staging_folder(folder) as staging:
             meta = _build(config, problems, staging)
             (staging / META_FILE).write_text(json.dumps(meta, indent=1))
-            if not folder.exists():  # else an identical run finished first: keep its cache
-                os.replace(staging, folder)
+            if not folder.exists():  # else a run on another machine finished first (a file system whose locks do
+                os.replace(staging, folder)  # not reach across machines): keep its cache
+    return True
+
+
+def preprocess(config: ExperimentConfig, cache_root: Path) -> TokenizedSet:
+    """The run's token ids, from the cache when an identical run made them before or while this one waited for it
+    (Ray is started if needed)."""
+    data = config.data
+    problems = load_problems(data.dataset, data.split, data.path, data.limit)
+    folder = cache_root / cache_key(config, problems)
+    from_cache = (folder / META_FILE).is_file() or not _build_once(config, problems, folder)
     meta = json.loads((folder / META_FILE).read_text())
     return TokenizedSet(folder=folder, from_cache=from_cache, **meta)

@@ -31,6 +31,7 @@ from __future__ import annotations
 import sys
 from collections.abc import Sequence
 from types import ModuleType
+from typing import Any
 
 from clozemath.config import MethodConfig
 from clozemath.data.objectives.balance import balance, lm_copies, lm_repeats, objective_counts
@@ -46,8 +47,8 @@ from clozemath.errors import ClozeMathError
 __all__ = [
     "Objective", "Sample", "Solution", "TokenOffsets", "balance", "build_samples", "format_prompt",
     "get_objective", "infilling_sample", "lm_copies", "lm_repeats", "lm_sample", "needs_offsets",
-    "objective_counts", "objective_names", "problem_rng", "register", "samples_from_segments", "source_modules",
-    "visible_tokens",
+    "objective_counts", "objective_names", "problem_rng", "register", "sample_inputs", "samples_from_segments",
+    "source_modules", "visible_tokens",
 ]
 
 _BUILT_IN = (LM, CLOZE, RANDOM_SPAN)
@@ -74,6 +75,45 @@ def get_objective(name: str) -> Objective:
 def needs_offsets(method: MethodConfig) -> bool:
     """Whether one of the method's objectives works on the tokenizer's tokens."""
     return any(get_objective(name).needs_offsets for name in method.objectives)
+
+
+def _check_trains(method: MethodConfig) -> None:
+    if not method.trains:
+        raise ClozeMathError(f"method '{method.name}' does not train: it has no training samples")
+
+
+def _used(method: MethodConfig) -> list[Objective]:
+    """The method's objectives, in registry order (the order its samples come in), each once."""
+    wanted = {get_objective(name).name for name in method.objectives}
+    return [objective for objective in _OBJECTIVES.values() if objective.name in wanted]
+
+
+def sample_inputs(method: MethodConfig, seed: int | None) -> dict[str, Any]:
+    """Exactly what of a method and a seed its training samples depend on (beside the problems, the data settings
+    and the code): methods with equal `sample_inputs` train on the same samples, so a preprocessing cache key hashes
+    this, not the whole method (IT, MFT and it_prefixlm share one set at every seed; clozemath and clozemath_causal
+    one per seed).
+
+    In: the objectives, as a set (samples come in registry order whatever order the method lists them in); the
+    `MethodConfig` fields each objective's builder reads (`Objective.settings`: `random_span`'s span shapes, every
+    field for a builder that does not say); `lm_share` and the seed where balancing can happen (more than one
+    objective: with one, `lm_repeats` is 1 and every sample is kept once, whatever the seed); the seed where an
+    objective draws from its RNG (`Objective.draws`: the cloze groups' halves, random spans; not LM).
+    Out: `name` (messages only), `attention` (the mask a step trains with), `mft` (noise the training loop puts on
+    the token ids, `clozemath.train.batches`), `trains` (a method that does not train has no samples: refused).
+    """
+    _check_trains(method)
+    used = _used(method)
+    balances = len(used) > 1
+    inputs: dict[str, Any] = {"objectives": [objective.name for objective in used]}
+    for objective in used:
+        fields = None if objective.settings is None else set(objective.settings)
+        inputs.update(method.model_dump(mode="json", include=fields))
+    if balances:
+        inputs["lm_share"] = method.lm_share
+    if balances or any(objective.draws for objective in used):
+        inputs["seed"] = seed
+    return inputs
 
 
 def source_modules() -> list[ModuleType]:
@@ -105,13 +145,11 @@ def samples_from_segments(
 
     Y is the segments joined, which segmentation guarantees to be the clean solution.
     """
-    if not method.trains:
-        raise ClozeMathError(f"method '{method.name}' does not train: it has no training samples")
-    wanted = {get_objective(name).name for name in method.objectives}
+    _check_trains(method)
     solution = Solution(problem_id, prompt, segments, without_final_answer(segments), units, token_offsets)
     return [
         sample
-        for objective in _OBJECTIVES.values() if objective.name in wanted
+        for objective in _used(method)
         for sample in objective.build(solution, method, problem_rng(seed, problem_id, objective.name))
     ]
 

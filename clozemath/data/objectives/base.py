@@ -54,6 +54,12 @@ class Objective:
     build: SampleBuilder
     needs_offsets: bool = False
     """Whether `build` reads the tokenizer's character offsets (`Solution.token_offsets`)."""
+    draws: bool = True
+    """Whether `build` draws from its RNG (its samples then depend on the seed). True unless known otherwise: a
+    builder wrongly said not to draw would share a preprocessing cache across seeds."""
+    settings: tuple[str, ...] | None = None
+    """The `MethodConfig` fields `build` reads, beside `name` in its messages (e.g. `random_span`'s own settings);
+    None: it may read any, so all of them count (`sample_inputs`)."""
 
 
 def problem_rng(seed: int, problem_id: str, purpose: str) -> random.Random:

@@ -50,4 +50,4 @@ def cloze_samples(solution: Solution, method: MethodConfig, rng: random.Random) 
     ]
 
 
-CLOZE = Objective("cloze", cloze_samples)
+CLOZE = Objective("cloze", cloze_samples, settings=())

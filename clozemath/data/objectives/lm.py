@@ -17,5 +17,5 @@ def lm_samples(solution: Solution, method: MethodConfig, rng: random.Random) -> 
     return [lm_sample(solution.problem_id, solution.prompt, solution.text)]
 
 
-LM = Objective("lm", lm_samples)
+LM = Objective("lm", lm_samples, draws=False, settings=())
 """Balancing repeats its samples against every other objective's (`clozemath.data.objectives.balance`)."""

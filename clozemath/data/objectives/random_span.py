@@ -108,4 +108,4 @@ def random_span_samples(solution: Solution, method: MethodConfig, rng: random.Ra
     ]
 
 
-RANDOM_SPAN = Objective("random_span", random_span_samples, needs_offsets=True)
+RANDOM_SPAN = Objective("random_span", random_span_samples, needs_offsets=True, settings=("random_span",))
