@@ -79,6 +79,18 @@ def test_a_toy_objective_through_the_registry_alone_is_prepared_and_trained(toy:
     assert "adapter_model.safetensors" in checkpoints[0]
 
 
+def test_a_registered_objective_that_does_not_say_what_it_reads_keys_on_the_whole_method_and_the_seed(
+    toy: Objective,
+) -> None:
+    """The conservative defaults (`Objective.draws`, `Objective.settings`): any setting or seed may reach its
+    samples, so any of them tells its preprocessing caches apart."""
+    method = toy_config(limit=1).method
+    inputs = objectives.sample_inputs(method, 0)
+    assert inputs != objectives.sample_inputs(method, 1)
+    for change in ({"attention": "causal"}, {"name": "other"}, {"mft": {"r_max": 0.2}}):
+        assert objectives.sample_inputs(method.model_validate({**method.model_dump(), **change}), 0) != inputs, change
+
+
 def test_an_unknown_objective_is_a_one_line_error() -> None:
     method = MethodConfig(name="m").model_copy(update={"objectives": ["lm", "no_such_objective"]})
     with pytest.raises(ClozeMathError, match="unknown objective 'no_such_objective' \\(known: lm, cloze, random_span\\)"):

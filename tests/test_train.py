@@ -6,7 +6,10 @@ import json
 import math
 import os
 import shutil
+import threading
+import time
 from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -32,8 +35,9 @@ from clozemath.train.checkpoint import full_trainable_parameters
 from clozemath.train.loop import StepMetrics, train
 from clozemath.train.step import TargetLoss, target_positions
 from ray_jobs.cluster import TRAIN_POLL_ENV_VAR, TRAIN_POLL_S, runtime_env
-from clozemath.data.prepare import prepare_data
+from clozemath.data.prepare import prepare_data, training_samples
 from clozemath.data.sources import load_problems
+from ray_jobs import preprocess as preprocess_module
 from ray_jobs.preprocess import TokenizedSet, cache_key, preprocess
 from ray_jobs.run import run_experiment
 from ray_jobs.train import check_plan, node_gpus, rows_of_rank, streams, worker_threads
@@ -324,6 +328,73 @@ def test_preprocess_is_cached(smoke_prepared: TokenizedSet, workdir: Path) -> No
     (edited / "train.jsonl").write_text(lines[0].replace("Natalia", "Natalie") + "".join(lines[1:4]))  # one letter
     third = preprocess(smoke_config(workdir, f"data.path={edited}"), workdir / "runs" / "cache")
     assert not third.from_cache and third.folder != first.folder
+
+
+def method_at_seed(method: str, seed: int, *overrides: str) -> ExperimentConfig:
+    """The smoke experiment with a method of configs/methods/ at a training seed, as a grid's axes make it (the data
+    seed follows the training seed)."""
+    config = load_config(SMOKE, [f"method={method}", f"train.seed={seed}", *overrides])
+    assert isinstance(config, ExperimentConfig) and config.data.seed == seed
+    return config
+
+
+def test_methods_whose_samples_are_alike_share_a_preprocessing_key() -> None:
+    problems = load_problems("gsm8k", "train", limit=3)
+    key = lambda method, seed, *overrides: cache_key(method_at_seed(method, seed, *overrides), problems)  # noqa: E731
+    assert len({key(method, seed) for method in ("it", "mft", "it_prefixlm") for seed in (0, 3)}) == 1
+    assert key("clozemath", 0) == key("clozemath_causal", 0)
+    assert key("clozemath", 3) == key("clozemath_causal", 3) != key("clozemath", 0)
+    assert key("random_span", 0) != key("clozemath", 0)
+    assert key("clozemath", 0, "method.lm_share=0.4") != key("clozemath", 0)
+    assert key("it", 0, "method.lm_share=0.4") == key("it", 0)
+    assert key("it", 0, "data.max_length=256") != key("it", 0)
+
+
+def test_methods_sharing_a_key_make_the_same_samples() -> None:
+    """What the keys above claim, on real GSM8K problems: the samples are built and compared."""
+    problems = load_problems("gsm8k", "train", limit=6)
+
+    def samples(method: str, seed: int) -> list[Any]:
+        config = method_at_seed(method, seed)
+        return training_samples(problems, config.method, config.data)
+
+    it = samples("it", 0)
+    assert it == samples("mft", 3) and len(it) == len(problems) and {s.kind for s in it} == {"lm"}
+    cloze = samples("clozemath", 1)
+    assert cloze == samples("clozemath_causal", 1) and {s.kind for s in cloze} == {"lm", "cloze"}
+
+
+def test_an_identical_set_prepared_at_once_is_built_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two threads preparing one key: one builds, the other waits for it and reads its cache. Two different keys
+    build at the same time (each build waits for the other to start: serialized builds would time out)."""
+    builds: list[Path] = []
+    both_building = threading.Barrier(2, timeout=10)
+
+    def build(config: ExperimentConfig, problems: list[Any], folder: Path) -> dict[str, Any]:
+        builds.append(folder)
+        if config.method.name == "random_span":
+            both_building.wait()
+        time.sleep(0.3)
+        (folder / "rows").mkdir()
+        return {"num_rows": len(problems), "num_sentinels": 0, "kinds": {"lm": len(problems)},
+                "dropped_for_length": 0, "num_tokens": 0}
+
+    monkeypatch.setattr(preprocess_module, "_build", build)
+    cache = tmp_path / "cache"
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        same = list(pool.map(lambda method: preprocess(method_at_seed(method, 0), cache), ["it", "mft"]))
+    assert len(builds) == 1 and same[0].folder == same[1].folder and same[0].folder.parent == cache
+    assert sorted(prepared.from_cache for prepared in same) == [False, True]
+    assert (same[0].folder / "rows").is_dir() and not list(cache.glob(".*.building"))
+
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        different = list(pool.map(
+            lambda seed: preprocess(method_at_seed("random_span", seed), cache), [0, 1]
+        ))
+    assert len(builds) == 3 and different[0].folder != different[1].folder
+    assert not any(prepared.from_cache for prepared in different)
 
 
 @pytest.mark.slow
