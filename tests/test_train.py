@@ -340,7 +340,10 @@ def method_at_seed(method: str, seed: int, *overrides: str) -> ExperimentConfig:
 
 def test_methods_whose_samples_are_alike_share_a_preprocessing_key() -> None:
     problems = load_problems("gsm8k", "train", limit=3)
-    key = lambda method, seed, *overrides: cache_key(method_at_seed(method, seed, *overrides), problems)  # noqa: E731
+
+    def key(method: str, seed: int, *overrides: str) -> str:
+        return cache_key(method_at_seed(method, seed, *overrides), problems)
+
     assert len({key(method, seed) for method in ("it", "mft", "it_prefixlm") for seed in (0, 3)}) == 1
     assert key("clozemath", 0) == key("clozemath_causal", 0)
     assert key("clozemath", 3) == key("clozemath_causal", 3) != key("clozemath", 0)
