@@ -16,13 +16,15 @@ from ray.train import UserCallback
 
 from clozemath import console, tracking
 from clozemath.config import ExperimentConfig
+from clozemath.data.objectives import sample_inputs
 from clozemath.plan import load_method
 from clozemath.records import ADAPTER_DIR, CACHE_DIR, run_folder
 from clozemath.train.budget import Footprint, matched_epochs, planned_tokens
 from ray_jobs.cluster import init_ray, user_errors_surfaced
 from ray_jobs.eval_job import run_evaluation
-from ray_jobs.preprocess import TokenizedSet, preprocess
+from ray_jobs.preprocess import TokenizedSet, preprocess, tokenizer_settings
 from ray_jobs.train import fit, packs
+
 
 @dataclass(frozen=True)
 class RunOutcome:
@@ -95,9 +97,11 @@ def _matched(config: ExperimentConfig, reference: Footprint, mine: Footprint) ->
 
 
 def _training_set(config: ExperimentConfig) -> str:
-    """What a prepared training set depends on in a config (two configs alike here prepare the same rows)."""
-    return json.dumps([config.data.model_dump(mode="json"), config.method.model_dump(mode="json"),
-                       config.model.model_dump(mode="json"), config.train.output_dir], sort_keys=True)
+    """What a prepared training set depends on in a config, as its cache key reads it (`preprocess.cache_key`, less
+    the problems, which the data settings name): two configs alike here prepare the same rows into one folder."""
+    data = config.data.model_dump(mode="json", exclude={"seed"})
+    return json.dumps([data, sample_inputs(config.method, config.data.seed), tokenizer_settings(config.model),
+                       config.train.output_dir], sort_keys=True)
 
 
 def with_budgets(experiments: list[ExperimentConfig], root: Path, parallel: int = 8) -> list[ExperimentConfig]:

@@ -353,6 +353,18 @@ def test_methods_whose_samples_are_alike_share_a_preprocessing_key() -> None:
     assert key("it", 0, "data.max_length=256") != key("it", 0)
 
 
+def test_matched_budgets_prepare_each_shared_set_once() -> None:
+    """`with_budgets` prepares one set per group it forms: the groups follow the cache key, so IT (the budget's
+    reference), MFT and it_prefixlm at two seeds make one group, not six."""
+    from ray_jobs.run import _training_set
+
+    def groups(*methods: str) -> set[str]:
+        return {_training_set(method_at_seed(method, seed)) for method in methods for seed in (0, 3)}
+
+    assert len(groups("it", "mft", "it_prefixlm")) == 1
+    assert len(groups("clozemath", "clozemath_causal")) == 2
+
+
 def test_methods_sharing_a_key_make_the_same_samples() -> None:
     """What the keys above claim, on real GSM8K problems: the samples are built and compared."""
     problems = load_problems("gsm8k", "train", limit=6)
