@@ -56,8 +56,9 @@ def test_the_paper_grid_states_its_budget() -> None:
 
 
 def test_a_grids_matched_budgets_prepare_each_training_set_once(monkeypatch: pytest.MonkeyPatch) -> None:
-    """IT and ClozeMath at IT's tokens in 1 epoch, 2 seeds, and base: 4 distinct training sets (a reference is the IT
-    trial's own; base trains nothing), prepared once each (here: made-up footprints, no Ray). Packed rows: ClozeMath
+    """IT and ClozeMath at IT's tokens in 1 epoch, 2 seeds, and base: 3 distinct training sets (a reference is the IT
+    trial's own; IT's samples are the same at every seed; base trains nothing), prepared once each (here: made-up
+    footprints, no Ray). Packed rows: ClozeMath
     gets IT's 40,000 tokens of its 100,000 + seed an epoch, IT 1 epoch; base and epochs-budget points untouched."""
     from ray_jobs import run
 
@@ -75,7 +76,8 @@ def test_a_grids_matched_budgets_prepare_each_training_set_once(monkeypatch: pyt
         "train.max_steps=null", "train.budget=tokens", "train.budget_reference=it", "train.epochs=1",
         "train.pack_tokens=512"])
     matched = run.with_budgets(plan.experiments, plan.root, parallel=2)
-    assert sorted(prepared) == [("clozemath", 0), ("clozemath", 1), ("it", 0), ("it", 1)] and started == [True]
+    assert sorted(prepared)[:2] == [("clozemath", 0), ("clozemath", 1)] and started == [True]
+    assert [method for method, _ in prepared].count("it") == 1 and len(prepared) == 3
     epochs = {(e.method.name, e.train.seed): e.train.epochs for e in matched}
     assert epochs == {("base", 0): 1, ("base", 1): 1, ("it", 0): 1, ("it", 1): 1,
                       ("clozemath", 0): 40_000 / 100_000, ("clozemath", 1): 40_000 / 100_001}
