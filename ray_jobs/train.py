@@ -60,9 +60,9 @@ def usable_cores() -> int:
 def worker_threads(cores: int, local_world_size: int, gpu_share: float | None, node_gpus: float) -> int:
     """torch's intra-op threads for a Train worker. Ray starts a 1-CPU worker with one thread (OMP_NUM_THREADS=1).
     On CPU the node's cores are the accelerator: split among the node's workers. On a GPU the host still prepares
-    each step, and one thread cost 12% of SmolLM2's uncompiled training (14,560 against 16,594 tokens/s, H200,
-    `bench/train_throughput.py` in 4,096-token rows): each worker gets the cores in proportion to its share of the
-    node's GPUs (`gpu_share` None: a CPU worker)."""
+    each step, and one thread slowed SmolLM2's uncompiled training by about a tenth
+    (`bench/results/train_throughput_host_fixes_h200.md`): each worker gets the cores in proportion to its share of
+    the node's GPUs (`gpu_share` None: a CPU worker)."""
     if gpu_share is None:
         return max(1, cores // local_world_size)
     return max(1, int(cores * gpu_share / max(node_gpus, 1.0)))
