@@ -58,10 +58,11 @@ def init_ray() -> None:
 def _join(address: str, env: dict[str, dict[str, str]]) -> None:
     """ray.init at RAY_ADDRESS, where a refused token is a one-line error: since Ray 2.59 `ray start` turns token
     authentication on for a local cluster, and a driver whose RAY_AUTH_MODE differs cannot join (Ray 2.60 says only
-    "Failed to connect")."""
+    "Failed to connect", the token's error only in the text of its cause), nor can one that wants a token and has
+    none (an AuthenticationError of its own)."""
     try:
         ray.init(runtime_env=env)
-    except ConnectionError as exc:
+    except (ConnectionError, ray.exceptions.AuthenticationError) as exc:
         if "token" not in f"{exc!r} {exc.__cause__!r}".lower():
             raise
         mode = os.environ.get("RAY_AUTH_MODE", "disabled")

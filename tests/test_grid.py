@@ -120,15 +120,19 @@ def smoke_grid(tmp_path_factory: pytest.TempPathFactory) -> tuple[subprocess.Com
     folder = tmp_path_factory.mktemp("grid")
     overrides = [*SLICE, *store(folder)]
     with ray_head(tmp_path_factory.mktemp("head")) as (address, gcs, env):
-        refused = subprocess.run(  # a driver without the cluster's token, as `ray start` users meet it
-            [sys.executable, "-m", "clozemath_cli", "run", "configs/grids/smoke.yaml", *overrides], cwd=ROOT,
-            env={**env, "RAY_ADDRESS": gcs, "RAY_AUTH_MODE": "disabled"}, capture_output=True, text=True, timeout=300,
-        )
-        assert refused.returncode == 2, refused.stderr[-3000:]
-        assert "Traceback" not in refused.stderr and refused.stderr.strip().splitlines()[-1] == (
-            f"clozemath: error: the Ray cluster at {gcs} refused this driver (RAY_AUTH_MODE=disabled): set "
-            "RAY_AUTH_MODE=token as the cluster was started, with its token in ~/.ray/auth_token or RAY_AUTH_TOKEN"
-        )
+        no_token = {key: value for key, value in env.items() if key != "RAY_AUTH_TOKEN"}
+        home = tmp_path_factory.mktemp("home")  # no ~/.ray/auth_token there
+        for mode, driver_env in (("disabled", env), ("token", {**no_token, "HOME": str(home)})):
+            refused = subprocess.run(  # a driver without the cluster's token, as `ray start` users meet it
+                [sys.executable, "-m", "clozemath_cli", "run", "configs/grids/smoke.yaml", *overrides], cwd=ROOT,
+                env={**driver_env, "RAY_ADDRESS": gcs, "RAY_AUTH_MODE": mode}, capture_output=True, text=True,
+                timeout=300,
+            )
+            assert refused.returncode == 2, refused.stderr[-3000:]
+            assert "Traceback" not in refused.stderr and refused.stderr.strip().splitlines()[-1] == (
+                f"clozemath: error: the Ray cluster at {gcs} refused this driver (RAY_AUTH_MODE={mode}): set "
+                "RAY_AUTH_MODE=token as the cluster was started, with its token in ~/.ray/auth_token or RAY_AUTH_TOKEN"
+            )
         job = subprocess.run(
             [str(RAY), "job", "submit", "--address", address, "--working-dir", str(ROOT), "--",
              sys.executable, "-m", "clozemath_cli", "run", "configs/grids/smoke.yaml", *overrides],
