@@ -115,8 +115,9 @@ def test_a_model_in_training_decodes_with_the_engine_chosen_for_it(prompts):
 
 def test_beam_batches_on_graphs_are_freed_without_the_cycle_collector(loaded, prompts):
     """The issue-25 lease's final evaluations ran out of a fifth of an H100 in beam search: every captured batch
-    lived on (a reference cycle through its graph's function) until the cycle collector ran. With it off, the device
-    memory after decoding is what it was before."""
+    lived on (a reference cycle through its graph's function) until the cycle collector ran, and each batch's capture
+    on a new stream left PyTorch a cuBLAS workspace (the 2026-11-27 lease: 256 MiB more after these 8 batches). With
+    the collector off, the device memory after decoding is what it was before."""
     import gc
 
     settings = DecodeSettings(num_beams=5, max_new_tokens=64, batch_size=4, engine="graphs",
