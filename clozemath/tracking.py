@@ -142,8 +142,9 @@ def client(uri: str) -> MlflowClient:
 
 def experiment_id(tracking: TrackingConfig) -> str:
     """The experiment's id, creating it (with an explicit artifact location) when it does not exist yet."""
-    mlflow = client(tracking.uri)
-    found = mlflow.get_experiment_by_name(tracking.experiment)  # creates a SQLite store's tables
+    with _creating(tracking.uri):
+        mlflow = client(tracking.uri)
+        found = mlflow.get_experiment_by_name(tracking.experiment)  # creates a SQLite store's tables
     write_ahead_log(tracking.uri)
     if found is not None:
         return found.experiment_id
@@ -155,12 +156,34 @@ def experiment_id(tracking: TrackingConfig) -> str:
         return mlflow.get_experiment_by_name(tracking.experiment).experiment_id
 
 
+@contextmanager
+def _creating(uri: str) -> Iterator[None]:
+    """One process at a time creates a new SQLite store's tables: two drivers that start together on a fresh file
+    (a grid and Table 4's beside it) both ran MLflow's migrations and one failed ("duplicate column name",
+    "Circular dependency detected"). The lock file stays beside the store."""
+    path = _sqlite_path(uri)
+    if path is None:
+        yield
+        return
+    from filelock import FileLock
+
+    with FileLock(f"{path}.lock"):
+        yield
+
+
+def _sqlite_path(uri: str) -> str | None:
+    """A local SQLite store's file, else None."""
+    resolved = resolved_uri(uri)
+    path = resolved.removeprefix("sqlite:///")
+    return None if path == resolved else path
+
+
 def write_ahead_log(uri: str) -> None:
     """Put a SQLite store in WAL mode (it stays so): a reader (a trial looking for its run, `mlflow ui`, the report)
     no longer blocks the trials that write, and writers queue (MLflow waits up to 20 s for the lock). Several
     machines need a tracking server: SQLite locks do not hold on network file systems."""
-    path = resolved_uri(uri).removeprefix("sqlite:///")
-    if path == resolved_uri(uri):
+    path = _sqlite_path(uri)
+    if path is None:
         return
     try:
         with closing(sqlite3.connect(path, timeout=20)) as database:

@@ -118,6 +118,38 @@ def test_four_trials_at_once_on_a_sqlite_store_in_wal_mode(tmp_path: Path) -> No
         assert database.execute("PRAGMA journal_mode").fetchone() == ("wal",)
 
 
+def create_experiment_at_once(uri: str, name: str, barrier: Any, results: Any) -> None:
+    """A driver's first contact with the store (it creates a new SQLite file's tables), at the same moment as the
+    others'."""
+    import mlflow  # noqa: F401  (imported before the barrier: the calls, not the imports, meet)
+
+    barrier.wait()
+    try:
+        tracking.experiment_id(TrackingConfig(uri=uri, experiment=name))
+        results.put((name, "created"))
+    except Exception as exc:  # noqa: BLE001  (the failure is what the test reports)
+        results.put((name, f"{type(exc).__name__}: {exc}"[:200]))
+
+
+def test_drivers_that_start_together_on_a_new_sqlite_store_each_create_their_experiment(tmp_path: Path) -> None:
+    """Two grids' drivers started together on a fresh store (the 2026-11-27 lease: the Table 4 grid's failed with
+    MLflow's "Circular dependency detected"; without the lock, 4 rounds of 3 failed 4 times on CPU)."""
+    import multiprocessing
+
+    spawn = multiprocessing.get_context("spawn")
+    uri = f"sqlite:///{tmp_path / 'mlruns.db'}"
+    names = ["main", "table4", "lr"]
+    barrier, results = spawn.Barrier(len(names)), spawn.Queue()
+    drivers = [spawn.Process(target=create_experiment_at_once, args=(uri, name, barrier, results)) for name in names]
+    for driver in drivers:
+        driver.start()
+    outcomes = dict(results.get(timeout=120) for _ in drivers)
+    for driver in drivers:
+        driver.join(timeout=60)
+    assert outcomes == {name: "created" for name in names}
+    assert sorted(e.name for e in tracking.client(uri).search_experiments()) == sorted(["Default", *names])
+
+
 def test_four_trials_at_once_on_a_tracking_server(tracking_server: str, server_folder: Path, tmp_path: Path) -> None:
     assert_trials_at_once_are_all_found(tracking_server, tmp_path)
     assert list((server_folder / "served").rglob("predictions.jsonl"))  # the server holds the artifacts
