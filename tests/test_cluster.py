@@ -28,8 +28,8 @@ from clozemath import records, tracking
 from clozemath.config import ExperimentConfig, TrackingConfig
 from clozemath.plan import load_config
 from ray_jobs.cluster import runtime_env
-from ray_jobs.run import run_experiment
 from ray_jobs.reports import STEPS_KEY
+from ray_jobs.run import run_experiment
 
 pytestmark = pytest.mark.slow
 
