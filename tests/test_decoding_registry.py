@@ -40,7 +40,7 @@ class FirstToken(Decoding):
 @pytest.fixture
 def first_token(monkeypatch):
     """"first-token" registered for one test (the registry as it was, after)."""
-    monkeypatch.setattr(decoding.registry, "_DECODINGS", dict(decoding.registry._DECODINGS))
+    monkeypatch.setattr(decoding.registry.DECODINGS, "_entries", dict(decoding.registry.DECODINGS._entries))
     return register("first-token", FirstToken())
 
 

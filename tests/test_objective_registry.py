@@ -38,7 +38,7 @@ def last_equation_samples(solution: Solution, method: MethodConfig, rng: random.
 
 @pytest.fixture
 def toy(monkeypatch: pytest.MonkeyPatch) -> Objective:
-    monkeypatch.setattr(objectives, "_OBJECTIVES", dict(objectives._OBJECTIVES))  # registered for this test only
+    monkeypatch.setattr(objectives.OBJECTIVES, "_entries", dict(objectives.OBJECTIVES._entries))  # registered for this test only
     return register(Objective(TOY, last_equation_samples))
 
 

@@ -36,7 +36,7 @@ def toy_task() -> Task:
 
 @pytest.fixture
 def toy(monkeypatch: pytest.MonkeyPatch) -> Task:
-    monkeypatch.setattr(tasks, "_TASKS", dict(tasks._TASKS))  # registered for this test only
+    monkeypatch.setattr(tasks.TASKS, "_entries", dict(tasks.TASKS._entries))  # registered for this test only
     return register(toy_task())
 
 

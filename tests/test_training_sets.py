@@ -28,8 +28,9 @@ ROWS = [
 
 @pytest.fixture
 def toy_set(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """`toy`: GSM8K's format under a name of its own, declared as `_BUILT_IN` would; its train split's file."""
-    monkeypatch.setitem(training_sets.TRAINING_SETS, "toy", replace(training_sets.GSM8K, name="toy"))
+    """`toy`: GSM8K's format under a name of its own, registered as a plug-in would; its train split's file."""
+    monkeypatch.setattr(training_sets.TRAINING_SETS, "_entries", dict(training_sets.TRAINING_SETS._entries))
+    training_sets.TRAINING_SETS.register("toy", replace(training_sets.GSM8K, name="toy"))
     file = tmp_path / "toy" / "train.jsonl"
     file.parent.mkdir()
     file.write_text("".join(json.dumps(row) + "\n" for row in ROWS), encoding="utf-8")

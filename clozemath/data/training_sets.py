@@ -3,7 +3,7 @@ problem (its fields, the rule that reads the gold answer from the solution) and 
 (the segmentation rule of `clozemath.data.segment`).
 
 Planning (`data.dataset`), sources, segmentation, the CLI's `--dataset`, the report and the benchmarks read them from
-here: a new training set in a format already known is one entry in `_BUILT_IN`; a new format also needs its gold
+here: a new training set in a format already known is one entry in `TRAINING_SETS`; a new format also needs its gold
 rule (`clozemath.data.gold`) or its segmentation rule.
 """
 
@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from clozemath.data.gold import boxed_gold, numeric_gold
-from clozemath.errors import ClozeMathError
+from clozemath.registry import Registry
 
 EquationRule = Literal["calculator_annotations", "latex_relations"]
 """How `clozemath.data.segment` finds a solution's equations: one per GSM8K `<<expr=result>>` calculator annotation
@@ -50,17 +50,7 @@ MATH = TrainingSet(
                  "prealgebra", "precalculus"),
     equations="latex_relations",
 )
-_BUILT_IN = (GSM8K, MATH)
-
-TRAINING_SETS: dict[str, TrainingSet] = {training_set.name: training_set for training_set in _BUILT_IN}
-
-
-def training_set_names() -> tuple[str, ...]:
-    """Every training set's name, the paper's first in its tables' order."""
-    return tuple(TRAINING_SETS)
-
-
-def training_set(name: str) -> TrainingSet:
-    if name not in TRAINING_SETS:
-        raise ClozeMathError(f"unknown training set '{name}' (known: {', '.join(TRAINING_SETS)})")
-    return TRAINING_SETS[name]
+TRAINING_SETS: Registry[TrainingSet] = Registry("training set", [(s.name, s) for s in (GSM8K, MATH)])
+"""Every training set by name, the paper's first in its tables' order."""
+training_set_names = TRAINING_SETS.names
+training_set = TRAINING_SETS.__getitem__

@@ -2,13 +2,13 @@
 
 A family's module holds what is particular to it (where its problems come from, how its answers are found and
 graded, how a base model is prompted) as `Task`s. Adding an evaluation set is one new module and one line in
-`_BUILT_IN`, or a `register` call: configs, predictions files, metrics, `clozemath score` and the report then know it.
+`TASKS`, or a `register` call: configs, predictions files, metrics, `clozemath score` and the report then know it.
 """
 
 from __future__ import annotations
 
 from clozemath.data.sources import Problem
-from clozemath.errors import ClozeMathError
+from clozemath.registry import Registry
 from clozemath.tasks.base import MATH_VERIFY_TIMEOUT_S, EvalSource, Graded, Task
 from clozemath.tasks.gsm8k import GSM8K
 from clozemath.tasks.gsm_symbolic import GSM_P1, GSM_P2, GSM_SYMBOLIC
@@ -16,24 +16,14 @@ from clozemath.tasks.math import MATH
 
 __all__ = ["EvalSource", "Task", "answer_span", "few_shot_prompt", "get_task", "grade", "register", "task_names"]
 
-_BUILT_IN = (GSM8K, MATH, GSM_SYMBOLIC, GSM_P1, GSM_P2)
-_TASKS: dict[str, Task] = {task.name: task for task in _BUILT_IN}
+TASKS: Registry[Task] = Registry("dataset", [(task.name, task) for task in (GSM8K, MATH, GSM_SYMBOLIC, GSM_P1, GSM_P2)])
+task_names = TASKS.names
+get_task = TASKS.__getitem__
 
 
 def register(task: Task) -> Task:
     """Make an evaluation set known by its name (registering a name again replaces it)."""
-    _TASKS[task.name] = task
-    return task
-
-
-def task_names() -> tuple[str, ...]:
-    return tuple(_TASKS)
-
-
-def get_task(name: str) -> Task:
-    if name not in _TASKS:
-        raise ClozeMathError(f"unknown dataset '{name}' (known: {', '.join(_TASKS)})")
-    return _TASKS[name]
+    return TASKS.register(task.name, task)
 
 
 def grade(dataset: str, generation: str, gold: str, *, timeout_s: float = MATH_VERIFY_TIMEOUT_S) -> Graded:

@@ -3,7 +3,7 @@ MFT noise in `mft` (on token ids, so imported from its module: this package load
 objective names are checked against `objective_names()` before anything heavy is imported).
 
 An objective is one module (a builder: `Solution`, method, RNG -> samples, wrapped in an `Objective`) and one line in
-`_BUILT_IN` below, or a `register` call: methods may then list it in `objectives`, `clozemath prepare` and a run's
+`OBJECTIVES` below, or a `register` call: methods may then list it in `objectives`, `clozemath prepare` and a run's
 preprocessing build its samples (balanced against LM like every objective but LM; the cache key hashes its module)
 and count them under its name. Built in: `lm`, `cloze` (the paper's equation masking), `random_span`.
 
@@ -43,6 +43,7 @@ from clozemath.data.samples import Sample
 from clozemath.data.segment import Segment, equation_units, segment_solution, without_final_answer
 from clozemath.data.sources import Problem
 from clozemath.errors import ClozeMathError
+from clozemath.registry import Registry
 
 __all__ = [
     "Objective", "Sample", "Solution", "TokenOffsets", "balance", "build_samples", "format_prompt",
@@ -51,25 +52,15 @@ __all__ = [
     "source_modules", "visible_tokens",
 ]
 
-_BUILT_IN = (LM, CLOZE, RANDOM_SPAN)
+OBJECTIVES: Registry[Objective] = Registry("objective", [(o.name, o) for o in (LM, CLOZE, RANDOM_SPAN)])
 """In the order a problem's samples come in (whatever the order of `method.objectives`)."""
-_OBJECTIVES: dict[str, Objective] = {objective.name: objective for objective in _BUILT_IN}
+objective_names = OBJECTIVES.names
+get_objective = OBJECTIVES.__getitem__
 
 
 def register(objective: Objective) -> Objective:
     """Make an objective known by its name (registering a name again replaces it)."""
-    _OBJECTIVES[objective.name] = objective
-    return objective
-
-
-def objective_names() -> tuple[str, ...]:
-    return tuple(_OBJECTIVES)
-
-
-def get_objective(name: str) -> Objective:
-    if name not in _OBJECTIVES:
-        raise ClozeMathError(f"unknown objective '{name}' (known: {', '.join(_OBJECTIVES)})")
-    return _OBJECTIVES[name]
+    return OBJECTIVES.register(objective.name, objective)
 
 
 def needs_offsets(method: MethodConfig) -> bool:
@@ -85,7 +76,7 @@ def _check_trains(method: MethodConfig) -> None:
 def _used(method: MethodConfig) -> list[Objective]:
     """The method's objectives, in registry order (the order its samples come in), each once."""
     wanted = {get_objective(name).name for name in method.objectives}
-    return [objective for objective in _OBJECTIVES.values() if objective.name in wanted]
+    return [objective for objective in OBJECTIVES.entries() if objective.name in wanted]
 
 
 def sample_inputs(method: MethodConfig, seed: int | None) -> dict[str, Any]:
@@ -120,7 +111,7 @@ def source_modules() -> list[ModuleType]:
     """The modules that decide a sample's text: this package's and every registered objective's (a preprocessing
     cache key hashes their source)."""
     package = [sys.modules[name] for name in sorted(sys.modules) if name.startswith(f"{__name__}.")]
-    builders = [sys.modules[objective.build.__module__] for objective in _OBJECTIVES.values()]
+    builders = [sys.modules[objective.build.__module__] for objective in OBJECTIVES.entries()]
     return list(dict.fromkeys([sys.modules[__name__], *package, *builders]))
 
 

@@ -8,7 +8,7 @@ string, or after `max_new_tokens`.
 - `run.decode`: the entry point; `settings.DecodeSettings`: how (one object, built from an `EvalConfig` by
   `DecodeSettings.of`).
 - the decodings (`registry`: name -> `job.Decoding`): `rows` (greedy; rows that continue greedily), `cot`
-  (CoT-decoding), `beam` (beam search). Adding one: a module and a line in `registry._BUILT_IN`.
+  (CoT-decoding), `beam` (beam search). Adding one: a module and a line in `registry.DECODINGS`.
 - the engines that step the rows: `eager` (transformers' DynamicCache: CPU, and ZeRO-3 during training) and `static`
   (CUDA: a preallocated cache, its step replayed as a CUDA graph; greedy and CoT rows refilled as prompts end).
 - `batching`: how many prompts a batch holds (`batch_size="auto"`: the device's free memory).

@@ -85,7 +85,7 @@ def batches(indices: Sequence[int], size: int) -> Iterator[list[int]]:
 class Decoding:
     """A decoding scheme: how many rows a prompt takes and how a run of prompts is decoded on an engine.
 
-    Adding one is a module with a subclass and one line in the registry's `_BUILT_IN` (or a `register` call). Greedy
+    Adding one is a module with a subclass and one line in the registry's `DECODINGS` (or a `register` call). Greedy
     and CoT-decoding build on `rows.RowDecoding` (rows that continue greedily, refilled on the static engines); beam
     search on `Job.batch` (batches kept whole).
     """
