@@ -133,17 +133,21 @@ follow() {  # until the chain is done or $1 seconds passed; then where it is
     if [ -e "$WORK/done" ]; then echo "chain: done"; else echo "chain: running"; fi
 }
 
-collect() {  # at most 8 files, each < 16 MiB
+collect() {  # at most 8 files, each < 16 MiB; safe to call while the chain runs (what has finished so far)
     local into=${OUT:?set OUT}
     (cd "$WORK" && tar -czf "$into/reports.tar.gz" --exclude='*.jsonl.gz' reports chain.log main.log table4.log \
         gpu.csv runs/*/logs/driver.log)
     (cd "$WORK" && tar -czf "$into/workers_logs.tar.gz" runs/*/logs/workers.log)
+    # every finished trial's evaluation files, adapters left out: with the store, the reports can be made elsewhere
+    # (extract it at $WORK, where the store says its artifacts are) even when the chain did not reach them
+    (cd "$WORK" && tar -czf "$into/eval_artifacts.tar.gz" --exclude='*/artifacts/adapter' mlartifacts 2> /dev/null)
     cp "$REPORTS/matched/predictions.jsonl.gz" "$into/replication_matched_predictions.jsonl.gz" 2> /dev/null  # the stages that ran
     cp "$REPORTS/table4_alone/predictions.jsonl.gz" "$into/replication_table4_predictions.jsonl.gz" 2> /dev/null  # the stages that ran
     cp "$REPORTS/matched_lr/predictions.jsonl.gz" "$into/replication_matched_lr_predictions.jsonl.gz" 2> /dev/null  # the stages that ran
-    "$PY" -c "import sqlite3, sys; sqlite3.connect(sys.argv[1]).execute('PRAGMA wal_checkpoint(TRUNCATE)')" \
-        "$WORK/mlruns.db"  # the store is in WAL mode: everything into the one file
-    gzip -c "$WORK/mlruns.db" > "$into/mlruns.db.gz"
+    rm -f "$WORK/snapshot.db"  # the store is in WAL mode and may be written to: a consistent copy in one file
+    "$PY" -c "import sqlite3, sys; sqlite3.connect(sys.argv[1]).backup(sqlite3.connect(sys.argv[2]))" \
+        "$WORK/mlruns.db" "$WORK/snapshot.db"
+    gzip -c "$WORK/snapshot.db" > "$into/mlruns.db.gz"
     ls -l "$into"
 }
 
