@@ -19,6 +19,7 @@ import hashlib
 import json
 import logging
 import re
+import time
 from contextlib import ExitStack
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -225,14 +226,26 @@ def warn_local_store_on_a_cluster(uri: str) -> None:
                      "(`mlflow server`, then tracking.uri=http://<host>:<port>; see the README)")
 
 
-def end_interrupted(tracking_cfg: TrackingConfig, parent: TrackedRun) -> None:
+INTERRUPT_SETTLE_S = 5.0
+"""How long an interrupted grid's driver keeps its trials' runs KILLED: a trial still unwinding when the driver marks
+them may end its own run FAILED just after (its status check and its write are two calls: 31 ms after the driver's
+mark in the run that found it), and Tune has stopped every trial by then, so their last writes come within moments."""
+
+
+def end_interrupted(tracking_cfg: TrackingConfig, parent: TrackedRun, settle_s: float = INTERRUPT_SETTLE_S) -> None:
     """Mark the grid's run KILLED, and every trial run not FINISHED: those still RUNNING (a trial stopped by Tune may
     never end its run) and those that ended FAILED (depending on when the signal lands, a trial's own cleanup, or its
-    Train run dying of the shutdown, ends its run first, as a failure). Each resumes with the grid."""
-    for run in tracking.find_runs(tracking_cfg, {PARENT_TAG: parent.run_id}):
-        if run.info.status != "FINISHED":
-            TrackedRun(parent.uri, run.info.run_id).end(status="KILLED")
+    Train run dying of the shutdown, ends its run first, as a failure), again for `settle_s` (a trial that ends its
+    run after the mark). Each resumes with the grid."""
     parent.end(status="KILLED")
+    settled = time.monotonic() + settle_s
+    while True:
+        for run in tracking.find_runs(tracking_cfg, {PARENT_TAG: parent.run_id}):
+            if run.info.status not in ("FINISHED", "KILLED"):
+                TrackedRun(parent.uri, run.info.run_id).end(status="KILLED")
+        if time.monotonic() >= settled:
+            return
+        time.sleep(0.5)
 
 
 def with_absolute_paths(config: ExperimentConfig) -> ExperimentConfig:

@@ -254,6 +254,30 @@ def ray_head(folder: Path) -> Iterator[tuple[str, str, dict[str, str]]]:
             head.wait()
 
 
+def test_an_interrupted_grid_keeps_a_trial_run_killed_that_the_trial_ends_failed_after_the_mark(
+    tmp_path: Path
+) -> None:
+    """The order a suite run met once: the driver marked the trial's run KILLED, and the trial, still unwinding, ended
+    it FAILED 31 ms later. Here the trial's write comes 0.3 s after the driver starts marking."""
+    import threading
+
+    config = TrackingConfig(uri=f"sqlite:///{tmp_path / 'mlruns.db'}", experiment="interrupted")
+    parent = tracking.start_run(config, "grid", tags={"role": "grid"})
+    trial = tracking.start_run(config, "grid/trial", parent_run_id=parent.run_id)
+    finished = tracking.start_run(config, "grid/finished", parent_run_id=parent.run_id)
+    finished.end(succeeded=True)
+
+    def late_failure() -> None:
+        time.sleep(0.3)
+        trial.end(succeeded=False)
+
+    unwinding = threading.Thread(target=late_failure)
+    unwinding.start()
+    ray_jobs.grid.end_interrupted(config, parent, settle_s=1.5)
+    unwinding.join()
+    assert (parent.status(), trial.status(), finished.status()) == ("KILLED", "KILLED", "FINISHED")
+
+
 INTERRUPTED_STEPS = 6
 """The interrupted grid trains 6 steps: room for two interruptions, each past a checkpoint (every 2 steps)."""
 
