@@ -47,6 +47,13 @@ def resolved_uri(uri: str) -> str:
     return uri
 
 
+def _sqlite_path(uri: str) -> str | None:
+    """A local SQLite store's file, else None."""
+    resolved = resolved_uri(uri)
+    path = resolved.removeprefix("sqlite:///")
+    return None if path == resolved else path
+
+
 PROBE_TIMEOUT_S = 3.0
 """How long a tracking server or database may take to accept a connection when a command starts: MLflow's own
 client retries a server where nothing listens for about 5 minutes before it fails."""
@@ -128,10 +135,8 @@ def artifact_location(tracking: TrackingConfig) -> str | None:
     if tracking.artifact_location is not None:
         location = tracking.artifact_location
         return location if "://" in location else Path(location).resolve().as_uri()
-    uri = resolved_uri(tracking.uri)
-    if uri.startswith("sqlite:///"):
-        return (Path(uri[len("sqlite:///"):]).parent / "mlartifacts").as_uri()
-    return None
+    path = _sqlite_path(tracking.uri)
+    return None if path is None else (Path(path).parent / "mlartifacts").as_uri()
 
 
 def client(uri: str) -> MlflowClient:
@@ -169,13 +174,6 @@ def _creating(uri: str) -> Iterator[None]:
 
     with FileLock(f"{path}.lock"):
         yield
-
-
-def _sqlite_path(uri: str) -> str | None:
-    """A local SQLite store's file, else None."""
-    resolved = resolved_uri(uri)
-    path = resolved.removeprefix("sqlite:///")
-    return None if path == resolved else path
 
 
 def write_ahead_log(uri: str) -> None:
