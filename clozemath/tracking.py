@@ -8,6 +8,7 @@ in `clozemath.records`.
 
 from __future__ import annotations
 
+import functools
 import os
 import socket
 import sqlite3
@@ -140,17 +141,29 @@ def artifact_location(tracking: TrackingConfig) -> str | None:
 
 
 def client(uri: str) -> MlflowClient:
+    """A client of the store, whose tables this process has made sure of first (`_store_ready`)."""
     from mlflow import MlflowClient
 
-    return MlflowClient(tracking_uri=resolved_uri(uri))
+    resolved = resolved_uri(uri)
+    _store_ready(resolved)
+    return MlflowClient(tracking_uri=resolved)
+
+
+@functools.cache
+def _store_ready(uri: str) -> None:
+    """The process's first contact with a store, under the creation lock: whichever call comes first (a grid's
+    driver looks for its earlier run before it asks for its experiment) creates a new SQLite file's tables."""
+    from mlflow import MlflowClient
+
+    with _creating(uri):
+        MlflowClient(tracking_uri=uri).search_experiments(max_results=1)  # creates a SQLite store's tables
+    write_ahead_log(uri)
 
 
 def experiment_id(tracking: TrackingConfig) -> str:
     """The experiment's id, creating it (with an explicit artifact location) when it does not exist yet."""
-    with _creating(tracking.uri):
-        mlflow = client(tracking.uri)
-        found = mlflow.get_experiment_by_name(tracking.experiment)  # creates a SQLite store's tables
-    write_ahead_log(tracking.uri)
+    mlflow = client(tracking.uri)
+    found = mlflow.get_experiment_by_name(tracking.experiment)
     if found is not None:
         return found.experiment_id
     from mlflow.exceptions import MlflowException
@@ -165,7 +178,7 @@ def experiment_id(tracking: TrackingConfig) -> str:
 def _creating(uri: str) -> Iterator[None]:
     """One process at a time creates a new SQLite store's tables: two drivers that start together on a fresh file
     (a grid and Table 4's beside it) both ran MLflow's migrations and one failed ("duplicate column name",
-    "Circular dependency detected"). The lock file stays beside the store."""
+    "Circular dependency detected", "table mcp_servers already exists"). The lock file stays beside the store."""
     path = _sqlite_path(uri)
     if path is None:
         yield

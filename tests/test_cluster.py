@@ -119,13 +119,16 @@ def test_four_trials_at_once_on_a_sqlite_store_in_wal_mode(tmp_path: Path) -> No
 
 
 def create_experiment_at_once(uri: str, name: str, barrier: Any, results: Any) -> None:
-    """A driver's first contact with the store (it creates a new SQLite file's tables), at the same moment as the
-    others'."""
+    """A grid driver's first contacts with the store, at the same moment as the others': it looks for its earlier
+    run (the 2026-11-28 lease's Table 4 driver failed there, "table mcp_servers already exists"), then asks for its
+    experiment. Whichever comes first creates a new SQLite file's tables."""
     import mlflow  # noqa: F401  (imported before the barrier: the calls, not the imports, meet)
 
+    config = TrackingConfig(uri=uri, experiment=name)
     barrier.wait()
     try:
-        tracking.experiment_id(TrackingConfig(uri=uri, experiment=name))
+        assert tracking.find_runs(config, {"grid": name}) == []
+        tracking.experiment_id(config)
         results.put((name, "created"))
     except Exception as exc:  # noqa: BLE001  (the failure is what the test reports)
         results.put((name, f"{type(exc).__name__}: {exc}"[:200]))
@@ -133,7 +136,8 @@ def create_experiment_at_once(uri: str, name: str, barrier: Any, results: Any) -
 
 def test_drivers_that_start_together_on_a_new_sqlite_store_each_create_their_experiment(tmp_path: Path) -> None:
     """Two grids' drivers started together on a fresh store (the 2026-11-27 lease: the Table 4 grid's failed with
-    MLflow's "Circular dependency detected"; without the lock, 4 rounds of 3 failed 4 times on CPU)."""
+    MLflow's "Circular dependency detected"; without the lock, 4 rounds of 3 failed 4 times on CPU; with the lock
+    around the experiment alone, 3 rounds of 3 failed 3 times, at the first lookup)."""
     import multiprocessing
 
     spawn = multiprocessing.get_context("spawn")
