@@ -3,7 +3,13 @@
 from __future__ import annotations
 
 import json
+import os
+import shutil
+import time
+from concurrent.futures import ThreadPoolExecutor
 from functools import cache
+from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -52,6 +58,43 @@ SENTINELS = 80
 def llama(num_sentinels: int = SENTINELS) -> tuple[PreTrainedTokenizerBase, SpecialTokens]:
     tokenizer = load_tokenizer(LLAMA)
     return tokenizer, install_special_tokens(tokenizer, num_sentinels)
+
+
+# --- loading ---------------------------------------------------------------------------------------------------------
+
+
+def test_a_tokenizer_is_read_once_by_threads_that_ask_together_and_each_gets_its_own_copy(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A grid's driver prepares its training sets in threads that each load the tokenizer (a GGUF one takes seconds)."""
+    from clozemath.model import load
+
+    folder = tmp_path / "tokenizer"
+    shutil.copytree(resolve_location(LLAMA.tokenizer), folder)
+    cfg = LLAMA.model_copy(update={"tokenizer": str(folder)})
+    reads: list[str] = []
+    real = load._from_pretrained
+
+    def counted(factory: Any, location: str, **kwargs: Any) -> Any:
+        reads.append(location)
+        time.sleep(0.2)  # long enough that every thread asks while the first reads
+        return real(factory, location, **kwargs)
+
+    monkeypatch.setattr(load, "_from_pretrained", counted)
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        tokenizers = list(pool.map(lambda _: load_tokenizer(cfg), range(4)))
+    assert reads == [str(folder)]
+    assert len({id(t) for t in tokenizers}) == 4
+    vocabulary = len(tokenizers[0])
+    tokenizers[0].add_special_tokens({"additional_special_tokens": ["<not_in_the_file>"]})
+    assert len(tokenizers[0]) == vocabulary + 1
+    assert len(load_tokenizer(cfg)) == vocabulary == len(tokenizers[1])  # a caller's change reaches no other
+    assert reads == [str(folder)]
+
+    tokenizer_json = folder / "tokenizer.json"
+    os.utime(tokenizer_json, ns=(tokenizer_json.stat().st_atime_ns, tokenizer_json.stat().st_mtime_ns + 10**9))
+    load_tokenizer(cfg)
+    assert reads == [str(folder), str(folder)]  # a file rewritten since is read again
 
 
 # --- special tokens --------------------------------------------------------------------------------------------------

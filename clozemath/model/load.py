@@ -7,9 +7,11 @@ frozen matrix in every forward pass, so every other row stays bit-for-bit the ba
 
 from __future__ import annotations
 
+import copy
 import importlib.util
 import json
 import struct
+import threading
 from dataclasses import dataclass
 from functools import lru_cache, partial
 from pathlib import Path
@@ -65,12 +67,32 @@ def resolve_location(spec: str) -> str:
 
 
 def load_tokenizer(cfg: ModelConfig) -> PreTrainedTokenizerBase:
-    """The model's tokenizer: `cfg.tokenizer` if set, else the one beside the weights (inside the GGUF file if any)."""
+    """The model's tokenizer: `cfg.tokenizer` if set, else the one beside the weights (inside the GGUF file if any).
+
+    Read once a process and copied for each caller (a copy ~0.15 s): a GGUF file's tokenizer takes ~7 s to read, and
+    a grid's driver prepared its training sets in threads that each read it, under the GIL 55 s before any data was
+    touched (SmolLM2, 4 threads, 2 cores). A copy each, because loading a model adds special tokens to it."""
     if cfg.tokenizer is not None:
         location, gguf_file = _checked_location(cfg.tokenizer, None, "tokenizer path")
     else:
         location, gguf_file = weights_location(cfg)
-    return _from_pretrained(AutoTokenizer, location, gguf_file=gguf_file)
+    key = (location, gguf_file, _modified(location, gguf_file))
+    with _TOKENIZERS_LOCK:  # the other threads wait for the first reader instead of reading it too
+        if key not in _TOKENIZERS:
+            _TOKENIZERS[key] = _from_pretrained(AutoTokenizer, location, gguf_file=gguf_file)
+    return copy.deepcopy(_TOKENIZERS[key])
+
+
+_TOKENIZERS: dict[tuple[str, str | None, int | None], PreTrainedTokenizerBase] = {}
+_TOKENIZERS_LOCK = threading.Lock()
+
+
+def _modified(location: str, gguf_file: str | None) -> int | None:
+    """When the local file a tokenizer is read from last changed (None: a hub id): a rewritten one is read again."""
+    folder = Path(location).expanduser()
+    candidates = [folder / gguf_file] if gguf_file else [folder / name for name in _FOLDER_MARKERS["tokenizer path"]]
+    stamps = [path.stat().st_mtime_ns for path in candidates if path.is_file()]
+    return max(stamps) if stamps else None
 
 
 def weights_location(cfg: ModelConfig) -> tuple[str, str | None]:
