@@ -7,7 +7,8 @@
 #
 #   export MODEL_DIR=/tmp/m CLOZEMATH_DATA_DIR=$PWD/shared/data HF_HUB_OFFLINE=1   # the GGUF's folder, the data
 #   bash bench/replication_lease.sh start      # returns at once
-#   bash bench/replication_lease.sh wait 570   # progress; call again (within the machine's 30 s) until "chain: done"
+#   bash bench/replication_lease.sh wait 570   # progress (and, where $OUT is set, `collect`); call again at once,
+#                                                # within the machine's 30 s, until "chain: done": read it meanwhile
 #   bash bench/replication_lease.sh collect    # the results into $OUT
 #
 # STAGES (default 'rates main table4') picks the stages: 'main table4' trains at the rates the grids hold (chosen by
@@ -47,6 +48,18 @@ grid() {  # clozemath run GRID [OVERRIDE...] on the lease's store and model
     local config=$1; shift
     run "$PY" -m clozemath_cli run "$config" "model.path=${MODEL_DIR:?set MODEL_DIR to the folder of the SmolLM2 GGUF}" \
         "train.output_dir=$WORK/runs" "tracking.uri=$STORE" $ALL_OVERRIDES "$@"
+}
+
+# A grid driver that fails within STARTUP_S seconds is started once more (it resumes what it had begun): nobody is
+# there to restart it, and the 2026-11-27 and 11-28 leases each lost Table 4's driver at its start, to store races.
+STARTUP_S=${STARTUP_S:-300}
+
+grid_driver() {  # grid CONFIG [OVERRIDE...], started once more if it fails within STARTUP_S
+    local started=$SECONDS
+    grid "$@" && return 0
+    [ $((SECONDS - started)) -lt $STARTUP_S ] || return 1
+    echo "chain: $1 failed $((SECONDS - started)) s after it started; starting it once more"
+    grid "$@"
 }
 
 report() {
@@ -89,11 +102,11 @@ chain() {
     local drivers=()
     if has main; then
         if [ -n "${DRY_RUN:-}" ]; then grid configs/grids/replication_matched.yaml $MAIN_OVERRIDES
-        else grid configs/grids/replication_matched.yaml $MAIN_OVERRIDES > "$WORK/main.log" 2>&1 & drivers+=($!); fi
+        else grid_driver configs/grids/replication_matched.yaml $MAIN_OVERRIDES > "$WORK/main.log" 2>&1 & drivers+=($!); fi
     fi
     if has table4; then
         if [ -n "${DRY_RUN:-}" ]; then grid configs/grids/table4.yaml
-        else grid configs/grids/table4.yaml > "$WORK/table4.log" 2>&1 & drivers+=($!); fi
+        else grid_driver configs/grids/table4.yaml > "$WORK/table4.log" 2>&1 & drivers+=($!); fi
     fi
     [ ${#drivers[@]} -eq 0 ] || wait "${drivers[@]}"
 
@@ -131,6 +144,7 @@ follow() {  # until the chain is done or $1 seconds passed; then where it is
         [ -e "$WORK/$log.log" ] && { echo "--- $log"; grep -E "trial |finished|failed|error" "$WORK/$log.log" | tail -n 8; }
     done
     if [ -e "$WORK/done" ]; then echo "chain: done"; else echo "chain: running"; fi
+    [ -z "${OUT:-}" ] || collect > /dev/null 2>&1  # on the GPU machine: what has finished comes back with every wait
 }
 
 collect() {  # at most 8 files, each < 16 MiB; safe to call while the chain runs (what has finished so far)

@@ -148,3 +148,39 @@ def test_the_lease_chain_runs_the_sweep_then_the_rates_then_both_grids_then_the_
             and table4.count("--predictions ") == 2)
     usage = subprocess.run(["bash", "bench/replication_lease.sh"], cwd=ROOT, capture_output=True, text=True)
     assert usage.returncode == 2 and "usage:" in usage.stderr
+
+
+FAKE_TOOLS = {
+    "ray": "exit 0",
+    "nvidia-smi": "exit 0",
+    # a grid's driver: logs its config; Table 4's fails the first time (as its driver did at the store's creation)
+    "python3": """echo "$*" >> "$WORK/calls"
+case "$*" in *table4.yaml*) [ -e "$WORK/failed_once" ] || { touch "$WORK/failed_once"; exit 1; };; esac
+exit 0""",
+}
+
+
+@pytest.mark.parametrize(("startup_s", "table4_runs"), [(300, 2), (0, 1)])
+def test_the_lease_chain_starts_a_driver_that_failed_at_its_start_once_more(
+    tmp_path: Path, startup_s: int, table4_runs: int
+) -> None:
+    """Nobody watches the detached chain: a grid driver that fails within STARTUP_S seconds runs once more (it
+    resumes), one that fails later does not (its failed trials are the report's to show)."""
+    import os
+    import subprocess
+
+    tools = tmp_path / "bin"
+    tools.mkdir()
+    for name, body in FAKE_TOOLS.items():
+        (tools / name).write_text(f"#!/bin/sh\n{body}\n")
+        (tools / name).chmod(0o755)
+    env = {**os.environ, "PATH": f"{tools}:{os.environ['PATH']}", "PYTHON": "python3", "MODEL_DIR": "/m",
+           "WORK": str(tmp_path), "STAGES": "main table4", "STARTUP_S": str(startup_s), "HOME": str(tmp_path)}
+    done = subprocess.run(["bash", "bench/replication_lease.sh", "chain"], cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    runs = [line for line in (tmp_path / "calls").read_text().splitlines() if line.startswith("-m clozemath_cli run")]
+    assert sum("table4.yaml" in run for run in runs) == table4_runs
+    assert sum("replication_matched.yaml" in run for run in runs) == 1
+    assert ("starting it once more" in (tmp_path / "table4.log").read_text()) == (table4_runs == 2)
+    assert (tmp_path / "done").exists()
