@@ -87,3 +87,23 @@ def test_training_flops_count_lora_and_the_output_layer_at_targets_only() -> Non
     attention = 12 * 2 * 4 * 16 * 10
     assert training_flops_per_token(model, target_share=0.25, context=10) == pytest.approx(
         4 * frozen + 6 * lora + output + attention)
+
+
+def test_trials_sharing_a_card_take_turns_unless_measured_side_by_side() -> None:
+    """A fifth of a card: its share of the card's time (processes take turns on a GPU: a main grid's five
+    evaluations on one H100 had returned nothing after 3.5 minutes, where `--dry-run` said 1.7 a trial), or what
+    `shared` measured (five eager SmolLM2 trainings on one H100: 12,000 tokens/s each)."""
+    from clozemath.cost.throughput import Figure, Throughput
+    from clozemath.cost.trials import Estimator
+
+    table = Throughput(ROOT / "configs")
+    estimator = Estimator(table, table.card("H100"), 1)
+    smollm2 = table.model_config("smollm2-135m")
+    alone = Figure(18515.0, "alone")
+    measured = table.models["smollm2-135m"]["shared"]["H100"]["train_eager"][5]
+    assert estimator.shared_rate(smollm2, alone, 0.2, "train_eager") == measured
+    assert estimator.shared_rate(smollm2, alone, 0.25, "train_eager") == pytest.approx(18515.0 / 4)  # 4 not measured
+    assert estimator.shared_rate(smollm2, Figure(53.41, "alone"), 0.2, "eval_greedy") == pytest.approx(53.41 / 5)
+    assert estimator.shared_rate(smollm2, alone, 2.0, "train_eager") == pytest.approx(2 * 18515.0)
+    assert any("a trial of 5 on a card" in what and "measured side by side" in how
+               for what, how in estimator.notes.items())

@@ -225,6 +225,23 @@ class Estimator:
         return self._note(what, Figure(value * params / shape.params,
                                        f"{other} on {card}: {value:,.1f} x its parameters over {name}'s"))
 
+    def shared_rate(self, model: ModelConfig, alone: Figure, gpus: float, what: str) -> float:
+        """The rate of a trial holding `gpus` GPUs, from one GPU's `alone`. Below one GPU, the trials of a card are
+        processes that take turns on it (no MPS): each gets `gpus` of the card's time, so `alone x gpus`, unless the
+        table measured what each of that many trials got side by side (`shared`: a small model's eager steps leave
+        the card idle between kernels, which the others fill)."""
+        if gpus >= 1:
+            return alone.value * gpus
+        name = self.table.figures_name(model)
+        trials = round(1 / gpus)
+        entry = self.table.measured(name, "shared", self.card.name) or {}
+        measured = entry.get(what, {}).get(trials)
+        note = f"{what.replace('_', ' ')} of {name} on {self.card.name}, a trial of {trials} on a card"
+        if measured is not None:
+            return self._note(note, Figure(measured, f"measured side by side: {entry.get('source', 'the table')}")).value
+        return self._note(note, Figure(alone.value * gpus, f"the card's {alone.value:,.1f} x {gpus:g}: taking turns "
+                                                           "(not measured side by side)")).value
+
     def first_step(self, model: ModelConfig, warm: bool) -> Figure:
         name = self.table.figures_name(model)
         which = "warm" if warm else "cold"
@@ -274,7 +291,9 @@ class Estimator:
         scaling = self._note(f"tokens/s a GPU with {train.num_workers} worker(s) under ZeRO-{stage}, against one",
                              self.table.scaling_factor(stage, train.num_workers))
         trained = layout.plan.total_steps * train.grad_accum / layout.plan.micro_batches_per_epoch * data.tokens
-        train_s = trained / (rate.value * train.num_workers * train.gpu_share * scaling.value)
+        kind = "train_compiled" if layout.compiled else "train_eager"
+        worker_rate = self.shared_rate(config.model, rate, train.gpu_share, kind)
+        train_s = trained / (worker_rate * train.num_workers * scaling.value)
         compile_key = (self.table.figures_name(config.model), layout.row_tokens, stage) if layout.compiled else None
         first = self.first_step(config.model, warm=compile_key in self._compiled).value if compile_key \
             else self.overhead_s("first_step_uncompiled")
@@ -334,7 +353,8 @@ class Estimator:
                 self._problems[key] = set_cfg.limit or len(eval_problems(set_cfg))
             problems = self._problems[key]
             for decoding in config.eval.decodings_of(set_cfg):
-                rate = self.eval_rate(config.model, shape, decoding, "graphs").value * max(gpus, 1.0)
+                rate = self.shared_rate(config.model, self.eval_rate(config.model, shape, decoding, "graphs"),
+                                        gpus, f"eval_{decoding}")
                 seconds += problems * length / rate
         if trained is not None and config.eval.every_steps and config.eval.sets:
             layout, stage = trained
