@@ -12,10 +12,10 @@
 #   bash bench/replication_lease.sh collect    # the results into $OUT
 #
 # STAGES (default 'rates main table4') picks the stages: 'main table4' trains at the rates the grids hold (chosen by
-# the lease of 2026-11-27, committed), 'main' the headline alone, which is what fits one 30-minute lease (see
-# bench/results/replication.md for the measured times).
+# the lease of 2026-11-27, committed; 14 minutes on 4 x H100 with Figure 3 off, 2026-11-28), 'main' the headline
+# alone (bench/results/replication.md has the measured times).
 # Needs the project importable by `python3` (PYTHON=...) with its dependencies, and `ray` on PATH. DRY_RUN=1 prints
-# the chain's commands instead of running them; MAIN_OVERRIDES adds overrides to the main grid's command. Estimated wall time on 4 x H100: see bench/results/replication.md.
+# the chain's commands instead of running them; MAIN_OVERRIDES adds overrides to the main grid's command.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}  # for the drivers and, through `ray start`, every Ray worker

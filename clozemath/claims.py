@@ -61,10 +61,16 @@ def verdict(comparison: Comparison) -> str:
     return UNRESOLVED
 
 
-def _phrase(comparison: Comparison, name: Callable[[str], str]) -> str:
+def _scale(difference: Difference) -> str:
+    """What a difference pools: "5 seed pairs × 1,319 problems"."""
+    return f"{difference.pairs} seed pair{'s' if difference.pairs > 1 else ''} × {difference.problems:,} problems"
+
+
+def _phrase(comparison: Comparison, name: Callable[[str], str], with_scale: bool) -> str:
     assert comparison.seeds is not None
     interval = f"[{comparison.seeds.low:+.2f}, {comparison.seeds.high:+.2f}]"
-    return f"{name(comparison.method)} > {name(comparison.reference)} ({comparison.seeds.points:+.2f} {interval})"
+    scale = f", {_scale(comparison.seeds)}" if with_scale else ""
+    return f"{name(comparison.method)} > {name(comparison.reference)} ({comparison.seeds.points:+.2f} {interval}{scale})"
 
 
 def orderings_paragraph(comparisons: list[Comparison], name: Callable[[str], str], evaluation: str) -> str:
@@ -72,17 +78,18 @@ def orderings_paragraph(comparisons: list[Comparison], name: Callable[[str], str
     markdown paragraph, for the README); `comparisons` are the paper's pairs, its better method first."""
     if not comparisons:
         return ""
+    # One scale for all in the heading; where they differ (a grid of 3 seeds beside one of 5), each gives its own.
+    scales = {_scale(c.seeds) for c in comparisons if c.seeds is not None}
+    each_own = len(scales) > 1
     by_verdict: dict[str, list[str]] = {HOLDS: [], REVERSED: [], UNRESOLVED: [], UNTESTED: []}
     for comparison in comparisons:
         label = verdict(comparison)
-        text = (_phrase(comparison, name) if comparison.seeds is not None
+        text = (_phrase(comparison, name, each_own) if comparison.seeds is not None
                 else f"{name(comparison.method)} > {name(comparison.reference)} ({comparison.gap:+.2f}, no interval)")
         by_verdict[label].append(text)
-    first = comparisons[0].seeds
-    pairs = f"{first.pairs} seed pair{'s' if first.pairs > 1 else ''}" if first is not None else ""
-    scale = f"{pairs} × {first.problems:,} problems" if first is not None else "no predictions"
-    lines = [f"**The paper's orderings on {evaluation}** (the paper's numbers: {PAPER_SETTING}; here: the difference "
-             f"in points with its 95% interval over seeds and problems, {scale}):"]
+    scale = "each with its seed pairs and problems" if each_own else next(iter(scales), "no predictions")
+    lines = [(f"**The paper's orderings on {evaluation}** (the paper's numbers: {PAPER_SETTING}; here: the difference "
+             f"in points with its 95% interval over seeds and problems, {scale}):")]
     wording = {HOLDS: "Hold", REVERSED: "Reversed", UNRESOLVED: "Not resolved (the interval holds 0)",
                UNTESTED: "Not tested (no per-problem predictions)"}
     for label, phrases in by_verdict.items():

@@ -14,11 +14,11 @@ import numpy as np
 import pytest
 
 from clozemath import tracking
-from clozemath_cli import main
+from clozemath.claims import Comparison, orderings_paragraph, paper_pairs, verdict
 from clozemath.config import TrackingConfig
 from clozemath.intervals import hierarchical_difference, paired_difference, seed_pairs
-from clozemath.claims import Comparison, orderings_paragraph, paper_pairs, verdict
 from clozemath.report import REPLICATION_METHODS, TrialResult, grading_tables
+from clozemath_cli import main
 
 
 def right_on(count: int, problems: int, offset: int = 0) -> dict[str, bool]:
@@ -401,6 +401,22 @@ def test_the_paper_orders_pairs_by_its_numbers_and_a_reversed_one_is_said_so() -
     text = orderings_paragraph([reversed_one], str.upper, "GSM8K greedy")
     assert text.splitlines()[1] == f"- Reversed, 1: IT > MFT (-25.00 [{difference.low:+.2f}, {difference.high:+.2f}])."
     assert "3 seed pairs × 400 problems" in text.splitlines()[0]
+
+
+def test_orderings_of_unequal_seed_counts_each_name_their_own() -> None:
+    """Table 4's ablations ran 3 seeds beside the main grid's 5: each comparison says what it pools, not the first's
+    count for all. IT right on 120 of 400 and MFT on 100 in every seed: +5 points."""
+    it = {s: right_on(120, PROBLEMS) for s in "01234"}
+    mft = {s: right_on(100, PROBLEMS) for s in "01234"}
+    five = Comparison(("gsm8k", "greedy"), "it", "mft", 5.0, hierarchical_difference(it, mft), None)
+    three_seeds = {s: it[s] for s in "012"}
+    three = Comparison(("gsm8k", "greedy"), "it", "mft", 5.0, hierarchical_difference(three_seeds, mft), None)
+    text = orderings_paragraph([five, three], str.upper, "GSM8K greedy")
+    heading, holds = text.splitlines()
+    assert "seed pairs ×" not in heading and "each with its seed pairs and problems" in heading
+    bounds = [f"[{c.seeds.low:+.2f}, {c.seeds.high:+.2f}]" for c in (five, three) if c.seeds is not None]
+    assert holds == (f"- Hold, 2: IT > MFT (+5.00 {bounds[0]}, 5 seed pairs × 400 problems); "
+                     f"IT > MFT (+5.00 {bounds[1]}, 3 seed pairs × 400 problems).")
 
 
 def test_table_4s_ablations_reported_beside_the_main_grids_runs(
