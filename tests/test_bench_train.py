@@ -212,3 +212,17 @@ def test_trl_trains_a_model_read_from_a_gguf_file(tmp_path: Path) -> None:
     rows = [{"input_ids": [1, 2, 3, 4], "labels": [-100, -100, 3, 4], "prefix_len": 2}]
     build_trainer(loaded.model, loaded.tokenizer, rows, settings, 1, str(tmp_path), lambda: None, lambda _: None)
     assert not getattr(loaded.model, "is_quantized", False)
+
+
+def test_the_gpus_busy_time_counts_kernels_not_the_profilers_step_spans() -> None:
+    """A profile's averaged events hold the kernels' device time and, with a device time of its own, each
+    `ProfilerStep*` span: 2 kernels of 30 and 25 ms and the steps' 1,468 ms span give 55 ms, not 1,523. A host
+    operation (`aten::mm`) shows its kernels' time too: they count once, as kernels."""
+    from types import SimpleNamespace
+
+    cuda, cpu = torch.autograd.DeviceType.CUDA, torch.autograd.DeviceType.CPU
+    events = [SimpleNamespace(key="ProfilerStep*", device_type=cuda, self_device_time_total=1_468_000),
+              SimpleNamespace(key="sm90_flash_bprop", device_type=cuda, self_device_time_total=30_000),
+              SimpleNamespace(key="nvjet_sm90_tst", device_type=cuda, self_device_time_total=25_000),
+              SimpleNamespace(key="aten::mm", device_type=cpu, self_device_time_total=32_000)]
+    assert bench.kernel_ms(events) == 55.0
