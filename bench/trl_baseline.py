@@ -57,8 +57,8 @@ class TrlSettings:
 
     def describe(self) -> str:
         parts = [
-            f"TRL {TRL_VERSION} SFTTrainer", f"packing bfd + padding_free, {self.batch} x {self.max_length}-token "
-            "sequences a step", self.attention + (" (our tiles)" if self.flex_tiles else ""),
+            f"TRL {TRL_VERSION} SFTTrainer", (f"packing bfd + padding_free, {self.batch} x {self.max_length}-token "
+            "sequences a step"), self.attention + (" (our tiles)" if self.flex_tiles else ""),
             "liger" if self.liger else "no liger", "bf16" if self.on_gpu else "float32",
             "fused LM head at targets" if self.on_gpu else "fused LM head at every position (no Triton)",
         ]
@@ -141,18 +141,6 @@ def _give_output_layer_a_bias(model: torch.nn.Module) -> None:
         output.bias = getattr(output.original_module, "bias", None)
 
 
-def _without_the_gguf_marker(model: torch.nn.Module) -> None:
-    """A model read from a GGUF file has its weights dequantized at load (to bf16 here), yet transformers keeps its
-    GGUF quantizer on it, and `Trainer` refuses to train a model "quantized with GGUF" (transformers 5.17,
-    `validate_quantization_for_training`). The quantizer's own `remove_quantization_config` drops that marker."""
-    from transformers.utils.quantization_config import QuantizationMethod
-
-    causal_lm = model.get_base_model() if hasattr(model, "get_base_model") else model
-    quantizer = getattr(causal_lm, "hf_quantizer", None)
-    if quantizer is not None and quantizer.quantization_config.quant_method == QuantizationMethod.GGUF:
-        quantizer.remove_quantization_config(causal_lm)
-
-
 def _pass_flex_tiles(model: torch.nn.Module, tiles: dict[str, Any]) -> None:
     """Every forward gets `kernel_options=tiles` (transformers hands it down to `flex_attention_forward`)."""
 
@@ -170,7 +158,6 @@ def build_trainer(
     from trl import SFTConfig, SFTTrainer
 
     _give_output_layer_a_bias(model)
-    _without_the_gguf_marker(model)
     if settings.flex_tiles is not None:
         _pass_flex_tiles(model, settings.flex_tiles)
     trainer = SFTTrainer(

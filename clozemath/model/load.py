@@ -36,6 +36,7 @@ from clozemath.data.tokenize import SpecialTokens, install_special_tokens, speci
 from clozemath.errors import ClozeMathError
 from clozemath.files import write_text_atomic
 from clozemath.model.chunks import joined_gguf
+from clozemath.model.gguf_cache import load_gguf_model, load_gguf_tokenizer
 
 PACKAGE_PREFIX = "package:"
 SPECIALS_FILE = "special_tokens.json"
@@ -79,8 +80,17 @@ def load_tokenizer(cfg: ModelConfig) -> PreTrainedTokenizerBase:
     key = (location, gguf_file, _modified(location, gguf_file))
     with _TOKENIZERS_LOCK:  # the other threads wait for the first reader instead of reading it too
         if key not in _TOKENIZERS:
-            _TOKENIZERS[key] = _from_pretrained(AutoTokenizer, location, gguf_file=gguf_file)
+            _TOKENIZERS[key] = _read_tokenizer(location, gguf_file)
     return copy.deepcopy(_TOKENIZERS[key])
+
+
+def _read_tokenizer(location: str, gguf_file: str | None) -> PreTrainedTokenizerBase:
+    def read(folder: str, gguf: str | None) -> PreTrainedTokenizerBase:
+        return _from_pretrained(AutoTokenizer, folder, gguf_file=gguf)
+
+    if gguf_file is not None and _looks_local(location):
+        return load_gguf_tokenizer(Path(location).expanduser() / gguf_file, read)  # parsed once a file, then kept
+    return read(location, gguf_file)
 
 
 _TOKENIZERS: dict[tuple[str, str | None, int | None], PreTrainedTokenizerBase] = {}
@@ -193,13 +203,15 @@ def _random_model(cfg: ModelConfig, tokenizer: PreTrainedTokenizerBase, attn_imp
 
 def _pretrained_model(cfg: ModelConfig, dtype: torch.dtype, attn_implementation: str) -> PreTrainedModel:
     location, gguf_file = weights_location(cfg)
-    return _from_pretrained(
-        AutoModelForCausalLM,
-        location,
-        gguf_file=gguf_file,
-        dtype=dtype,
-        attn_implementation=attn_implementation,
-    )
+
+    def read(folder: str, gguf: str | None) -> PreTrainedModel:
+        return _from_pretrained(
+            AutoModelForCausalLM, folder, gguf_file=gguf, dtype=dtype, attn_implementation=attn_implementation
+        )
+
+    if gguf_file is not None and _looks_local(location):
+        return load_gguf_model(Path(location).expanduser() / gguf_file, dtype, read)  # dequantized once, then kept
+    return read(location, gguf_file)
 
 
 def _fit_vocabulary(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> None:
