@@ -11,7 +11,10 @@
 #                                                # within the machine's 30 s, until "chain: done": read it meanwhile
 #   bash bench/replication_lease.sh collect    # the results into $OUT
 #
-# STAGES (default 'rates main table4') picks the stages: 'main table4' trains at the rates the grids hold (chosen by
+# REPLICATION picks the model: `smollm2` (default; MODEL_DIR the folder of its GGUF) or `qwen` (issue 26: Qwen2.5-
+# Coder-1.5B-Instruct from its chunk packages, configs/grids/replication_qwen1.5b.yaml; its rates swept by the same
+# stage-1 grid on this model, RATE_LRS the rates; no Table 4; STAGES default 'rates main').
+# STAGES (SmolLM2's default 'rates main table4') picks the stages: 'main table4' trains at the rates the grids hold (chosen by
 # the lease of 2026-11-27, committed; 14 minutes on 4 x H100 with Figure 3 off, 2026-11-28), 'main' the headline
 # alone (bench/results/replication.md has the measured times).
 # Needs the project importable by `python3` (PYTHON=...) with its dependencies, and `ray` on PATH. DRY_RUN=1 prints
@@ -23,11 +26,30 @@ WORK=${WORK:-/tmp/lease}
 PY=${PYTHON:-python3}
 STORE="sqlite:///$WORK/mlruns.db"
 REPORTS=$WORK/reports
-RATE_GRIDS=(configs/grids/replication_matched.yaml configs/grids/table4.yaml)
+RATE_GRID=configs/grids/replication_matched_lr.yaml   # stage 1 for every model: the model's overrides below
+case "${REPLICATION:-smollm2}" in
+    smollm2)
+        RATE_ARGS=()
+        RATE_EXPERIMENT=replication-matched-lr
+        MAIN_GRID=configs/grids/replication_matched.yaml
+        MAIN_EXPERIMENT=replication-matched
+        RATE_GRIDS=("$MAIN_GRID" configs/grids/table4.yaml)
+        DEFAULT_STAGES="rates main table4";;
+    qwen)
+        RATE_EXPERIMENT=replication-qwen1.5b-lr
+        RATE_ARGS=(model=qwen2.5-coder-1.5b-instruct "name=$RATE_EXPERIMENT" "tracking.experiment=$RATE_EXPERIMENT"
+                   "axes.method=[clozemath,mft,it]" "axes.train.lr=${RATE_LRS:-[1.0e-4,3.0e-4,1.0e-3]}"
+                   train.gpu_share=0.33)
+        MAIN_GRID=configs/grids/replication_qwen1.5b.yaml
+        MAIN_EXPERIMENT=replication-qwen1.5b
+        RATE_GRIDS=("$MAIN_GRID")
+        DEFAULT_STAGES="rates main";;
+    *) echo "REPLICATION=$REPLICATION: not smollm2 or qwen" >&2; exit 2;;
+esac
 PREDICTIONS_LIMIT=$((15 * 1024 * 1024))  # below what comes back (16 MiB a file)
 MAIN_OVERRIDES=${MAIN_OVERRIDES:-}        # e.g. 'axes.train.seed=[0,1,2]' for a shorter lease
 RATE_OVERRIDES=${RATE_OVERRIDES:-}        # stage 1's: e.g. 'axes.train.lr=[3.0e-4]'
-STAGES=${STAGES:-rates main table4}      # 'main table4': the rates as the grids hold them (chosen by an earlier lease)
+STAGES=${STAGES:-$DEFAULT_STAGES}         # 'main table4': the rates as the grids hold them (chosen by an earlier lease)
 ALL_OVERRIDES=${ALL_OVERRIDES:-}          # every grid's: e.g. a smoke run of the chain on CPU (see below)
 
 has() {  # whether STAGES names stage $1
@@ -46,8 +68,10 @@ run() {  # a command of the chain, timed into its log
 
 grid() {  # clozemath run GRID [OVERRIDE...] on the lease's store and model
     local config=$1; shift
-    run "$PY" -m clozemath_cli run "$config" "model.path=${MODEL_DIR:?set MODEL_DIR to the folder of the SmolLM2 GGUF}" \
-        "train.output_dir=$WORK/runs" "tracking.uri=$STORE" $ALL_OVERRIDES "$@"
+    local MODEL_PATH=()  # SmolLM2's GGUF folder; Qwen comes from its installed chunk packages
+    [ "${REPLICATION:-smollm2}" != smollm2 ] || MODEL_PATH=("model.path=${MODEL_DIR:?set MODEL_DIR to the folder of the SmolLM2 GGUF}")
+    run "$PY" -m clozemath_cli run "$config" "${MODEL_PATH[@]}" "train.output_dir=$WORK/runs" "tracking.uri=$STORE" \
+        $ALL_OVERRIDES "$@"
 }
 
 # A grid driver that fails within STARTUP_S seconds is started once more (it resumes what it had begun): nobody is
@@ -90,8 +114,8 @@ chain() {
 
     if has rates; then
         echo "chain: stage 1, the rates"
-        grid configs/grids/replication_matched_lr.yaml $RATE_OVERRIDES
-        if ! run "$PY" bench/choose_lrs.py --experiment replication-matched-lr --tracking-uri "$STORE" \
+        grid "$RATE_GRID" "${RATE_ARGS[@]}" $RATE_OVERRIDES
+        if ! run "$PY" bench/choose_lrs.py --experiment "$RATE_EXPERIMENT" --tracking-uri "$STORE" \
                 --grids "${RATE_GRIDS[@]}" --out "$REPORTS/rates.md"; then
             echo "chain: no rates chosen; stopping"; finish "$started"; return
         fi
@@ -101,8 +125,8 @@ chain() {
     echo "chain: stage 2 ($STAGES), the main grid and Table 4's ablations side by side"
     local drivers=()
     if has main; then
-        if [ -n "${DRY_RUN:-}" ]; then grid configs/grids/replication_matched.yaml $MAIN_OVERRIDES
-        else grid_driver configs/grids/replication_matched.yaml $MAIN_OVERRIDES > "$WORK/main.log" 2>&1 & drivers+=($!); fi
+        if [ -n "${DRY_RUN:-}" ]; then grid "$MAIN_GRID" $MAIN_OVERRIDES
+        else grid_driver "$MAIN_GRID" $MAIN_OVERRIDES > "$WORK/main.log" 2>&1 & drivers+=($!); fi
     fi
     if has table4; then
         if [ -n "${DRY_RUN:-}" ]; then grid configs/grids/table4.yaml
@@ -113,18 +137,18 @@ chain() {
     echo "chain: the reports"
     local matched=$REPORTS/matched/predictions.jsonl.gz
     if has main; then
-        export_report "$REPORTS/matched" --experiment replication-matched
-        report --experiment replication-matched --decoding greedy --out "$REPORTS/matched_greedy" --predictions "$matched"
+        export_report "$REPORTS/matched" --experiment "$MAIN_EXPERIMENT"
+        report --experiment "$MAIN_EXPERIMENT" --decoding greedy --out "$REPORTS/matched_greedy" --predictions "$matched"
     fi
     if has table4; then
         export_report "$REPORTS/table4_alone" --experiment replication-table4 --decoding greedy
     fi
     if has main && has table4; then
-        report --experiment replication-matched --experiment replication-table4 --decoding greedy --out "$REPORTS/table4" \
+        report --experiment "$MAIN_EXPERIMENT" --experiment replication-table4 --decoding greedy --out "$REPORTS/table4" \
             --predictions "$matched" --predictions "$REPORTS/table4_alone/predictions.jsonl.gz"
     fi
     if has rates; then
-        report --experiment replication-matched-lr --decoding greedy --out "$REPORTS/matched_lr" \
+        report --experiment "$RATE_EXPERIMENT" --decoding greedy --out "$REPORTS/matched_lr" \
             --export-predictions compact
     fi
     finish "$started"

@@ -184,3 +184,46 @@ def test_the_lease_chain_starts_a_driver_that_failed_at_its_start_once_more(
     assert sum("replication_matched.yaml" in run for run in runs) == 1
     assert ("starting it once more" in (tmp_path / "table4.log").read_text()) == (table4_runs == 2)
     assert (tmp_path / "done").exists()
+
+
+def test_the_lease_chain_for_qwen_sweeps_its_rates_on_the_same_grid_and_writes_them_into_its_own(tmp_path: Path) -> None:
+    """REPLICATION=qwen: stage 1 is the SmolLM2 sweep's grid with the model, names and rates overridden (reused, not
+    copied), the chosen rates go into the Qwen grid, no Table 4, and no SmolLM2 folder is needed or passed."""
+    import os
+    import subprocess
+
+    env = {key: value for key, value in os.environ.items() if key != "MODEL_DIR"}
+    env.update(DRY_RUN="1", REPLICATION="qwen", WORK=str(tmp_path))
+    done = subprocess.run(["bash", "bench/replication_lease.sh", "chain"], cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    commands = [line.split("$ ", 1)[1] for line in done.stdout.splitlines() if "] $ " in line]
+    sweep, choose, main = commands[1:4]
+    assert sweep.split()[4] == "configs/grids/replication_matched_lr.yaml"
+    assert "model=qwen2.5-coder-1.5b-instruct" in sweep and "axes.method=[clozemath,mft,it]" in sweep
+    assert "--experiment replication-qwen1.5b-lr" in choose and choose.endswith(
+        f"--grids configs/grids/replication_qwen1.5b.yaml --out {tmp_path}/reports/rates.md")
+    assert main.split()[4] == "configs/grids/replication_qwen1.5b.yaml"
+    assert not any("model.path=" in command or "table4" in command for command in commands)
+    assert [c for c in commands if " report " in f" {c} " or "clozemath_cli report" in c][0].count(
+        "--experiment replication-qwen1.5b ") == 1
+    wrong = subprocess.run(["bash", "bench/replication_lease.sh", "chain"], cwd=ROOT, capture_output=True, text=True,
+                           env={**env, "REPLICATION": "llama"}, timeout=60)
+    assert wrong.returncode == 2 and "REPLICATION=llama" in wrong.stderr
+
+
+def test_the_qwen_grid_is_the_matched_replication_but_for_its_model_seeds_share_and_rates() -> None:
+    """configs/grids/replication_qwen1.5b.yaml keeps replication_matched.yaml's budget, sets and base model rules."""
+    from clozemath.plan import load_plan
+
+    qwen = {(e.method.name, e.train.seed): e for e in load_plan(ROOT / "configs/grids/replication_qwen1.5b.yaml").experiments}
+    smol = {(e.method.name, e.train.seed): e for e in load_plan(ROOT / "configs/grids/replication_matched.yaml").experiments}
+    assert set(qwen) == {(m, s) for m in ("clozemath", "mft", "it") for s in (0, 1, 2)} | {("base", 0)}
+    for key, e in qwen.items():
+        twin = smol[key]
+        assert e.model.name == "qwen2.5-coder-1.5b-instruct" and e.train.gpu_share == 0.33
+        assert (e.data, e.train.budget, e.train.budget_reference, e.train.epochs, e.train.pack_tokens) == (
+            twin.data, twin.train.budget, twin.train.budget_reference, twin.train.epochs, twin.train.pack_tokens)
+        assert e.model.lora == twin.model.lora
+        assert [(s.dataset, s.limit, e.eval.decodings_of(s)) for s in e.eval.sets] == [
+            (s.dataset, s.limit, twin.eval.decodings_of(s)) for s in twin.eval.sets]
