@@ -107,3 +107,21 @@ def test_trials_sharing_a_card_take_turns_unless_measured_side_by_side() -> None
     assert estimator.shared_rate(smollm2, alone, 2.0, "train_eager") == pytest.approx(2 * 18515.0)
     assert any("a trial of 5 on a card" in what and "measured side by side" in how
                for what, how in estimator.notes.items())
+
+
+def test_a_gguf_model_is_parsed_once_a_grid_before_its_trials_and_a_model_without_one_never() -> None:
+    """The first load of a GGUF model fills the parse cache while the trials that started with it wait: the grid's
+    wall time carries one parse per distinct GGUF model, in seconds plus seconds per billion parameters."""
+    from clozemath.cost.throughput import Throughput
+    from clozemath.cost.trials import Estimator
+
+    table = Throughput(ROOT / "configs")
+    estimator = Estimator(table, table.card("H100"), 1)
+    smollm2, tiny = table.model_config("smollm2-135m"), table.model_config("tiny-llama")
+    entry = table.overhead("gguf_parse")
+    params = estimator.shape(smollm2)[0].params
+    once = entry["seconds"] + entry["per_billion"] * params / 1e9
+    assert estimator.gguf_parse_s([smollm2, smollm2, tiny]) == pytest.approx(once)
+    assert estimator.gguf_parse_s([tiny]) == 0.0
+    plan_free = dry_run(GRID, *NARROW, "--dry-run", "--gpus", "1", "--card", "H100")
+    assert plan_free.returncode == 0 and "parsed once" not in plan_free.stdout

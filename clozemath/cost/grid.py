@@ -68,12 +68,15 @@ class GridEstimate:
     gpus_per_node: float
     scheduled: list[Scheduled]
     ray_start_s: float
+    gguf_parse_s: float
+    """Parsing the grid's GGUF models once, before their trials train."""
     notes: dict[str, str]
     counts: list[str]
 
     @property
     def wall_s(self) -> float:
-        return self.ray_start_s + max((s.start_s + s.trial.wall_s for s in self.scheduled), default=0.0)
+        started = self.ray_start_s + self.gguf_parse_s
+        return started + max((s.start_s + s.trial.wall_s for s in self.scheduled), default=0.0)
 
     @property
     def gpu_hours(self) -> float:
@@ -87,8 +90,9 @@ def estimate(plan: RunPlan, gpus: float, card_name: str, nodes: int = 1) -> Grid
     estimator = Estimator(table, card, gpus / nodes)
     trials = [estimator.trial(config, plan.root) for config in plan.experiments]
     scheduled = schedule(trials, nodes, gpus / nodes, plan.grid.max_concurrent_trials)
+    parse_s = estimator.gguf_parse_s([config.model for config in plan.experiments])
     return GridEstimate(plan.grid.name, card, nodes, gpus / nodes, scheduled, estimator.overhead_s("ray_start"),
-                        estimator.notes, estimator.counted())
+                        parse_s, estimator.notes, estimator.counted())
 
 
 def _duration(seconds: float) -> str:
@@ -120,7 +124,9 @@ def estimate_text(result: GridEstimate) -> str:
     rows += [
         "",
         f"Total: {result.gpu_hours:,.1f} GPU-hours; wall time {_duration(result.wall_s)} on {cluster} "
-        f"(Ray's start {result.ray_start_s:.0f} s, then the trials in order, each as soon as its GPUs are free).",
+        f"(Ray's start {result.ray_start_s:.0f} s, "
+        + (f"the GGUF model(s) parsed once {result.gguf_parse_s:.0f} s, " if result.gguf_parse_s else "")
+        + "then the trials in order, each as soon as its GPUs are free).",
         *(["Training sets counted: " + "; ".join(result.counts)] if result.counts else []),
         "Figures (configs/throughput.yaml):",
         *(f"- {what}: {how}" for what, how in result.notes.items()),

@@ -257,16 +257,20 @@ class Estimator:
         return self._note(what, Figure(value, how if which in entry else f"the cold figure (no warm one): {how}"))
 
     def overhead_s(self, name: str, params: int = 0, samples: int = 0) -> float:
-        """A fixed cost of the table's `overheads`: in seconds, or per billion parameters (`core_seconds` spread
-        over a worker's cores), or per thousand samples."""
+        """A fixed cost of the table's `overheads`: in seconds and/or per billion parameters, or in core-seconds per
+        billion (spread over a worker's cores), or per thousand samples."""
         entry = self.table.overhead(name)
-        if "seconds" in entry:
-            return float(entry["seconds"])
         if "core_seconds_per_billion" in entry:
             return entry["core_seconds_per_billion"] * params / 1e9 / entry.get("cores_per_gpu", 1)
         if "per_thousand_samples" in entry:
             return entry["per_thousand_samples"] * samples / 1000
-        return entry["per_billion"] * params / 1e9
+        return float(entry.get("seconds", 0.0)) + entry.get("per_billion", 0.0) * params / 1e9
+
+    def gguf_parse_s(self, models: list[ModelConfig]) -> float:
+        """The grid's GGUF models, each parsed once before any trial of it trains (the first load fills the cache
+        of `clozemath.model.gguf_cache` while the trials that started with it wait on its lock)."""
+        distinct = {model.name: model for model in models if model.gguf_file is not None}
+        return sum(self.overhead_s("gguf_parse", self.shape(model)[0].params) for model in distinct.values())
 
     # -- a trial
 
