@@ -124,6 +124,8 @@ def test_tables_hold_the_means_over_seeds_with_the_best_in_bold(store: TrackingC
     compute = out.split("**Compute")[1]
     assert row(compute, "GSM8K", "DeepSeek-Math", "W/o Equation masking", "0") == ["8,886", "8,886,000"]
     assert row(compute, "MATH", "Llama-3.2-1B", "MFT", "1") == ["1,400", "1,400,000"]
+    # outside Table 4, `it` is the IT baseline, not the ablation's name
+    assert row(compute, "GSM8K", "DeepSeek-Math", "IT", "0") and "W/o Text-infilling" not in compute + table3
     assert "| Base |" not in compute  # nothing trained
     assert (tmp_path / "tables.md").read_text().strip() in out
     assert (tmp_path / "accuracy_vs_steps.png").read_bytes()[:4] == b"\x89PNG"

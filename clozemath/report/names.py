@@ -12,6 +12,7 @@ from clozemath.tasks import get_task, task_names
 MODEL_NAMES = {
     "deepseek-math-7b": "DeepSeek-Math", "llama-3.1-8b": "Llama-3.1-8B", "llama-3.2-3b": "Llama-3.2-3B",
     "llama-3.2-1b": "Llama-3.2-1B", "smollm2-135m": "SmolLM2-135M-Instruct",
+    "qwen2.5-coder-1.5b-instruct": "Qwen2.5-Coder-1.5B-Instruct",
 }
 METHOD_NAMES = {
     "base": "Base", "mft": "MFT", "clozemath": "ClozeMath",
@@ -32,7 +33,8 @@ REFERENCES = ("it", "base")
 Column = tuple[str, str]
 """(eval set, decoding)."""
 REPLICATION_NAMES = {**METHOD_NAMES, "it": "IT"}
-"""Beside base, MFT and ClozeMath, `it` is the instruction-tuning baseline rather than Table 4's ablation."""
+"""Beside base, MFT and ClozeMath, `it` is the instruction-tuning baseline: every table but Table 4 (whose rows are
+METHOD_NAMES', the paper's ablation names) names it so."""
 Block = tuple[str, str]
 """(training set, model)."""
 
@@ -46,7 +48,7 @@ def model_name(model: str) -> str:
     return MODEL_NAMES.get(model, model)
 
 
-def method_name(method: str, names: dict[str, str] = METHOD_NAMES) -> str:
+def method_name(method: str, names: dict[str, str] = REPLICATION_NAMES) -> str:
     """The method's name in a table, with a grid variant's axis values (`IT (lr=0.0001)`)."""
     name, _, variant = method.partition(" (")
     return f"{names.get(name, name)} ({variant}" if variant else names.get(method, method)
