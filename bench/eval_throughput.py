@@ -32,6 +32,8 @@ share with the same text; CoT, the share whose k branches all have identical tok
     python bench/eval_throughput.py --schemes greedy --batch-size 64 --out bench/results/x.md --speed-json
     python bench/eval_throughput.py --model tiny-llama --limit 4 --max-new-tokens 8   # a CPU smoke run
 
+`--profile DIR` adds one more pass of ours over the first batch under torch.profiler, per scheme (bench/profiling.py).
+
 Needs torch, transformers, peft, tokenizers and this repository only.
 """
 
@@ -60,6 +62,7 @@ from bench.limits import (  # noqa: E402
     BANDWIDTH_CONVENTION, MEMORY_BANDWIDTH, Traffic, card_value, decode_traffic, decode_weight_bytes,
     kv_bytes_per_position,
 )
+from bench.profiling import activities, profile_summary  # noqa: E402
 from bench.speed_record import SPEED_JSON, Headline, Side, command_line, failure_note, record  # noqa: E402
 from clozemath.config import DataConfig, ModelConfig  # noqa: E402
 from clozemath.data.sources import DATA_DIR_ENV, Problem, load_problems  # noqa: E402
@@ -334,6 +337,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                         help="let generate use cuDNN's attention too (as lm-evaluation-harness runs it); by default it "
                         "runs under ours' sdpa backends")
     parser.add_argument("--out", help="also write the markdown table to this file")
+    parser.add_argument("--profile", type=Path,
+                        help="write, per scheme, a profile of one more pass of ours over the first batch (the GPU's "
+                        "busy share, the costliest kernels, the host's side) and its trace into this folder")
     parser.add_argument("--speed-json", nargs="?", const=str(SPEED_JSON), type=Path,
                         help=f"record the headline ratios in this file (default when given: {SPEED_JSON})")
     args = parser.parse_args(argv)
@@ -404,6 +410,9 @@ def run_scheme(scheme: str, args: argparse.Namespace, model, tokenizer, prompts,
     ours(model, tokenizer, first_batch, scheme, warm, attention)
     our_generations, our_seconds = timed(device, lambda: ours(model, tokenizer, prompts, scheme, settings, attention))
     measured = [Measured("ours", side_settings("ours", args, rows), our_seconds)]
+    if args.profile:
+        profile_pass(args.profile, scheme, device, lambda: ours(model, tokenizer, first_batch, scheme, settings,
+                                                                attention))
     if "eager" in args.sides:
         ours(model, tokenizer, first_batch, scheme, warm, attention, args.eager_engine)
         eager, seconds = timed(
@@ -437,6 +446,16 @@ def run_scheme(scheme: str, args: argparse.Namespace, model, tokenizer, prompts,
                   if attention == "causal" else "n/a (generate is causal)")
         measured.append(Measured(side, side_settings(side, args, rows), seconds, first_pass, agreed))
     return measured, settings, our_generations
+
+
+def profile_pass(folder: Path, scheme: str, device: torch.device, run: Callable[[], Any]) -> None:
+    """One decoding pass under torch.profiler: `folder/<scheme>.txt` (what held the pass up) and its trace. Kernels
+    replayed from CUDA graphs are recorded one by one (CUPTI traces graph launches)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    with torch.profiler.profile(activities=activities(device)) as prof:
+        _, seconds = timed(device, run)
+    write_text_atomic(folder / f"{scheme}.txt", profile_summary(prof, 1000 * seconds, device, span="decoding pass"))
+    prof.export_chrome_trace(str(folder / f"{scheme}.trace.json"))
 
 
 def table_rows(scheme: str, measured: list[Measured], n: int, tokens: int, traffic: Traffic,

@@ -52,7 +52,7 @@ import statistics
 import sys
 import time
 import traceback
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
@@ -67,6 +67,7 @@ sys.path.insert(0, str(ROOT))
 from bench.limits import (  # noqa: E402
     MFU_CONVENTION, PEAK_BF16_FLOPS, TrainingShape, Work, card_value, flops_per_token, mfu,
 )
+from bench.profiling import activities, profile_summary  # noqa: E402
 from bench.speed_record import SPEED_JSON, Headline, Side, command_line, failure_note, record  # noqa: E402
 from clozemath.config import DataConfig, ExperimentConfig, MethodConfig, ModelConfig, TrainConfig  # noqa: E402
 from clozemath.data.prepare import prepare_data  # noqa: E402
@@ -397,32 +398,8 @@ PROFILED_STEPS = 3
 
 
 def profiler(warmup: int, device: torch.device) -> torch.profiler.profile:
-    activities = [torch.profiler.ProfilerActivity.CPU]
-    if device.type == "cuda":
-        activities.append(torch.profiler.ProfilerActivity.CUDA)
     schedule = torch.profiler.schedule(wait=warmup, warmup=1, active=PROFILED_STEPS, repeat=1)
-    return torch.profiler.profile(activities=activities, schedule=schedule)
-
-
-def kernel_ms(events: Iterable[Any]) -> float:
-    """Milliseconds the GPU ran kernels, from a profile's averaged events: their device-side self time, leaving out
-    the `ProfilerStep*` annotations, which also carry a device time (each step's whole span; counting them put the
-    GPU at over 100% busy in the 2026-11-28 H100 profiles)."""
-    return sum(event.self_device_time_total for event in events
-               if event.device_type == torch.autograd.DeviceType.CUDA
-               and not event.key.startswith("ProfilerStep")) / 1000
-
-
-def profile_summary(prof: torch.profiler.profile, ms_per_step: float, device: torch.device) -> str:
-    """The costliest operations, and the share of a step's wall time during which the GPU ran kernels."""
-    averages = prof.key_averages()
-    if device.type != "cuda":
-        return averages.table(sort_by="self_cpu_time_total", row_limit=30, max_name_column_width=60)
-    busy_ms = kernel_ms(averages) / PROFILED_STEPS
-    head = f"GPU busy {busy_ms:.1f} ms of a {ms_per_step:.1f} ms step ({busy_ms / ms_per_step:.0%})\n"
-    gpu = averages.table(sort_by="self_device_time_total", row_limit=30, max_name_column_width=60)
-    host = averages.table(sort_by="self_cpu_time_total", row_limit=40, max_name_column_width=60)
-    return f"{head}{gpu}\nThe host's side (where a step's CPU time goes):\n{host}"
+    return torch.profiler.profile(activities=activities(device), schedule=schedule)
 
 
 def measure(mode: Mode, context: Context, work: Work, profile_dir: Path | None) -> dict[str, Any]:
@@ -441,7 +418,7 @@ def measure(mode: Mode, context: Context, work: Work, profile_dir: Path | None) 
     per_step = sum(timed) / len(timed)
     if prof is not None:
         assert profile_dir is not None
-        (profile_dir / f"{mode.name}.txt").write_text(profile_summary(prof, 1000 * per_step, device))
+        (profile_dir / f"{mode.name}.txt").write_text(profile_summary(prof, 1000 * per_step, device, PROFILED_STEPS))
         prof.export_chrome_trace(str(profile_dir / f"{mode.name}.trace.json"))
     free_memory(device)
     return {

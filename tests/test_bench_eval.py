@@ -72,3 +72,16 @@ def test_an_auto_batch_is_ours_choice_for_every_side(tmp_path: Path) -> None:
     assert bench.main(argv) == 0
     rows = [line for line in out.read_text().splitlines() if line.startswith("| greedy")]
     assert len(rows) == 2 and all(f"batch {bench.CPU_BATCH_SIZE} |" in row for row in rows)
+
+
+def test_profile_writes_what_one_pass_of_ours_spent_per_scheme(tmp_path: Path) -> None:
+    """`--profile DIR`: a summary and a trace per scheme, from one more pass of ours (CPU here: the host's table)."""
+    folder = tmp_path / "profiles"
+    argv = ["--model", "tiny-llama", "--limit", "2", "--max-new-tokens", "3", "--schemes", "greedy,beam",
+            "--num-beams", "2", "--sides", "ours", "--profile", str(folder)]
+    assert bench.main(argv) == 0
+    assert sorted(p.name for p in folder.iterdir()) == ["beam.trace.json", "beam.txt", "greedy.trace.json",
+                                                        "greedy.txt"]
+    summary = (folder / "greedy.txt").read_text()
+    assert "Self CPU" in summary and "aten::" in summary  # the operations the pass ran, by their time
+    assert json.loads((folder / "greedy.trace.json").read_text())["traceEvents"]

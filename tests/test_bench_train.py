@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from bench import train_throughput as bench
+from bench.profiling import kernel_ms
 from bench.trl_baseline import CountingCollator, TrlSettings, build_trainer, sft_arguments
 from clozemath.errors import ClozeMathError
 from clozemath.model.load import load_model
@@ -231,4 +232,4 @@ def test_the_gpus_busy_time_counts_kernels_not_the_profilers_step_spans() -> Non
               SimpleNamespace(key="sm90_flash_bprop", device_type=cuda, self_device_time_total=30_000),
               SimpleNamespace(key="nvjet_sm90_tst", device_type=cuda, self_device_time_total=25_000),
               SimpleNamespace(key="aten::mm", device_type=cpu, self_device_time_total=32_000)]
-    assert bench.kernel_ms(events) == 55.0
+    assert kernel_ms(events) == 55.0
