@@ -125,3 +125,25 @@ def test_a_gguf_model_is_parsed_once_a_grid_before_its_trials_and_a_model_withou
     assert estimator.gguf_parse_s([tiny]) == 0.0
     plan_free = dry_run(GRID, *NARROW, "--dry-run", "--gpus", "1", "--card", "H100")
     assert plan_free.returncode == 0 and "parsed once" not in plan_free.stdout
+
+
+def test_a_model_shipped_in_chunks_is_estimated_before_its_chunks_are_installed(tmp_path: Path) -> None:
+    """No weights needed: with none of Qwen's chunks on the machine, its tokens are counted with the stand-in
+    tokenizer (said so) and its shape keeps its own vocabulary; the GGUF parse is still part of the wall time."""
+    done = dry_run("configs/grids/replication_qwen1.5b.yaml", "model.gguf_chunks.packages=null",
+                   f"model.gguf_chunks.files={tmp_path}/part*.bin", "axes.method=[it]", "axes.train.seed=[0]",
+                   "--dry-run", "--gpus", "1", "--card", "H100")
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "tokens estimated with llama-3.2-1b-random's tokenizer (qwen2.5-coder-1.5b-instruct's is not on this " \
+           "machine)" in done.stdout
+    assert "the GGUF model(s) parsed once" in done.stdout and "ray imported: False" in done.stdout
+    from clozemath.cost.throughput import Throughput
+    from clozemath.cost.trials import Estimator
+
+    table = Throughput(ROOT / "configs")
+    qwen = table.model_config("qwen2.5-coder-1.5b-instruct")
+    chunks = qwen.gguf_chunks.model_copy(update={"packages": None, "files": f"{tmp_path}/part*.bin"})
+    qwen = qwen.model_copy(update={"gguf_chunks": chunks})
+    shape, counting = Estimator(table, table.card("H100"), 1).shape(qwen)
+    assert counting.name == "llama-3.2-1b-random"
+    assert shape.model.get_base_model().get_input_embeddings().weight.shape[0] >= 151665  # Qwen's, not Llama's 128k

@@ -39,7 +39,7 @@ def meta_shape(model: ModelConfig, vocab: int, sentinels: int = 16) -> torch.nn.
 
     from clozemath.model.load import aligned_vocabulary, apply_lora
 
-    settings = {key: value for key, value in (model.random_init or {}).items() if key != "seed"}
+    settings = {key: value for key, value in (model.random_init or {}).items() if key not in ("seed", "vocab_size")}
     config = LlamaConfig(vocab_size=aligned_vocabulary(vocab), **settings)
     with torch.device("meta"):
         base = LlamaForCausalLM(config).to(torch.bfloat16)

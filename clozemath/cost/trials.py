@@ -64,16 +64,26 @@ def count_data(config: ExperimentConfig, tokenizer_model: ModelConfig, tokenizer
     )
 
 
-def local_tokenizer_model(model: ModelConfig, shape: ModelConfig) -> tuple[ModelConfig, str]:
-    """The model config to count tokens with: the model's own tokenizer where it is on this machine, else its
-    shape's (an estimate, said so)."""
+STAND_IN_TOKENIZER = "llama-3.2-1b-random"
+"""The models config whose tokenizer counts tokens when neither a model's own nor its shape's is on this machine (a
+model shipped in chunks, not yet installed): the Llama-3.2 tokenizer that `make install` brings."""
+
+
+def local_tokenizer_model(model: ModelConfig, candidates: list[ModelConfig]) -> tuple[ModelConfig, str]:
+    """The model config to count tokens with: the model's own tokenizer where it is on this machine, else the first
+    of `candidates` whose tokenizer is (an estimate, said so)."""
     from clozemath.model.load import load_tokenizer
 
-    try:
-        load_tokenizer(model)
-        return model, f"counted with {model.name}'s tokenizer"
-    except ClozeMathError:
-        return shape, f"estimated with {shape.name}'s tokenizer ({model.name}'s is not on this machine)"
+    for counting in [model, *candidates]:
+        try:
+            load_tokenizer(counting)
+        except ClozeMathError:
+            continue
+        if counting is model:
+            return model, f"counted with {model.name}'s tokenizer"
+        return counting, f"estimated with {counting.name}'s tokenizer ({model.name}'s is not on this machine)"
+    names = ", ".join(c.name for c in [model, *candidates])
+    raise ClozeMathError(f"--dry-run: no tokenizer to count tokens with on this machine (tried {names})")
 
 
 @dataclass(frozen=True)
@@ -122,8 +132,10 @@ class Estimator:
             from clozemath.model.load import load_tokenizer
 
             shape_cfg = self.table.shape_of(model)
-            counting, note = local_tokenizer_model(model, shape_cfg)
-            built = meta_shape(shape_cfg, len(load_tokenizer(counting)))
+            counting, note = local_tokenizer_model(model, [shape_cfg, self.table.model_config(STAND_IN_TOKENIZER)])
+            declared = (shape_cfg.random_init or {}).get("vocab_size")  # the shape's own, where a stand-in counts
+            built = meta_shape(shape_cfg, declared if declared and counting is not model else
+                               len(load_tokenizer(counting)))
             params = sum({id(p): p.numel() for p in built.parameters()}.values())
             self._shapes[key] = (Shape(built, params, note), counting)
         return self._shapes[key]
