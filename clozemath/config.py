@@ -230,8 +230,9 @@ class TrainConfig(_Strict):
     compile: bool | Literal["auto"] = "auto"
     """Compile each decoder layer (torch.compile, fixed shapes), attention through FlexAttention's block-sparse
     document masks. auto: when packing on a GPU under ZeRO-2 and the run trains enough tokens to pay back the
-    compilation (`clozemath.train.layout.COMPILE_PAYS_OFF_TOKENS`); otherwise packed rows of at most
-    `EAGER_PACK_TOKENS` through sdpa with dense masks, which starts at once."""
+    compilation (`clozemath.train.layout.COMPILE_PAYS_OFF_TOKENS`; far fewer, `COMPILE_PAYS_OFF_WARM_TOKENS`, where
+    `compile_cache` holds a compiled step of the same shape and `pack_tokens` is fixed); otherwise packed rows of at
+    most `EAGER_PACK_TOKENS` through sdpa with dense masks, which starts at once."""
     compile_cache: str | None = None
     """Where the workers keep torch.compile's artifacts (Inductor's compiled graphs and kernels, Triton's binaries):
     the first trial of a grid compiles, every later one with the same model, row size and card loads what it made.

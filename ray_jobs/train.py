@@ -109,7 +109,8 @@ def train_worker(settings: dict[str, Any]) -> None:
     # DeepSpeed's gloo path calls torch.distributed functions torch has deprecated: nothing a user can act on.
     warnings.filterwarnings("ignore", message=r"`torch\.distributed\.\w+` is deprecated", category=FutureWarning)
     config = from_wire(settings["experiment"])
-    use_compile_cache(compile_cache_folder(config))  # before anything compiles: every trial and node shares it
+    compile_cache = compile_cache_folder(config)
+    use_compile_cache(compile_cache)  # before anything compiles: every trial and node shares it
     device = ray.train.torch.get_device()
     share_gpu(config.train.gpu_share)
     gpu = device.type == "cuda"
@@ -154,6 +155,7 @@ def train_worker(settings: dict[str, Any]) -> None:
             pad_id=loaded.tokenizer.pad_token_id,
             report=report,
             resume_from=Path(resume_from) if resume_from is not None else None,
+            compile_cache=compile_cache,
         )
 
 

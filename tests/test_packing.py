@@ -13,8 +13,10 @@ from clozemath.data.prepare import prepare_data
 from clozemath.data.tokenize import IGNORE_INDEX, collate, collate_packs
 from clozemath.errors import ClozeMathError
 from clozemath.train.batches import model_inputs
+from clozemath.train.compilation import compiled_before, compiled_shape_key, mark_compiled
 from clozemath.train.layout import (
     COMPILE_PAYS_OFF_TOKENS,
+    COMPILE_PAYS_OFF_WARM_TOKENS,
     EAGER_PACK_TOKENS,
     Layout,
     Plan,
@@ -221,6 +223,55 @@ def test_only_a_run_long_enough_to_pay_the_compilation_back_compiles() -> None:
     assert line.startswith("86 steps of 1 packed rows of 4,096 tokens, not compiled (0.4M tokens")
     assert "train.compile=true forces it" in line
     assert "compiles the decoder layers" in plan_line(Layout(16_384, True, long), auto)
+
+
+def test_a_warm_compile_cache_lowers_the_bar_for_a_run_of_the_configs_own_rows_only() -> None:
+    """The quickstart's 391 steps of 4,096 tokens (1.6M): below the cold bar, above the warm one. Under
+    `pack_tokens: auto` a warm cache changes nothing (the compiled row would be wider: the run would train otherwise)."""
+    cuda = torch.device("cuda")
+    quickstart = Plan(micro_batches_per_epoch=391, total_steps=391, warmup_steps=12)
+    assert COMPILE_PAYS_OFF_WARM_TOKENS < 391 * 4096 < COMPILE_PAYS_OFF_TOKENS
+    fixed, auto_rows = TrainConfig(zero_stage=2, pack_tokens=4096), TrainConfig(zero_stage=2, pack_tokens="auto")
+    assert should_compile(fixed, 4096, quickstart, cuda, warm=True)
+    assert not should_compile(fixed, 4096, quickstart, cuda, warm=False)
+    assert not should_compile(auto_rows, 4096, quickstart, cuda, warm=True)
+    tiny = Plan(micro_batches_per_epoch=86, total_steps=86, warmup_steps=9)  # 0.35M tokens: not even warm
+    assert not should_compile(fixed, 4096, tiny, cuda, warm=True)
+    line = plan_line(Layout(4096, True, quickstart, warm=True), fixed)
+    assert "from the compile cache" in line and "minutes" not in line
+
+
+def test_the_compile_cache_is_marked_per_compiled_shape(tmp_path: Path, monkeypatch) -> None:
+    """A mark names the step's shape: another row, attention, card or LoRA is another mark; the weights' location and
+    the data are not part of it. `training_layout` reads it (every rank alike) and compiles the quickstart's run."""
+    import clozemath.train.layout as layout_module
+
+    cpu = torch.device("cpu")
+    config = experiment("prefix_lm", zero_stage=2, pack_tokens=4096)
+    key = compiled_shape_key(config, 4096, cpu)
+    assert key == compiled_shape_key(config.model_copy(update={"data": DataConfig(limit=7)}), 4096, cpu)
+    moved = config.model_copy(update={"model": config.model.model_copy(update={"path": "/elsewhere"})})
+    assert key == compiled_shape_key(moved, 4096, cpu)
+    causal = config.model_copy(update={"method": MethodConfig(name="it", attention="causal")})
+    lora = config.model_copy(update={"model": config.model.model_copy(
+        update={"lora": config.model.lora.model_copy(update={"rank": 8})})})
+    assert len({key, compiled_shape_key(config, 8192, cpu), compiled_shape_key(causal, 4096, cpu),
+                compiled_shape_key(lora, 4096, cpu)}) == 4
+    assert not compiled_before(tmp_path, key)
+    mark_compiled(tmp_path, key)
+    assert compiled_before(tmp_path, key) and not compiled_before(tmp_path, compiled_shape_key(causal, 4096, cpu))
+
+    cuda = torch.device("cuda")  # named only: nothing runs on it
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA H100 80GB HBM3")
+    monkeypatch.setattr(layout_module, "packed_row_tokens", lambda train, model, lengths: 4096)
+    monkeypatch.setattr(layout_module, "all_ranks_reduce", lambda value, op, device: value)
+    monkeypatch.setattr(layout_module, "micro_batches_per_epoch", lambda lengths, train, row_tokens, device: 391)
+    model = tiny_peft_model()
+    assert not training_layout(config, model, [100], cuda, tmp_path).compiled  # the mark is of another card
+    mark_compiled(tmp_path, compiled_shape_key(config, 4096, cuda))
+    layout = training_layout(config, model, [100], cuda, tmp_path)
+    assert (layout.row_tokens, layout.compiled, layout.warm) == (4096, True, True)
+    assert not training_layout(config, model, [100], cuda).compiled  # no cache folder: the cold bar
 
 
 def test_a_short_packed_run_on_flex_attention_moves_to_sdpa_in_rows_of_at_most_4096(monkeypatch) -> None:

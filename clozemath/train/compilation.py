@@ -3,12 +3,16 @@ model (evaluation during training)."""
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
 import torch
+
+from clozemath.config import ExperimentConfig
 
 
 def decoder_layers(model: torch.nn.Module) -> torch.nn.ModuleList:
@@ -32,6 +36,36 @@ def use_compile_cache(folder: Path) -> None:
     folder.mkdir(parents=True, exist_ok=True)
     for variable, sub in COMPILE_CACHE_ENV.items():
         os.environ[variable] = str(folder / sub)
+
+
+COMPILED_MARKS = "compiled"
+"""Under a compile cache folder: a file per compiled training shape whose first step has run there (`mark_compiled`)."""
+
+
+def compiled_shape_key(config: ExperimentConfig, row_tokens: int, device: torch.device) -> str:
+    """What a compiled training step's code depends on: the model's shape (name, dtype, LoRA, attention), the row, the
+    ZeRO stage, the method's attention and loss, the card and torch; not its weights' location or the data."""
+    model = config.model
+    card = torch.cuda.get_device_name(device) if device.type == "cuda" else device.type
+    shape = {
+        "model": [model.name, model.dtype, model.attn_implementation, model.lora.model_dump(mode="json"),
+                  model.random_init],
+        "row_tokens": row_tokens, "zero_stage": config.train.zero_stage, "fused_loss": config.train.fused_loss,
+        "attention": config.method.attention, "card": card, "torch": torch.__version__,
+    }
+    return hashlib.sha256(json.dumps(shape, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def compiled_before(folder: Path, key: str) -> bool:
+    """Whether a compiled run of this shape got past its first step with `folder` as its compile cache."""
+    return (folder / COMPILED_MARKS / key).exists()
+
+
+def mark_compiled(folder: Path, key: str) -> None:
+    """Record that the compile cache in `folder` now holds this shape's compiled step (for `compile: auto`)."""
+    marks = folder / COMPILED_MARKS
+    marks.mkdir(parents=True, exist_ok=True)
+    (marks / key).touch()
 
 
 def compile_decoder_layers(model: torch.nn.Module) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -13,6 +14,7 @@ import torch.distributed as dist
 from clozemath.config import ExperimentConfig, TrainConfig
 from clozemath.errors import ClozeMathError
 from clozemath.model.memory import usable_bytes
+from clozemath.train.compilation import compiled_before, compiled_shape_key
 from clozemath.train.distributed import all_ranks_reduce
 from clozemath.train.packing import auto_pack_tokens, packs_needed, whole_blocks
 
@@ -68,6 +70,12 @@ COMPILE_PAYS_OFF_TOKENS = 2_000_000
 FlexAttention's kernels takes seconds to minutes; below this a run is over sooner uncompiled, in rows of
 `EAGER_PACK_TOKENS` through sdpa. The break-even measured per model and card, compiled and uncompiled speeds and
 compile times: `bench/results/train_throughput_profile_h100_h200.md`."""
+COMPILE_PAYS_OFF_WARM_TOKENS = 500_000
+"""The same where the compile cache already holds the run's compiled step (`clozemath.train.compilation.
+compiled_before`): the first step then takes seconds, not minutes (SmolLM2 on an H200: 11.7 s warm, 251.6 cold, then
+~90k tokens/s against ~17k uncompiled: it pays back from ~0.25M tokens; bench/results/speed_h200_2026-11-28). Only for
+a fixed `train.pack_tokens`: under `auto` the compiled row is wider, and a run must not train on other rows because a
+cache was warm."""
 EAGER_PACK_TOKENS = 4096
 """`train.pack_tokens: auto` caps an uncompiled row here: sdpa's dense mask spans all L x L pairs of a row, so a longer
 row spends more on attention across samples it then masks out."""
@@ -81,17 +89,25 @@ class Layout:
     row_tokens: int | None
     compiled: bool
     plan: Plan
+    warm: bool = False
+    """Compiled from a compile cache that holds this shape's compiled step (`compiled_before`)."""
 
 
 def training_layout(
-    config: ExperimentConfig, model: torch.nn.Module, lengths: Sequence[int], device: torch.device
+    config: ExperimentConfig, model: torch.nn.Module, lengths: Sequence[int], device: torch.device,
+    compile_cache: Path | None = None,
 ) -> Layout:
     """Row size, compilation and the steps they give; the same on every rank and on every restart (a function of the
-    rows' lengths, the config and the GPU's memory). An uncompiled packed run on FlexAttention (chosen when the model
-    was loaded for training) moves to sdpa: FlexAttention run eagerly compiles its own kernels all the same."""
+    rows' lengths, the config, the GPU's memory and, for a fixed row, whether `compile_cache` holds its compiled step).
+    An uncompiled packed run on FlexAttention (chosen when the model was loaded for training) moves to sdpa:
+    FlexAttention run eagerly compiles its own kernels all the same."""
     train = config.train
-    layout = choose_layout(train, packed_row_tokens(train, model, lengths), max(lengths, default=1), device,
-                           lambda row_tokens: micro_batches_per_epoch(lengths, train, row_tokens, device))
+    row_tokens = packed_row_tokens(train, model, lengths)
+    warm = compile_cache is not None and row_tokens is not None and \
+        compiled_before(compile_cache, compiled_shape_key(config, row_tokens, device))
+    warm = bool(all_ranks_reduce(int(warm), dist.ReduceOp.MIN, device))  # a mark written meanwhile: every rank alike
+    layout = choose_layout(train, row_tokens, max(lengths, default=1), device,
+                           lambda row_tokens: micro_batches_per_epoch(lengths, train, row_tokens, device), warm)
     if layout.row_tokens is not None and not layout.compiled and config.model.attn_implementation == "auto" \
             and model.config._attn_implementation == "flex_attention":
         model.set_attn_implementation("sdpa")
@@ -100,29 +116,32 @@ def training_layout(
 
 def choose_layout(
     train: TrainConfig, row_tokens: int | None, longest: int, device: torch.device,
-    per_epoch: Callable[[int | None], int],
+    per_epoch: Callable[[int | None], int], warm: bool = False,
 ) -> Layout:
     """`training_layout`'s choice from the `row_tokens` it sizes (None: padded micro-batches) and `per_epoch`, the
     micro-batches an epoch takes in rows of that width: compiled when `should_compile`, else an auto row capped at
     `EAGER_PACK_TOKENS`. `clozemath.cost` makes the same choice for a run not started."""
     plan = plan_steps(per_epoch(row_tokens), train)
-    compiled = should_compile(train, row_tokens, plan, device)
+    compiled = should_compile(train, row_tokens, plan, device, warm)
     if row_tokens is None or compiled:
-        return Layout(row_tokens, compiled, plan)
+        return Layout(row_tokens, compiled, plan, warm and compiled)
     if train.pack_tokens == "auto" and row_tokens > EAGER_PACK_TOKENS:
         row_tokens = max(EAGER_PACK_TOKENS, whole_blocks(longest))
         plan = plan_steps(per_epoch(row_tokens), train)
     return Layout(row_tokens, compiled, plan)
 
 
-def should_compile(train: TrainConfig, row_tokens: int | None, plan: Plan, device: torch.device) -> bool:
+def should_compile(train: TrainConfig, row_tokens: int | None, plan: Plan, device: torch.device,
+                   warm: bool = False) -> bool:
     """`train.compile`; auto: packed rows (one shape) on a GPU under ZeRO-2 (ZeRO-3 gathers each layer's weights
-    in module hooks, which a compiled layer would trace), for a run long enough to pay the compilation back."""
+    in module hooks, which a compiled layer would trace), for a run long enough to pay the compilation back: less
+    long where the compile cache is `warm` and the row is the config's own."""
     if train.compile != "auto":
         return train.compile
     if device.type != "cuda" or row_tokens is None or train.zero_stage != 2:
         return False
-    return run_positions(plan, train, row_tokens) >= COMPILE_PAYS_OFF_TOKENS
+    pays_off = COMPILE_PAYS_OFF_WARM_TOKENS if warm and isinstance(train.pack_tokens, int) else COMPILE_PAYS_OFF_TOKENS
+    return run_positions(plan, train, row_tokens) >= pays_off
 
 
 def run_positions(plan: Plan, train: TrainConfig, row_tokens: int) -> int:
@@ -137,6 +156,8 @@ def plan_line(layout: Layout, train: TrainConfig) -> str:
     rows = (f"packed rows of {row_tokens:,} tokens" if row_tokens is not None
             else f"micro-batches of {train.micro_batch_size}")
     text = f"{plan.total_steps:,} steps of {train.grad_accum} {rows}"
+    if layout.compiled and layout.warm:
+        return text + "; compiled, from the compile cache that a run of this shape filled (seconds)"
     if layout.compiled:
         return text + "; the first step compiles the decoder layers (minutes on a cold cache)"
     if row_tokens is not None and train.compile == "auto" and train.zero_stage == 2:

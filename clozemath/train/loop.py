@@ -35,7 +35,7 @@ from clozemath.errors import ClozeMathError
 from clozemath.records import ADAPTER_DIR, train_metric
 from clozemath.train.batches import micro_batch, micro_batch_rows, model_inputs, noised, step_seed
 from clozemath.train.checkpoint import checkpoint_folder, export_adapter, load_checkpoint, save_checkpoint
-from clozemath.train.compilation import compile_decoder_layers
+from clozemath.train.compilation import compile_decoder_layers, compiled_shape_key, mark_compiled
 from clozemath.train.distributed import all_ranks_reduce, all_ranks_sum, init_distributed
 from clozemath.train.layout import Layout, plan_line, training_layout
 from clozemath.train.step import StepTally, accumulate, build_engine
@@ -89,10 +89,13 @@ def train(
     report: Report,
     resume_from: Path | None = None,
     scratch_dir: Path | None = None,
+    compile_cache: Path | None = None,
 ) -> Any:
     """Fine-tune `model` (peft, trainable parameters already chosen) on this worker's `rows` (input_ids, labels,
     prefix_len); return the DeepSpeed engine. `resume_from`: a checkpoint folder `report` was given earlier.
     Checkpoints are written under `scratch_dir` (default: the system's temp folder) and removed after `report`.
+    `compile_cache`: the folder this process compiles into (`use_compile_cache`), where `compile: auto` looks for a
+    compiled step of this run's shape and marks its own after the first step.
     `train.zero_stage: auto` is resolved here (`clozemath.train.zero.with_zero_stage`)."""
     device = next(model.parameters()).device
     if device.type == "cpu" and model.config._attn_implementation == "flex_attention":
@@ -101,7 +104,7 @@ def train(
     config = with_zero_stage(config, model, device)
     rank = dist.get_rank()
     lengths = [len(row["input_ids"]) for row in rows]
-    layout = training_layout(config, model, lengths, device)
+    layout = training_layout(config, model, lengths, device, compile_cache)
     plan = layout.plan
     if layout.compiled:
         compile_decoder_layers(model)
@@ -117,6 +120,10 @@ def train(
         if config.train.fail_at_step == step + 1 and resume_from is None and rank == 0:
             raise InjectedFailure(f"train.fail_at_step={config.train.fail_at_step}: failing on purpose")
         metrics = worker.step(step)
+        if layout.compiled and compile_cache is not None and rank == 0 and not worker.marked:
+            assert layout.row_tokens is not None, "only packed rows compile"
+            mark_compiled(compile_cache, compiled_shape_key(config, layout.row_tokens, device))
+            worker.marked = True
         step += 1
         worker.report(metrics, report, scratch_dir)
     return engine
@@ -137,6 +144,8 @@ class _Worker:
     device: torch.device
     stream: Iterator[list[int]]
     """Row indices of the micro-batches to come."""
+    marked: bool = False
+    """Whether the compile cache has been told that it holds this run's compiled step."""
 
     def __post_init__(self) -> None:
         self.noise_ids = torch.tensor(self.specials.ordinary_ids)
