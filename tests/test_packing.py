@@ -274,6 +274,21 @@ def test_the_compile_cache_is_marked_per_compiled_shape(tmp_path: Path, monkeypa
     assert not training_layout(config, model, [100], cuda).compiled  # no cache folder: the cold bar
 
 
+@pytest.mark.slow
+def test_a_compiled_run_marks_its_shape_in_the_compile_cache_and_an_uncompiled_one_does_not(tmp_path: Path) -> None:
+    """~20 s on a 2-core CPU (Inductor builds C++): rank 0 marks after its first compiled step."""
+    rows = copy_rows(40)
+    compiled = experiment("prefix_lm", max_steps=2, pack_tokens=48, compile=True, zero_stage=2)
+    train(tiny_peft_model(), rows, experiment("prefix_lm", max_steps=2, pack_tokens=48, compile=False, zero_stage=2),
+          specials=SPECIALS, pad_id=PAD, report=Recorder(tmp_path / "eager"), compile_cache=tmp_path / "cache")
+    assert not (tmp_path / "cache").exists()
+    train(tiny_peft_model(), rows, compiled, specials=SPECIALS, pad_id=PAD, report=Recorder(tmp_path / "compiled"),
+          compile_cache=tmp_path / "cache")
+    key = compiled_shape_key(compiled, 48, torch.device("cpu"))
+    assert [p.name for p in (tmp_path / "cache" / "compiled").iterdir()] == [key]
+    assert compiled_before(tmp_path / "cache", key)
+
+
 def test_a_short_packed_run_on_flex_attention_moves_to_sdpa_in_rows_of_at_most_4096(monkeypatch) -> None:
     """The layout a short run gets on a GPU (the GPU is only named: the sizes are what the memory would allow)."""
     import clozemath.train.layout as layout_module

@@ -115,15 +115,17 @@ def train(
     stream = micro_batch_rows(lengths, plan, config.train, layout.row_tokens, seed=config.train.seed * 1009 + rank,
                               start=next_micro_batch)
     worker = _Worker(engine, model, rows, config, layout, specials, pad_id, rank, device, stream)
+    # after the first step, rank 0 tells the compile cache that it holds this shape's compiled step (`compile: auto`)
+    unmarked = compiled_shape_key(config, layout.row_tokens, device) \
+        if layout.compiled and layout.row_tokens is not None and compile_cache is not None and rank == 0 else None
     engine.train()
     while step < plan.total_steps:
         if config.train.fail_at_step == step + 1 and resume_from is None and rank == 0:
             raise InjectedFailure(f"train.fail_at_step={config.train.fail_at_step}: failing on purpose")
         metrics = worker.step(step)
-        if layout.compiled and compile_cache is not None and rank == 0 and not worker.marked:
-            assert layout.row_tokens is not None, "only packed rows compile"
-            mark_compiled(compile_cache, compiled_shape_key(config, layout.row_tokens, device))
-            worker.marked = True
+        if unmarked is not None and compile_cache is not None:
+            mark_compiled(compile_cache, unmarked)
+            unmarked = None
         step += 1
         worker.report(metrics, report, scratch_dir)
     return engine
@@ -144,8 +146,6 @@ class _Worker:
     device: torch.device
     stream: Iterator[list[int]]
     """Row indices of the micro-batches to come."""
-    marked: bool = False
-    """Whether the compile cache has been told that it holds this run's compiled step."""
 
     def __post_init__(self) -> None:
         self.noise_ids = torch.tensor(self.specials.ordinary_ids)
