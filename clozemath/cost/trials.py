@@ -241,16 +241,24 @@ class Estimator:
         """The rate of a trial holding `gpus` GPUs, from one GPU's `alone`. Below one GPU, the trials of a card are
         processes that take turns on it (no MPS): each gets `gpus` of the card's time, so `alone x gpus`, unless the
         table measured what each of that many trials got side by side (`shared`: a small model's eager steps leave
-        the card idle between kernels, which the others fill)."""
+        the card idle between kernels, which the others fill). Where it measured another number of trials a card, the
+        card's total then is shared out among these: what the card did side by side is a better guide than one trial
+        alone, which for a model without figures of its own is scaled from another model's."""
         if gpus >= 1:
             return alone.value * gpus
         name = self.table.figures_name(model)
         trials = round(1 / gpus)
         entry = self.table.measured(name, "shared", self.card.name) or {}
-        measured = entry.get(what, {}).get(trials)
+        counts = entry.get(what, {})
         note = f"{what.replace('_', ' ')} of {name} on {self.card.name}, a trial of {trials} on a card"
-        if measured is not None:
-            return self._note(note, Figure(measured, f"measured side by side: {entry.get('source', 'the table')}")).value
+        source = entry.get("source", "the table")
+        if trials in counts:
+            return self._note(note, Figure(counts[trials], f"measured side by side: {source}")).value
+        if counts:
+            nearest = min(counts, key=lambda count: (abs(count - trials), count))
+            card = nearest * counts[nearest]
+            return self._note(note, Figure(card / trials, f"the card's {card:,.1f} with {nearest} side by side "
+                                                          f"({source}), shared by {trials}")).value
         return self._note(note, Figure(alone.value * gpus, f"the card's {alone.value:,.1f} x {gpus:g}: taking turns "
                                                            "(not measured side by side)")).value
 
