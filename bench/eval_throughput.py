@@ -4,9 +4,7 @@ problems, prompts, batches and card.
 Problems per second and generated tokens per second on the GSM8K test problems for greedy decoding, beam search and
 CoT-decoding, on every side:
 
-- `ours`: `decode` (CUDA graphs over a static cache on a GPU; the eager DynamicCache loop on CPU; `--engine compiled`:
-  its step compiled by torch.compile before the graphs capture it, the first pass over the set, which compiles, timed
-  and reported apart);
+- `ours`: `decode` (CUDA graphs over a static cache on a GPU; the eager DynamicCache loop on CPU);
 - `eager`: our eager side, for agreement (`--eager-engine static`: the graph engine's own steps run without graphs;
   `eager`: the DynamicCache loop);
 - `generate`: `model.generate` with its default (dynamic) cache, batches of `--batch-size` prompts sorted longest
@@ -329,8 +327,6 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--dtype", choices=["auto", "float32", "bfloat16"], default="auto",
                         help="auto: bfloat16 on GPU, float32 on CPU")
     parser.add_argument("--attn", choices=["sdpa", "eager"], default="sdpa")
-    parser.add_argument("--engine", choices=["auto", "graphs", "compiled"], default="auto",
-                        help="ours' engine (`DecodeSettings.engine`; default: %(default)s)")
     parser.add_argument("--eager-engine", choices=["static", "eager"], default="static",
                         help="our side without CUDA graphs: static, the graph engine's own steps run eagerly (the same "
                         "kernels, so agreement measures what the graphs change); eager, the DynamicCache loop CPU runs "
@@ -394,7 +390,7 @@ class Measured:
 
 def side_settings(side: str, args: argparse.Namespace, rows: int) -> str:
     return {
-        "ours": f"clozemath decode, engine {args.engine}, batch {rows}",
+        "ours": f"clozemath decode, batch {rows}",
         "eager": f"clozemath decode, engine {args.eager_engine}, batch {rows}",
         "generate": f"HF generate, dynamic cache, batch {rows}",
         "generate-static": f"HF generate, static cache (compiled by transformers), batch {rows}",
@@ -411,18 +407,12 @@ def run_scheme(scheme: str, args: argparse.Namespace, model, tokenizer, prompts,
     warm = replace(settings, max_new_tokens=max(2, min(args.warmup_tokens, settings.max_new_tokens)))
     attention = args.prompt_attention
 
-    engine = args.engine
-    first_pass = None
-    if engine == "compiled":  # its first pass over the set compiles every shape it meets
-        _, first_pass = timed(device, lambda: ours(model, tokenizer, prompts, scheme, settings, attention, engine))
-    else:
-        ours(model, tokenizer, first_batch, scheme, warm, attention, engine)
-    our_generations, our_seconds = timed(
-        device, lambda: ours(model, tokenizer, prompts, scheme, settings, attention, engine))
-    measured = [Measured("ours", side_settings("ours", args, rows), our_seconds, first_pass)]
+    ours(model, tokenizer, first_batch, scheme, warm, attention)
+    our_generations, our_seconds = timed(device, lambda: ours(model, tokenizer, prompts, scheme, settings, attention))
+    measured = [Measured("ours", side_settings("ours", args, rows), our_seconds)]
     if args.profile:
         profile_pass(args.profile, scheme, device, lambda: ours(model, tokenizer, first_batch, scheme, settings,
-                                                                attention, engine))
+                                                                attention))
     if "eager" in args.sides:
         ours(model, tokenizer, first_batch, scheme, warm, attention, args.eager_engine)
         eager, seconds = timed(

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 import re
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -622,33 +622,3 @@ def test_an_auto_batch_out_of_memory_at_a_refill_keeps_the_prompts_done(model, t
     assert finished_first  # prompts that had ended before the refill failed are not decoded again
     assert sorted(prompt for batch in prefilled[2:] for prompt in batch) == sorted(set(MIXED) - finished_first)
     assert all(len(batch) <= 2 for batch in prefilled[2:])
-
-
-@pytest.mark.usefixtures("frequent_looks")
-def test_the_compiled_engine_decodes_as_the_static_one(model, tokenizer, mixed):
-    """The graph engine's step compiled by torch.compile (on a CPU: compiled, no graphs) gives every scheme's tokens
-    the static engine gives: greedy rows refilled as prompts end, beams of batches of several widths (a second shape
-    makes the step's shapes dynamic rather than recompiling each), CoT's branches and margins."""
-    torch._dynamo.reset()
-    torch._dynamo.utils.counters.clear()
-    schemes = {
-        "greedy": dict(batch_size=3),
-        "beam": dict(batch_size=3, num_beams=3),
-        "cot": dict(batch_size=3, cot_k=3, answer_span=last_word),
-    }
-    for scheme, kwargs in schemes.items():
-        settings = DecodeSettings(max_new_tokens=LONG, eos_token_ids=mixed.eos, **kwargs)
-        compiled = decode(model, tokenizer, MIXED, scheme, replace(settings, engine="compiled"))
-        static = decode(model, tokenizer, MIXED, scheme, replace(settings, engine="static"))
-        assert [(g.token_ids, g.text, g.finish_reason) for g in compiled] == [
-            (g.token_ids, g.text, g.finish_reason) for g in static
-        ], scheme
-        if scheme == "greedy":
-            assert [g.token_ids for g in compiled] == mixed.expected
-        if scheme == "cot":  # margins summed over up to 24 steps, fused kernels rounding in their own order
-            for ours, theirs in zip(compiled, static):
-                assert [b.confidence for b in ours.branches] == pytest.approx(
-                    [b.confidence for b in theirs.branches], abs=1e-4
-                )
-    compiles = torch._dynamo.utils.counters["stats"]["unique_graphs"]
-    assert 1 <= compiles <= 2 * len(schemes)  # compiled, and not once per batch shape (beam meets several)

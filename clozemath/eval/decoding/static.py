@@ -1,7 +1,6 @@
 """The static engine (CUDA): rows decoding over a preallocated cache of `prompt + max_new_tokens` positions a row,
 each row's prompt at its first slots, its per-token step (its attention grouped by key-value head, the greedy choice
-and the margins included) replayed as one CUDA graph ("graphs"), compiled by torch.compile first and replayed as one
-CUDA graph ("compiled"), or run eagerly, the same kernels as "graphs" ("static").
+and the margins included) replayed as one CUDA graph ("graphs") or run eagerly, the same kernels ("static").
 
 The host reads the new tokens only every `_GPU_SYNC_EVERY` steps (end-of-sequence, stop strings and the margins are
 checked then); rows freed by ended prompts take waiting prompts' passes (`place`: the refilling that
@@ -70,14 +69,13 @@ class _SlotLayer(StaticLayer):
     def __init__(self, keys: torch.Tensor, values: torch.Tensor, positions: torch.Tensor):
         super().__init__(max_cache_len=keys.shape[2])
         self.keys, self.values, self.device, self.is_initialized = keys, values, keys.device, True
-        self._positions = positions
-        """The batch's positions tensor itself; its slot indices are views made at each step, not kept (the compiled
-        step takes no two inputs that share memory)."""
+        rows = keys.shape[0]
+        self._key_slots = positions.view(rows, 1, 1, 1).expand(rows, keys.shape[1], 1, keys.shape[3])
+        self._value_slots = positions.view(rows, 1, 1, 1).expand(rows, values.shape[1], 1, values.shape[3])
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any):
-        slots = self._positions.view(-1, 1, 1, 1)
-        self.keys.scatter_(2, slots.expand(-1, self.keys.shape[1], 1, self.keys.shape[3]), key_states)
-        self.values.scatter_(2, slots.expand(-1, self.values.shape[1], 1, self.values.shape[3]), value_states)
+        self.keys.scatter_(2, self._key_slots, key_states)
+        self.values.scatter_(2, self._value_slots, value_states)
         return self.keys, self.values
 
 
@@ -104,14 +102,12 @@ class StaticBatch:
 
     drops_rows = False
 
-    def __init__(self, model: Any, rows: int, slots: int, like: Any, engine: str, vocab: int, margins: bool):
-        """`like`: a prompt pass's cache, for each layer's heads, head size and dtype; `engine`: "static", "graphs" or
-        "compiled" (graphs on CUDA only)."""
+    def __init__(self, model: Any, rows: int, slots: int, like: Any, graphs: bool, vocab: int, margins: bool):
+        """`like`: a prompt pass's cache, for each layer's heads, head size and dtype."""
         device = like.layers[0].keys.device
-        self.model, self.slots, self.sync_every, self._vocab = model, slots, _GPU_SYNC_EVERY, vocab
-        self._graphs = engine in ("graphs", "compiled") and device.type == "cuda"
-        self._step = _compiled_step() if engine == "compiled" else _step
+        self.model, self.slots, self.sync_every, self._vocab, self._graphs = model, slots, _GPU_SYNC_EVERY, vocab, graphs
         self._positions = torch.zeros(rows, dtype=torch.long, device=device)
+        self._slot_index = self._positions.view(rows, 1, 1, 1)
         self.cache = Cache(layers=[
             _SlotLayer(
                 layer.keys.new_zeros((rows, layer.keys.shape[1], slots, layer.keys.shape[3])),
@@ -166,13 +162,19 @@ class StaticBatch:
 
     def _forward(self) -> torch.Tensor:
         """One step: every row feeds its token at its position (and slot); the next-token logits [rows, vocab]."""
+        self._mask.scatter_(3, self._slot_index, 0.0)
         config = self.model.config
         implementation = config._attn_implementation
         config._attn_implementation = _DECODE_ATTENTION
         try:
-            return self._step(self.model, self.cache, self._tokens, self._mask, self._positions)
+            out = self.model(
+                input_ids=self._tokens[:, None], attention_mask=self._mask, position_ids=self._positions[:, None],
+                past_key_values=self.cache, use_cache=True,
+            )
         finally:
             config._attn_implementation = implementation
+        self._positions.add_(1).clamp_(max=self.slots - 1)  # only an ended row gets there: live ones stop 1 before
+        return out.logits[:, -1]
 
     def _choose(self) -> torch.Tensor:
         """One step, then each row's greedy choice (and margin) as its next token, kept in the history's next column."""
@@ -229,25 +231,6 @@ class StaticBatch:
             for states in (layer.keys, layer.values):
                 generated = states[:, :, first:end]
                 generated.copy_(generated.index_select(0, index))
-
-
-def _step(model: Any, cache: Cache, tokens: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-    """`StaticBatch`'s step on its tensors, in place: each row's slot opened in its mask, its token fed at its position
-    (the cache writes that slot), the positions advanced; the next-token logits [rows, vocab]."""
-    mask.scatter_(3, positions.view(-1, 1, 1, 1), 0.0)
-    out = model(
-        input_ids=tokens[:, None], attention_mask=mask, position_ids=positions[:, None], past_key_values=cache,
-        use_cache=True,
-    )
-    positions.add_(1).clamp_(max=mask.shape[-1] - 1)  # only an ended row gets there: live ones stop 1 before
-    return out.logits[:, -1]
-
-
-@cache
-def _compiled_step() -> Callable[..., torch.Tensor]:
-    """`_step` under torch.compile, made once a process (a model or shape it has not seen compiles on its first
-    call; a second shape makes the rows and slots dynamic, so that later batches reuse that code)."""
-    return torch.compile(_step)
 
 
 @cache
