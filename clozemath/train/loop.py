@@ -116,15 +116,15 @@ def train(
                               start=next_micro_batch)
     worker = _Worker(engine, model, rows, config, layout, specials, pad_id, rank, device, stream)
     # after the first step, rank 0 tells the compile cache that it holds this shape's compiled step (`compile: auto`)
-    unmarked = compiled_shape_key(config, layout.row_tokens, device) \
+    unmarked = (compile_cache, compiled_shape_key(config, layout.row_tokens, device)) \
         if layout.compiled and layout.row_tokens is not None and compile_cache is not None and rank == 0 else None
     engine.train()
     while step < plan.total_steps:
         if config.train.fail_at_step == step + 1 and resume_from is None and rank == 0:
             raise InjectedFailure(f"train.fail_at_step={config.train.fail_at_step}: failing on purpose")
         metrics = worker.step(step)
-        if unmarked is not None and compile_cache is not None:
-            mark_compiled(compile_cache, unmarked)
+        if unmarked is not None:
+            mark_compiled(*unmarked)
             unmarked = None
         step += 1
         worker.report(metrics, report, scratch_dir)
