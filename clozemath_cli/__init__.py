@@ -218,7 +218,9 @@ def _add_report(commands: argparse._SubParsersAction) -> None:
                         help="the MLflow experiment (the grid's tracking.experiment); repeated: several grids reported "
                         "as one (e.g. Table 4's ablations beside the main grid's runs)")
     report.add_argument("--tracking-uri", default="sqlite:///mlruns.db", help="default: sqlite:///mlruns.db")
-    report.add_argument("--parent", metavar="RUN_ID", help="the grid's MLflow run (default: the latest)")
+    report.add_argument("--parent", metavar="RUN_ID", action="append", default=[],
+                        help="the grid's MLflow run (default: the latest); repeated: grid runs of one experiment "
+                        "reported as one (e.g. a seed added later by a grid of its own)")
     report.add_argument("--decoding", default="beam", choices=decoding_names(),
                         help="decoding of Tables 1, 3, 4, the orderings and the plot (default: beam)")
     report.add_argument("--latex", action="store_true", help="LaTeX tabulars instead of markdown")

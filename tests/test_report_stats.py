@@ -445,3 +445,36 @@ def test_table_4s_ablations_reported_beside_the_main_grids_runs(
                  "--out", str(tmp_path / "dup")]) == 2
     assert ("experiments 'replication' and 'duplicate' both hold it seed 0 of smollm2-135m on gsm8k: report them "
             "apart") in capsys.readouterr().err
+
+
+def test_a_seed_added_by_a_grid_of_its_own_is_reported_with_the_first_grid(tmp_path: Path, capsys) -> None:
+    """Seeds 0-1 in one grid run, seed 2 later in another of the same experiment: `--parent` twice reports them as
+    one (three seeds), the latest alone has one; a grid run holding a seed the other has too, or a run that is no
+    grid of the experiment, is a one-line error."""
+    config = TrackingConfig(uri=f"sqlite:///{tmp_path / 'mlruns.db'}", experiment="replication")
+    first = tracking.start_run(config, "replication", tags={"role": "grid"}).run_id
+    for seed in ("0", "1"):
+        log_trial(config, first, "clozemath", seed, tmp_path / "first")
+    later = tracking.start_run(config, "replication", tags={"role": "grid"}).run_id
+    log_trial(config, later, "clozemath", "2", tmp_path / "later")
+    argv = ["report", "--experiment", "replication", "--tracking-uri", config.uri, "--decoding", "greedy"]
+
+    assert main([*argv, "--out", str(tmp_path / "latest")]) == 0
+    assert cells(capsys.readouterr().out, "ClozeMath") == [f"{100 * (RIGHT['clozemath'] + 12) / PROBLEMS:.2f} (1)"]
+
+    assert main([*argv, "--parent", first, "--parent", later, "--out", str(tmp_path / "both")]) == 0
+    out = capsys.readouterr().out
+    assert out.count("grid run ") == 2
+    clozemath = seed_accuracies("clozemath")
+    assert cells(out, "ClozeMath") == [f"{statistics.fmean(clozemath):.2f} ± {statistics.stdev(clozemath):.2f} (3)"]
+
+    again = tracking.start_run(config, "replication", tags={"role": "grid"}).run_id
+    log_trial(config, again, "clozemath", "1", tmp_path / "again")
+    assert main([*argv, "--parent", first, "--parent", again, "--out", str(tmp_path / "dup")]) == 2
+    assert (f"grid runs {first} and {again} both hold clozemath seed 1 of smollm2-135m on gsm8k: report them apart"
+            in capsys.readouterr().err)
+    trial = tracking.find_runs(config, {"role": "trial"})[0].info.run_id
+    assert main([*argv, "--parent", trial, "--out", str(tmp_path / "trial")]) == 2
+    assert f"--parent {trial}: not a grid run of experiment 'replication'" in capsys.readouterr().err
+    assert main([*argv, "--parent", "f" * 32, "--out", str(tmp_path / "none")]) == 2
+    assert f"--parent {'f' * 32}: no such run" in capsys.readouterr().err

@@ -29,7 +29,7 @@ def report(
     tracking_uri: str = "sqlite:///mlruns.db",
     out: str | Path | None = None,
     latex: bool = False,
-    parent_run_id: str | None = None,
+    parent_run_ids: Sequence[str] = (),
     decoding: str = "beam",
     export: str | None = None,
     exported: Sequence[str | Path] = (),
@@ -39,9 +39,10 @@ def report(
     them, the paper's orderings against this replication (`summary.md`, markdown for the README), the trials' metrics
     (JSON) and Figure 3 under `out` (default `reports/<experiment>[+<experiment>...]`); returns the printed text.
     `export`: also write every trial's predictions (`export_predictions`, full or compact) there. `exported`: read
-    the predictions from such files instead of the runs' artifacts."""
+    the predictions from such files instead of the runs' artifacts. `parent_run_ids`: the experiment's grid runs to
+    report as one (default: its latest)."""
     names = [experiment] if isinstance(experiment, str) else list(experiment)
-    grids = experiments_runs(tracking_uri, names, parent_run_id)
+    grids = experiments_runs(tracking_uri, names, parent_run_ids)
     results = [r for _, runs in grids for r in runs]
     folder = report_folder(names, out)
     folder.mkdir(parents=True, exist_ok=True)

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 
 from mlflow import MlflowClient
 from mlflow.entities import Run
+from mlflow.exceptions import MlflowException
 
 from clozemath import tracking
 from clozemath.config import TrackingConfig
@@ -63,9 +64,20 @@ def grid_runs(tracking_uri: str, experiment: str, parent_run_id: str | None = No
             raise ClozeMathError(f"MLflow experiment '{experiment}': no grid run in it (run `clozemath run` first)")
         parent = parents[0]
     else:
-        parent = client.get_run(parent_run_id)
+        parent = _grid_run(client, parent_run_id, found.experiment_id, experiment)
     children = _all_runs(client, found.experiment_id, f"tags.`{PARENT_TAG}` = '{parent.info.run_id}'")
     return parent, [_trial_result(run) for run in children if MODEL_TAG in run.data.tags]
+
+
+def _grid_run(client: MlflowClient, run_id: str, experiment_id: str, experiment: str) -> Run:
+    """The grid run `run_id` of the experiment; a one-line error where it is not one."""
+    try:
+        run = client.get_run(run_id)
+    except MlflowException as error:
+        raise ClozeMathError(f"--parent {run_id}: no such run ({error.error_code})") from None
+    if run.info.experiment_id != experiment_id or run.data.tags.get(ROLE_TAG) != GRID_ROLE:
+        raise ClozeMathError(f"--parent {run_id}: not a grid run of experiment '{experiment}'")
+    return run
 
 
 def _all_runs(client: MlflowClient, experiment_id: str, query: str) -> list[Run]:
@@ -100,20 +112,26 @@ def _variant(trial: str, model: str, method: str, train_set: str) -> str:
     return ",".join(f"{key}={value}" for key, value in pairs if key not in known and value not in labels)
 
 
-def experiments_runs(tracking_uri: str, experiments: Sequence[str], parent_run_id: str | None = None
+def experiments_runs(tracking_uri: str, experiments: Sequence[str], parent_run_ids: Sequence[str] = ()
                      ) -> list[tuple[Run, list[TrialResult]]]:
-    """Each experiment's grid run and trials (`grid_runs`), to be reported as one: grids that share a trial (the
-    same model, method, training set and seed) are refused, since their results would be pooled as if seeds."""
-    if parent_run_id is not None and len(experiments) != 1:
-        raise ClozeMathError("--parent names one grid's run: give one --experiment with it")
-    grids = [grid_runs(tracking_uri, name, parent_run_id) for name in experiments]
+    """Each experiment's grid run and trials (`grid_runs`), or, given `parent_run_ids`, those grid runs of the one
+    experiment (a seed added later by a grid of its own), to be reported as one: grids that share a trial (the same
+    model, method, training set and seed) are refused, since their results would be pooled as if seeds."""
+    if parent_run_ids and len(experiments) != 1:
+        raise ClozeMathError("--parent names grid runs of one experiment: give one --experiment with it")
+    if parent_run_ids:
+        grids = [grid_runs(tracking_uri, experiments[0], run_id) for run_id in parent_run_ids]
+        kind, labels = "grid runs", [parent.info.run_id for parent, _ in grids]
+    else:
+        grids = [grid_runs(tracking_uri, name) for name in experiments]
+        kind, labels = "experiments", [f"'{name}'" for name in experiments]
     seen: dict[tuple[str, str, str, str], str] = {}
-    for name, (_, runs) in zip(experiments, grids):
+    for label, (_, runs) in zip(labels, grids):
         for r in runs:
             key = (r.model, r.method, r.train_set, r.seed)
-            if seen.setdefault(key, name) != name:
-                raise ClozeMathError(f"experiments '{seen[key]}' and '{name}' both hold {r.method} seed {r.seed} of "
-                                     f"{r.model} on {r.train_set}: report them apart")
+            if seen.setdefault(key, label) != label:
+                raise ClozeMathError(f"{kind} {seen[key]} and {label} both hold {r.method} seed {r.seed} of {r.model} "
+                                     f"on {r.train_set}: report them apart")
     return grids
 
 
