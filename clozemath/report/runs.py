@@ -120,7 +120,7 @@ def experiments_runs(tracking_uri: str, experiments: Sequence[str], parent_run_i
     if parent_run_ids and len(experiments) != 1:
         raise ClozeMathError("--parent names grid runs of one experiment: give one --experiment with it")
     if parent_run_ids:
-        grids = [grid_runs(tracking_uri, experiments[0], run_id) for run_id in parent_run_ids]
+        grids = [grid_runs(tracking_uri, experiments[0], run_id) for run_id in dict.fromkeys(parent_run_ids)]
         kind, labels = "grid runs", [parent.info.run_id for parent, _ in grids]
     else:
         grids = [grid_runs(tracking_uri, name) for name in experiments]
