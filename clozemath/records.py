@@ -131,10 +131,11 @@ def claim_run_folder(folder: Path, experiments: list[ExperimentConfig]) -> None:
             held = {}
         if held.get("fingerprint") != record["fingerprint"] and _holds_work(folder):
             changed = _changes(held["settings"], record["settings"]) if held.get("settings") else "unreadable"
-            raise ClozeMathError(
-                f"{folder} holds the run of another config ({changed}): it is left as it is; give this one a folder "
-                f"of its own with name=<new name>, or run the config it holds"
-            )
+            own_folder = ("give the new trials a folder of their own with train.output_dir=<folder> (`clozemath report "
+                          "--parent` twice reports both grid runs as one)" if changed.startswith("trials ")
+                          else "give this one a folder of its own with name=<new name>")
+            raise ClozeMathError(f"{folder} holds the run of another config ({changed}): it is left as it is; "
+                                 f"{own_folder}, or run the config it holds")
     write_text_atomic(file, json.dumps(record, indent=1, sort_keys=True, default=str) + "\n")
 
 

@@ -480,6 +480,21 @@ def test_a_run_folder_refuses_another_config_only_while_it_holds_work(tmp_path: 
         claim_run_folder(folder, first)
 
 
+def test_a_grid_folder_given_more_seeds_points_to_a_folder_of_their_own(tmp_path: Path) -> None:
+    """A finished grid's folder asked for more trials (a seed added): the error says where they can go instead, and
+    how to report them with the first ones."""
+    narrow = [*outputs(tmp_path), "axes.model=[tiny-llama]", "axes.method=[mft]", "axes.dataset=[gsm8k]"]
+    first = load_plan(ROOT / "configs/grids/smoke.yaml", narrow).experiments
+    more = load_plan(ROOT / "configs/grids/smoke.yaml", [*narrow, "axes.train.seed=[0,1]"]).experiments
+    folder = tmp_path / "runs" / "smoke-grid"
+    claim_run_folder(folder, first)
+    (folder / "adapter").mkdir()
+    with pytest.raises(ClozeMathError, match=r"\(trials added: .*,seed=1\): it is left as it is; give "
+                       r"the new trials a folder of their own with train.output_dir=<folder> \(`clozemath report "
+                       r"--parent` twice"):
+        claim_run_folder(folder, more)
+
+
 def test_staging_left_by_a_killed_process_is_removed_and_a_live_one_kept(tmp_path: Path) -> None:
     code = ("import sys, time; from pathlib import Path; from clozemath.files import staging_folder\n"
             "with staging_folder(Path(sys.argv[1])) as staging:\n    print(staging, flush=True); time.sleep(600)\n")
