@@ -130,9 +130,11 @@ def claim_run_folder(folder: Path, experiments: list[ExperimentConfig]) -> None:
         except (OSError, ValueError):
             held = {}
         if held.get("fingerprint") != record["fingerprint"] and _holds_work(folder):
-            changed = _changes(held["settings"], record["settings"]) if held.get("settings") else "unreadable"
+            settings = held.get("settings")
+            changed = _changes(settings, record["settings"]) if settings else "unreadable"
+            other_trials = bool(settings) and settings.keys() != record["settings"].keys()
             own_folder = ("give the new trials a folder of their own with train.output_dir=<folder> (`clozemath report "
-                          "--parent` twice reports both grid runs as one)" if changed.startswith("trials ")
+                          "--parent` twice reports both grid runs as one)" if other_trials
                           else "give this one a folder of its own with name=<new name>")
             raise ClozeMathError(f"{folder} holds the run of another config ({changed}): it is left as it is; "
                                  f"{own_folder}, or run the config it holds")
