@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from torch.nn.attention.flex_attention import create_block_mask
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from clozemath.model.attention import (
@@ -13,6 +14,7 @@ from clozemath.model.attention import (
     block_mask,
     flex_kernel_options,
     head_dim,
+    prefix_lm_mask_mod,
 )
 
 VOCAB = 97
@@ -137,6 +139,36 @@ def test_block_mask_holds_the_same_pairs_as_the_dense_mask() -> None:
     from_blocks = blocks.mask_mod(b, torch.zeros_like(b), q, kv)
     assert torch.equal(from_blocks, allowed_pairs(mask, prefix_mask)[:, 0])
     assert blocks.shape == (batch, 1, seq, seq)
+
+
+def packed_rows(seq: int, seed: int = 3) -> tuple[torch.Tensor, torch.Tensor]:
+    """Two packed rows of `seq` positions: documents of random lengths (a prefix of random length each), the
+    first row ending in padding."""
+    generator = torch.Generator().manual_seed(seed)
+    documents = torch.zeros(2, seq, dtype=torch.long)
+    prefix = torch.zeros(2, seq, dtype=torch.bool)
+    for row, end in ((0, seq - 77), (1, seq)):
+        start, number = 0, 1
+        while start < end:
+            length = min(int(torch.randint(20, 400, (1,), generator=generator)), end - start)
+            documents[row, start:start + length] = number
+            prefix[row, start:start + int(torch.randint(0, length + 1, (1,), generator=generator))] = True
+            start, number = start + length, number + 1
+    return documents, prefix
+
+
+@pytest.mark.parametrize(("seq", "chunk_elements"), [(1000, 1 << 26), (1000, 1), (768, 2 * 768 * 256)])
+def test_block_mask_marks_the_blocks_that_torchs_own_builder_marks(seq: int, chunk_elements: int) -> None:
+    """Empty, partial and full blocks as torch's `create_block_mask` (eager) reads them off the same rule, for rows
+    that end inside a block or on its edge, however many query blocks are read at once."""
+    documents, prefix = packed_rows(seq)
+    ours = block_mask(documents, prefix, chunk_elements=chunk_elements)
+    torchs = create_block_mask(prefix_lm_mask_mod(documents, prefix), 2, None, seq, seq, device="cpu")
+    assert ours.kv_num_blocks.sum() > 0 and ours.full_kv_num_blocks.sum() > 0
+    for name in ("kv_num_blocks", "full_kv_num_blocks", "q_num_blocks", "full_q_num_blocks"):
+        assert torch.equal(getattr(ours, name), getattr(torchs, name)), name
+    assert torch.equal(ours.to_dense(), torchs.to_dense())
+    assert ours.seq_lengths == (seq, seq)
 
 
 @pytest.mark.parametrize(

@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Any, Callable, Literal
 
 import torch
-from torch.nn.attention.flex_attention import BlockMask, create_block_mask
+from torch.nn.attention.flex_attention import BlockMask
 
 AttnImplementation = Literal["sdpa", "flex_attention", "eager"]
 MaskMod = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
@@ -77,15 +77,55 @@ def additive_mask(attention_mask: torch.Tensor, prefix_mask: torch.Tensor, dtype
     return mask.masked_fill_(~allowed, torch.finfo(dtype).min)
 
 
-def block_mask(attention_mask: torch.Tensor, prefix_mask: torch.Tensor) -> BlockMask:
+SPARSE_BLOCK = 128
+"""FlexAttention's block: the tile of queries x keys that its BlockMask marks empty, partial or full (torch's default)."""
+
+DENSE_CHUNK_ELEMENTS = 1 << 26
+"""Query-key pairs evaluated at once while reading off a BlockMask (64 MiB of booleans and a few temporaries)."""
+
+
+def block_mask(
+    attention_mask: torch.Tensor, prefix_mask: torch.Tensor, chunk_elements: int = DENSE_CHUNK_ELEMENTS
+) -> BlockMask:
     """The same rule as a FlexAttention BlockMask (one per batch row, shared by all heads).
 
-    On a GPU the block map is built by a compiled kernel (`_compile`), without materialising the dense
-    [seq, seq] mask: a packed row of 16k tokens would need 256M booleans per row."""
+    Built eagerly, a chunk of query blocks at a time, so the dense [seq, seq] mask never exists whole (a packed row of
+    16k tokens would need 256M booleans). Not `create_block_mask(_compile=True)`: on torch 2.11 its compiled argsort
+    lowers to a Triton sort whose cold compile took ~230 s for 16,384-token rows on an H200, almost all of a training
+    run's first step (pytorch/pytorch#182060). Eagerly the map costs a few elementwise passes over the pairs."""
     batch, seq = attention_mask.shape
-    mask_mod = prefix_lm_mask_mod(attention_mask, prefix_mask)
-    on_gpu = attention_mask.device.type == "cuda"
-    return create_block_mask(mask_mod, batch, None, seq, seq, device=attention_mask.device, _compile=on_gpu)
+    device = attention_mask.device
+    blocks = -(-seq // SPARSE_BLOCK)
+    padded = blocks * SPARSE_BLOCK
+    pad = (0, padded - seq)
+    rule = prefix_lm_mask_mod(torch.nn.functional.pad(attention_mask, pad), torch.nn.functional.pad(prefix_mask, pad))
+    positions = torch.arange(padded, device=device)
+    in_row = positions < seq
+    b = torch.arange(batch, device=device).view(batch, 1, 1)
+    head = torch.zeros((), dtype=torch.long, device=device)
+    query_rows = max(1, chunk_elements // (batch * padded * SPARSE_BLOCK)) * SPARSE_BLOCK
+    partial, full = [], []
+    for start in range(0, padded, query_rows):
+        q = positions[start:start + query_rows].view(1, -1, 1)
+        allowed = rule(b, head, q, positions.view(1, 1, -1)) & in_row[q] & in_row.view(1, 1, -1)
+        tiles = allowed.view(batch, -1, SPARSE_BLOCK, blocks, SPARSE_BLOCK)
+        every = tiles.all(dim=4).all(dim=2)
+        partial.append(tiles.any(dim=4).any(dim=2) & ~every)
+        full.append(every)
+    partial_num, partial_indices = ordered_blocks(torch.cat(partial, dim=1))
+    full_num, full_indices = ordered_blocks(torch.cat(full, dim=1))
+    return BlockMask.from_kv_blocks(
+        partial_num, partial_indices, full_num, full_indices, BLOCK_SIZE=SPARSE_BLOCK,
+        mask_mod=prefix_lm_mask_mod(attention_mask, prefix_mask), seq_lengths=(seq, seq),
+    )
+
+
+def ordered_blocks(marked: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """[batch, q blocks, kv blocks] booleans -> FlexAttention's (count, indices) per query block, one head: the
+    marked key blocks' indices first, in order."""
+    counts = marked.sum(dim=-1, dtype=torch.int32)
+    indices = torch.argsort(marked.to(torch.uint8), dim=-1, descending=True, stable=True).to(torch.int32)
+    return counts.unsqueeze(1), indices.unsqueeze(1)
 
 
 def position_ids_for(attention_mask: torch.Tensor) -> torch.Tensor:
