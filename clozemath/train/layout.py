@@ -72,8 +72,9 @@ FlexAttention's kernels takes seconds to minutes; below this a run is over soone
 compile times: `bench/results/train_throughput_profile_h100_h200.md`."""
 COMPILE_PAYS_OFF_WARM_TOKENS = 500_000
 """The same where the compile cache already holds the run's compiled step (`clozemath.train.compilation.
-compiled_before`): the first step then takes seconds, not minutes (SmolLM2 on an H200: 11.7 s warm, 251.6 cold, then
-~90k tokens/s against ~17k uncompiled: it pays back from ~0.25M tokens; bench/results/speed_h200_2026-11-28). Only for
+compiled_before`): the first step then takes seconds (SmolLM2 on an H200: 8.7 s warm, then ~128k tokens/s against
+~18k uncompiled: it pays back from ~0.2M tokens; bench/results/blockmask_h200_2026-11-28). Both thresholds date from
+cold first steps of 4-5 minutes, before the BlockMask was built eagerly (now 15-21 s cold); not yet lowered. Only for
 a fixed `train.pack_tokens`: under `auto` the compiled row is wider, and a run must not train on other rows because a
 cache was warm."""
 EAGER_PACK_TOKENS = 4096
