@@ -9,7 +9,8 @@ packed rows. Prints each setting's median step, tokens/s and peak memory, and wr
     python bench/zero3_profile.py --gpus 2 --model tiny-llama --pack-tokens 256 --steps 4 --runs before,after  # CPU
 
 `--compile on` compiles the decoder layers under ZeRO-3 too (the trap issue 28 names: DeepSpeed's gather hooks sit
-on the compiled layers); the loop's `auto` compiles under ZeRO-2 only.
+on the layers; `clozemath.train.compilation.compile_decoder_layers` keeps them out of the compiled code); the loop's
+`auto` compiles under ZeRO-2 only.
 """
 
 from __future__ import annotations

@@ -50,15 +50,15 @@ SPECIALS = SpecialTokens(
 )
 
 
-def tiny_peft_model(seed: int = 0, tied: bool = False) -> torch.nn.Module:
+def tiny_peft_model(seed: int = 0, tied: bool = False, layers: int = 2, dropout: float = 0.1) -> torch.nn.Module:
     torch.manual_seed(seed)
     config = LlamaConfig(
-        vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+        vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=layers, num_attention_heads=4,
         num_key_value_heads=2, tie_word_embeddings=tied, initializer_range=0.2,
     )
     model = LlamaForCausalLM(config)
     rows = [1, 2] if tied else {"embed_tokens": [1, 2], "lm_head": [1, 2]}
-    lora = PeftLoraConfig(r=8, lora_alpha=16, target_modules="all-linear", lora_dropout=0.1,
+    lora = PeftLoraConfig(r=8, lora_alpha=16, target_modules="all-linear", lora_dropout=dropout,
                           trainable_token_indices=rows)
     return get_peft_model(model, lora)
 
@@ -188,6 +188,25 @@ def test_loop_loss_falls_and_resume_is_exact(tmp_path: Path, stage: int, method:
     assert [m.loss for m in resumed.metrics] == pytest.approx(losses[3:], rel=1e-5)
     for name, value in trainable_state(engine).items():
         torch.testing.assert_close(value, final[name], rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.slow
+def test_compiled_layers_under_zero3_compile_once_and_train_as_eager_ones(tmp_path: Path) -> None:
+    """ZeRO-3 hooks gather and release each layer's weights: compiled with the layer, they were traced and compiled
+    again for every layer. Now one frame is compiled for all three layers, and the losses are the eager run's."""
+    config = experiment(zero_stage=3, max_steps=3, pack_tokens=128)
+    rows = copy_rows(16)
+    losses = {}
+    for compiled in (False, True):
+        torch._dynamo.reset()
+        torch._dynamo.utils.counters.clear()
+        recorder = Recorder(tmp_path / str(compiled))
+        train(tiny_peft_model(layers=3, dropout=0.0), rows,
+              config.model_copy(update={"train": config.train.model_copy(update={"compile": compiled})}),
+              specials=SPECIALS, pad_id=PAD, report=recorder)
+        losses[compiled] = [m.loss for m in recorder.metrics]
+    assert torch._dynamo.utils.counters["frames"]["total"] == 1
+    assert losses[True] == pytest.approx(losses[False], rel=1e-5)
 
 
 def cosine_with_warmup(step: int, total: int, warmup: int, peak: float) -> float:

@@ -68,12 +68,20 @@ def mark_compiled(folder: Path, key: str) -> None:
     (marks / key).touch()
 
 
-def compile_decoder_layers(model: torch.nn.Module) -> None:
+def compile_decoder_layers(model: torch.nn.Module, zero_stage: int) -> None:
     """Regional compilation: each decoder layer (with its LoRA adapters) compiled in place, fixed shapes. The layers
     share one compiled graph (their weights are its inputs), so compiling costs about one layer's time; the
-    embedding and the loss stay eager (the loss's shape follows the number of target tokens)."""
+    embedding and the loss stay eager (the loss's shape follows the number of target tokens).
+
+    Under ZeRO-3 only each layer's `forward` is compiled. DeepSpeed gathers and releases a layer's weights in hooks
+    on the module, and a compiled module call traces them: their guards hold each layer's own ids, so every layer
+    compiled again until Dynamo's recompile limit (8), and the rest ran eagerly (2 x H200, the 8B shape:
+    bench/results/scaling_8b_h200_2026-11-28). Outside the compiled code the hooks run eagerly around the one graph."""
     for layer in decoder_layers(model):
-        layer.compile(dynamic=False)
+        if zero_stage == 3:
+            layer.forward = torch.compile(layer.forward, dynamic=False)
+        else:
+            layer.compile(dynamic=False)
 
 
 @contextmanager

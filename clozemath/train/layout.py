@@ -152,7 +152,7 @@ def run_positions(plan: Plan, train: TrainConfig, row_tokens: int) -> int:
 
 
 def plan_line(layout: Layout, train: TrainConfig) -> str:
-    """What the steps will be, said before the first: a compiled first step is silent for minutes on a cold cache."""
+    """What the steps will be, said before the first: a compiled first step is silent for a while on a cold cache."""
     plan, row_tokens = layout.plan, layout.row_tokens
     rows = (f"packed rows of {row_tokens:,} tokens" if row_tokens is not None
             else f"micro-batches of {train.micro_batch_size}")
@@ -160,7 +160,7 @@ def plan_line(layout: Layout, train: TrainConfig) -> str:
     if layout.compiled and layout.warm:
         return text + "; compiled, from the compile cache that a run of this shape filled (seconds)"
     if layout.compiled:
-        return text + "; the first step compiles the decoder layers (minutes on a cold cache)"
+        return text + "; the first step compiles the decoder layers (15-30 s on a cold cache)"
     if row_tokens is not None and train.compile == "auto" and train.zero_stage == 2:
         tokens = run_positions(plan, train, row_tokens)
         return text + (f", not compiled ({tokens / 1e6:.1f}M tokens; compiling pays back past "

@@ -107,7 +107,7 @@ def train(
     layout = training_layout(config, model, lengths, device, compile_cache)
     plan = layout.plan
     if layout.compiled:
-        compile_decoder_layers(model)
+        compile_decoder_layers(model, config.train.zero_stage)
     if rank == 0:
         console.phase(f"[{config.name}] training: {plan_line(layout, config.train)}")
     engine = build_engine(model, config.train, plan.total_steps, plan.warmup_steps)
