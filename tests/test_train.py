@@ -194,16 +194,14 @@ def test_loop_loss_falls_and_resume_is_exact(tmp_path: Path, stage: int, method:
 def test_compiled_layers_under_zero3_compile_once_and_train_as_eager_ones(tmp_path: Path) -> None:
     """ZeRO-3 hooks gather and release each layer's weights: compiled with the layer, they were traced and compiled
     again for every layer. Now one frame is compiled for all three layers, and the losses are the eager run's."""
-    config = experiment(zero_stage=3, max_steps=3, pack_tokens=128)
     rows = copy_rows(16)
     losses = {}
     for compiled in (False, True):
         torch._dynamo.reset()
         torch._dynamo.utils.counters.clear()
         recorder = Recorder(tmp_path / str(compiled))
-        train(tiny_peft_model(layers=3, dropout=0.0), rows,
-              config.model_copy(update={"train": config.train.model_copy(update={"compile": compiled})}),
-              specials=SPECIALS, pad_id=PAD, report=recorder)
+        config = experiment(zero_stage=3, max_steps=3, pack_tokens=128, compile=compiled)
+        train(tiny_peft_model(layers=3, dropout=0.0), rows, config, specials=SPECIALS, pad_id=PAD, report=recorder)
         losses[compiled] = [m.loss for m in recorder.metrics]
     assert torch._dynamo.utils.counters["frames"]["total"] == 1
     assert losses[True] == pytest.approx(losses[False], rel=1e-5)
