@@ -1,6 +1,7 @@
 """Where ZeRO-3's time goes: `clozemath.train.loop.train` on N processes (one per GPU, or gloo on CPU), ZeRO-2 or
 ZeRO-3 with this repository's settings (`after`: `clozemath.train.zero.zero3_settings`, a decoder layer gathered at a
-time) or DeepSpeed's defaults as the loop used them before issue 28 (`before`: `{"stage": 3}` alone), on synthetic
+time), the same with DeepSpeed's plain linear (`plain-linear`: `memory_efficient_linear` off) or DeepSpeed's defaults
+as the loop used them before issue 28 (`before`: `{"stage": 3}` alone), on synthetic
 packed rows. Prints each setting's median step, tokens/s and peak memory, and writes rank 0's profile of 3 steps
 (the costliest operations on the GPU and on the host, the all-gathers' count and time, a Chrome trace).
 
@@ -9,8 +10,7 @@ packed rows. Prints each setting's median step, tokens/s and peak memory, and wr
     python bench/zero3_profile.py --gpus 2 --model tiny-llama --pack-tokens 256 --steps 4 --runs before,after  # CPU
 
 `--compile on` compiles the decoder layers under ZeRO-3 too (the trap issue 28 names: DeepSpeed's gather hooks sit
-on the layers; `clozemath.train.compilation.compile_decoder_layers` keeps them out of the compiled code); the loop's
-`auto` compiles under ZeRO-2 only.
+on the layers; `clozemath.train.compilation.compile_decoder_layers` keeps them out of the compiled code).
 """
 
 from __future__ import annotations
@@ -31,13 +31,23 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-RUNS = {"zero2": 2, "before": 3, "after": 3}
+RUNS = {"zero2": 2, "before": 3, "after": 3, "plain-linear": 3}
 PROFILED = 3
 
 
 def before(config: dict[str, Any]) -> dict[str, Any]:
     """The engine config the loop built before issue 28 for ZeRO-3: the stage alone, DeepSpeed's defaults."""
     return {**config, "zero_optimization": {"stage": 3}}
+
+
+def plain_linear(config: dict[str, Any]) -> dict[str, Any]:
+    """`after` with `memory_efficient_linear` off: DeepSpeed then leaves `torch.nn.functional.linear` as it is rather
+    than its `zero3_linear_wrap`, whose backward looks up each weight's `ds_id` (a guard Dynamo recompiled on, once
+    per layer, on torch 2.11)."""
+    return {**config, "zero_optimization": {**config["zero_optimization"], "memory_efficient_linear": False}}
+
+
+VARIANTS = {"before": before, "plain-linear": plain_linear}
 
 
 def worker(rank: int, args: argparse.Namespace, run: str, port: int, out: Path) -> None:
@@ -54,9 +64,9 @@ def worker(rank: int, args: argparse.Namespace, run: str, port: int, out: Path) 
     device = torch.device("cuda", rank) if gpu else torch.device("cpu")
     if gpu:
         torch.cuda.set_device(device)
-    if run == "before":
-        built = step.deepspeed_config
-        step.deepspeed_config = lambda *a, **k: before(built(*a, **k))
+    if run in VARIANTS:
+        built, variant = step.deepspeed_config, VARIANTS[run]
+        step.deepspeed_config = lambda *a, **k: variant(built(*a, **k))
     model = ModelConfig.model_validate(read_yaml(ROOT / "configs" / "models" / f"{args.model}.yaml"))
     if args.path:
         model = model.model_copy(update={"path": args.path})

@@ -229,7 +229,7 @@ class TrainConfig(_Strict):
     None: one sample a row, `micro_batch_size` rows padded to the longest."""
     compile: bool | Literal["auto"] = "auto"
     """Compile each decoder layer (torch.compile, fixed shapes), attention through FlexAttention's block-sparse
-    document masks. auto: when packing on a GPU under ZeRO-2 and the run trains enough tokens to pay back the
+    document masks. auto: when packing on a GPU and the run trains enough tokens to pay back the
     compilation (`clozemath.train.layout.COMPILE_PAYS_OFF_TOKENS`; far fewer, `COMPILE_PAYS_OFF_WARM_TOKENS`, where
     `compile_cache` holds a compiled step of the same shape and `pack_tokens` is fixed); otherwise packed rows of at
     most `EAGER_PACK_TOKENS` through sdpa with dense masks, which starts at once."""

@@ -215,7 +215,8 @@ def test_only_a_run_long_enough_to_pay_the_compilation_back_compiles() -> None:
     assert should_compile(auto, 16_384, long, cuda)
     assert not should_compile(auto, 16_384, long, cpu)
     assert not should_compile(auto, None, long, cuda)  # padded micro-batches change shape every step
-    assert not should_compile(TrainConfig(zero_stage=3), 16_384, long, cuda)
+    assert should_compile(TrainConfig(zero_stage=3), 16_384, long, cuda)
+    assert not should_compile(TrainConfig(zero_stage=3), 4096, short, cuda)
     assert should_compile(TrainConfig(compile=True), 4096, short, cuda)
     assert not should_compile(TrainConfig(compile=False), 16_384, long, cuda)
 

@@ -105,6 +105,7 @@ def test_zero3_settings_gather_a_decoder_layer_at_a_time() -> None:
 
 
 def test_a_zero3_engine_marks_the_decoder_layers_leaves_and_keeps_trained_parameters_whole() -> None:
+    from deepspeed.runtime.zero.linear import zero3_linear_wrap
     from deepspeed.utils import z3_leaf_module
     from test_train import experiment, tiny_peft_model
 
@@ -120,6 +121,8 @@ def test_a_zero3_engine_marks_the_decoder_layers_leaves_and_keeps_trained_parame
     frozen_matrices = [p for name, p in model.named_parameters() if "layers." in name and p.ds_numel >= 64 * 64]
     assert trained and all(p.ds_persist for p in trained)
     assert frozen_matrices and not any(p.ds_persist for p in frozen_matrices)
+    # DeepSpeed's memory-efficient linear (which a compiled layer guards on, per layer) is left out
+    assert torch.nn.functional.linear is not zero3_linear_wrap
 
 
 def test_a_cpu_run_resolves_auto_to_zero2_and_keeps_a_set_stage() -> None:

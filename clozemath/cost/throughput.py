@@ -84,11 +84,12 @@ class Throughput:
             raise ClozeMathError(f"{self.path}: no overheads.{name}")
         return self.overheads[name]
 
-    def scaling_factor(self, stage: int, workers: int) -> Figure:
-        """Tokens/s per GPU with `workers` workers against one, under this ZeRO stage."""
+    def scaling_factor(self, stage: int, workers: int, compiled: bool) -> Figure:
+        """Tokens/s per GPU with `workers` workers against one, under this ZeRO stage; `compiled`: the stage's
+        compiled figures where the table has them apart (`zero3_compiled`: compiling gains less under ZeRO-3)."""
         if workers == 1:
             return Figure(1.0, "one worker")
-        table = self.scaling.get(f"zero{stage}", {})
+        table = (compiled and self.scaling.get(f"zero{stage}_compiled")) or self.scaling.get(f"zero{stage}", {})
         listed = sorted(int(n) for n in table if str(n).isdigit() and int(n) <= workers)
         if not listed:
             return Figure(1.0, f"ZeRO-{stage} on {workers} GPUs: not measured, assumed linear")

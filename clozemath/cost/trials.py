@@ -313,7 +313,7 @@ class Estimator:
         layout = self.layout(train, shape, memory, data)
         rate = self.train_rate(config.model, shape, data, layout.compiled)
         scaling = self._note(f"tokens/s a GPU with {train.num_workers} worker(s) under ZeRO-{stage}, against one",
-                             self.table.scaling_factor(stage, train.num_workers))
+                             self.table.scaling_factor(stage, train.num_workers, layout.compiled))
         trained = layout.plan.total_steps * train.grad_accum / layout.plan.micro_batches_per_epoch * data.tokens
         kind = "train_compiled" if layout.compiled else "train_eager"
         worker_rate = self.shared_rate(config.model, rate, train.gpu_share, kind)

@@ -184,8 +184,17 @@ def attention_implementation(cfg: ModelConfig, device: torch.device | str, train
     return "flex_attention" if training and torch.device(device).type == "cuda" else "sdpa"
 
 
-def _random_model(cfg: ModelConfig, tokenizer: PreTrainedTokenizerBase, attn_implementation: str) -> PreTrainedModel:
-    """A Llama from `cfg.random_init`, vocabulary sized to the tokenizer, seeded (built on CPU, so any device agrees)."""
+def _random_model(
+    cfg: ModelConfig, tokenizer: PreTrainedTokenizerBase, attn_implementation: str, dtype: torch.dtype,
+    device: torch.device | str,
+) -> PreTrainedModel:
+    """A Llama from `cfg.random_init`, vocabulary sized to the tokenizer, seeded.
+
+    Built in float32 on the CPU and cast, except on a GPU: there it is built in `dtype` on the card itself, which takes
+    a second where the CPU spent ~2 minutes on the 8B shape (141 core-seconds per billion weights) before every GPU
+    trial. So one seed gives the same weights on every worker of one kind of device, not across kinds: a shape
+    trained on a GPU is also evaluated there.
+    """
     settings = dict(cfg.random_init or {})
     seed = int(settings.pop("seed", SEED))
     config = LlamaConfig(
@@ -196,9 +205,14 @@ def _random_model(cfg: ModelConfig, tokenizer: PreTrainedTokenizerBase, attn_imp
         attn_implementation=attn_implementation,
         **settings,
     )
-    with torch.random.fork_rng(devices=[]):
+    device = torch.device(device)
+    if device.type != "cuda":
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            return LlamaForCausalLM(config).to(dtype=dtype)
+    with torch.random.fork_rng(devices=[device]), device:
         torch.manual_seed(seed)
-        return LlamaForCausalLM(config)
+        return LlamaForCausalLM._from_config(config, dtype=dtype)
 
 
 def _pretrained_model(cfg: ModelConfig, dtype: torch.dtype, attn_implementation: str) -> PreTrainedModel:
@@ -330,7 +344,7 @@ def load_model(
     dtype = compute_dtype(cfg, device)
     implementation = attention_implementation(cfg, device, training)
     if cfg.random_init is not None:
-        model = _random_model(cfg, tokenizer, implementation).to(dtype=dtype)
+        model = _random_model(cfg, tokenizer, implementation, dtype, device)
     else:
         model = _pretrained_model(cfg, dtype, implementation)
     _fit_vocabulary(model, tokenizer)

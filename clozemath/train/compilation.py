@@ -76,7 +76,9 @@ def compile_decoder_layers(model: torch.nn.Module, zero_stage: int) -> None:
     Under ZeRO-3 only each layer's `forward` is compiled. DeepSpeed gathers and releases a layer's weights in hooks
     on the module, and a compiled module call traces them: their guards hold each layer's own ids, so every layer
     compiled again until Dynamo's recompile limit (8), and the rest ran eagerly (2 x H200, the 8B shape:
-    bench/results/scaling_8b_h200_2026-11-28). Outside the compiled code the hooks run eagerly around the one graph."""
+    bench/results/scaling_8b_h200_2026-11-28). Outside the compiled code the hooks run eagerly around the one graph.
+    That takes DeepSpeed's plain linear too (`clozemath.train.zero.zero3_settings`): its memory-efficient one looks up
+    each weight's `ds_id` inside the layer, the same per-layer guard."""
     for layer in decoder_layers(model):
         if zero_stage == 3:
             layer.forward = torch.compile(layer.forward, dynamic=False)

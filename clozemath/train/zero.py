@@ -133,6 +133,11 @@ def zero3_settings(layer: torch.nn.Module, largest_trained: int) -> dict[str, An
     - Trained parameters are never partitioned (`stage3_param_persistence_threshold` above the largest: LoRA's
       matrices and the special-token rows, a few MB in all), so no gather waits on them, in the forward or in the
       fused loss, which reads the output matrix's token rows outside its module.
+    - `memory_efficient_linear` off: DeepSpeed's default replaces `torch.nn.functional.linear` with a wrapper whose
+      backward looks up each weight's `ds_id`; a compiled layer guards on those ids and compiled again for every
+      layer, up to Dynamo's limit (8 of 32 layers compiled). With the plain linear, on the 8B shape compiled on
+      2 x H200: one graph, 11,875 tokens/s a GPU against 9,883, first step 11.8 s against 48.4, 49.3 GiB against
+      57.6 (`bench/zero3_profile.py`, bench/results/scaling_4gpu_h200_2026-11-28). Uncompiled it was not measured.
     """
     layer_params = sum(p.numel() for p in layer.parameters())
     kind = type(layer)
@@ -141,4 +146,5 @@ def zero3_settings(layer: torch.nn.Module, largest_trained: int) -> dict[str, An
         "stage3_prefetch_bucket_size": 2 * layer_params,
         "stage3_max_live_parameters": max(10**9, 3 * layer_params),
         "stage3_param_persistence_threshold": largest_trained + 1,
+        "memory_efficient_linear": False,
     }
