@@ -1,9 +1,10 @@
 """Where ZeRO-3's time goes: `clozemath.train.loop.train` on N processes (one per GPU, or gloo on CPU), ZeRO-2 or
 ZeRO-3 with this repository's settings (`after`: `clozemath.train.zero.zero3_settings`, a decoder layer gathered at a
-time), the same with DeepSpeed's plain linear (`plain-linear`: `memory_efficient_linear` off) or DeepSpeed's defaults
-as the loop used them before issue 28 (`before`: `{"stage": 3}` alone), on synthetic
-packed rows. Prints each setting's median step, tokens/s and peak memory, and writes rank 0's profile of 3 steps
-(the costliest operations on the GPU and on the host, the all-gathers' count and time, a Chrome trace).
+time), two variants of it (`efficient-linear`: DeepSpeed's memory-efficient linear; `prefetch`: nothing persistent and
+more live parameters, see `prefetch`) or DeepSpeed's defaults as the loop used them before issue 28 (`before`:
+`{"stage": 3}` alone), on synthetic packed rows. Prints each setting's median step, tokens/s and peak memory, and
+writes rank 0's profile of 3 steps (the costliest operations on the GPU and on the host, the all-gathers' count and
+time, a Chrome trace).
 
     python bench/zero3_profile.py --gpus 2 --model smollm2-135m --path <folder of the GGUF> --runs zero2,before,after
     python bench/zero3_profile.py --gpus 2 --model llama-3.1-8b-random --pack-tokens 8192 --runs zero2,after
@@ -31,23 +32,42 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-RUNS = {"zero2": 2, "before": 3, "after": 3, "plain-linear": 3}
+RUNS = {"zero2": 2, "before": 3, "after": 3, "efficient-linear": 3, "prefetch": 3}
 PROFILED = 3
 
 
-def before(config: dict[str, Any]) -> dict[str, Any]:
+def before(config: dict[str, Any], _model: torch.nn.Module) -> dict[str, Any]:
     """The engine config the loop built before issue 28 for ZeRO-3: the stage alone, DeepSpeed's defaults."""
     return {**config, "zero_optimization": {"stage": 3}}
 
 
-def plain_linear(config: dict[str, Any]) -> dict[str, Any]:
-    """`after` with `memory_efficient_linear` off: DeepSpeed then leaves `torch.nn.functional.linear` as it is rather
-    than its `zero3_linear_wrap`, whose backward looks up each weight's `ds_id` (a guard Dynamo recompiled on, once
-    per layer, on torch 2.11)."""
-    return {**config, "zero_optimization": {**config["zero_optimization"], "memory_efficient_linear": False}}
+def efficient_linear(config: dict[str, Any], _model: torch.nn.Module) -> dict[str, Any]:
+    """`after` with DeepSpeed's `memory_efficient_linear` (its default, and this repository's until 2026-11-28): its
+    `zero3_linear_wrap` looks up each weight's `ds_id`, a guard Dynamo recompiled on once per layer (torch 2.11)."""
+    return {**config, "zero_optimization": {**config["zero_optimization"], "memory_efficient_linear": True}}
 
 
-VARIANTS = {"before": before, "plain-linear": plain_linear}
+def prefetch(config: dict[str, Any], model: torch.nn.Module) -> dict[str, Any]:
+    """`after` with nothing persistent and room for the two vocabulary matrices among the live parameters: a candidate
+    from reading DeepSpeed 0.19.8 and counting its collectives on CPU (2026-11-28), not yet measured on a GPU.
+
+    - Persistent tensors (every one under `stage3_param_persistence_threshold`: LoRA's, the norms, the token rows) are
+      released after each optimizer step and gathered again one collective a tensor (`stage3.py` `_post_step`,
+      `partition_parameters.py` `_allgather_params_coalesced`): ~515 of the 8B shape's 576 gathers a step. Partitioned,
+      they travel inside their layer's one merged gather.
+    - The fused loss reads the output matrix outside its module, so DeepSpeed fetches it for the whole forward; with
+      the embedding, that is more than `stage3_max_live_parameters` (1e9 on the 8B shape), and the prefetch budget
+      (`partitioned_param_coordinator.py`: max live less those available) is spent: nothing is prefetched.
+    """
+    vocabulary = {id(p): p.numel() for p in (model.get_input_embeddings().weight,
+                                             model.get_output_embeddings().weight)}
+    zero = config["zero_optimization"]
+    return {**config, "zero_optimization": {**zero, "stage3_param_persistence_threshold": 0,
+                                            "stage3_max_live_parameters": zero["stage3_max_live_parameters"]
+                                            + sum(vocabulary.values())}}
+
+
+VARIANTS = {"before": before, "efficient-linear": efficient_linear, "prefetch": prefetch}
 
 
 def worker(rank: int, args: argparse.Namespace, run: str, port: int, out: Path) -> None:
@@ -64,9 +84,6 @@ def worker(rank: int, args: argparse.Namespace, run: str, port: int, out: Path) 
     device = torch.device("cuda", rank) if gpu else torch.device("cpu")
     if gpu:
         torch.cuda.set_device(device)
-    if run in VARIANTS:
-        built, variant = step.deepspeed_config, VARIANTS[run]
-        step.deepspeed_config = lambda *a, **k: variant(built(*a, **k))
     model = ModelConfig.model_validate(read_yaml(ROOT / "configs" / "models" / f"{args.model}.yaml"))
     if args.path:
         model = model.model_copy(update={"path": args.path})
@@ -79,6 +96,9 @@ def worker(rank: int, args: argparse.Namespace, run: str, port: int, out: Path) 
     )
     torch.manual_seed(0)
     loaded = load_model(config.model, num_sentinels=8, device=device)
+    if run in VARIANTS:
+        built, variant = step.deepspeed_config, VARIANTS[run]
+        step.deepspeed_config = lambda *a, **k: variant(built(*a, **k), loaded.model)
     rows = synthetic_rows(4 * args.pack_tokens // 150 * (args.steps + args.warmup + PROFILED + 2), 150, 0.66,
                           seed=rank)
     activities = [torch.profiler.ProfilerActivity.CPU] + ([torch.profiler.ProfilerActivity.CUDA] if gpu else [])
