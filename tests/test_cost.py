@@ -150,3 +150,18 @@ def test_a_model_shipped_in_chunks_is_estimated_before_its_chunks_are_installed(
     shape, counting = Estimator(table, table.card("H100"), 1).shape(qwen)
     assert counting.name == "llama-3.2-1b-random"
     assert shape.model.get_base_model().get_input_embeddings().weight.shape[0] >= 151665  # Qwen's, not Llama's 128k
+
+
+def test_zero3_takes_its_compiled_scaling_where_the_table_has_it_apart() -> None:
+    """Compiling gains less under ZeRO-3 (its gathers are not compiled): a compiled ZeRO-3 trial is scaled by
+    `zero3_compiled`, an uncompiled one by `zero3`; ZeRO-2 has one figure for both; one worker is never scaled. The
+    expected figures are read from a table written here, not from the project's."""
+    from clozemath.cost.throughput import Throughput
+
+    table = Throughput(ROOT / "configs")
+    table.scaling = {"zero2": {2: 0.97, 4: 0.99}, "zero3": {2: 0.82}, "zero3_compiled": {2: 0.71, 4: 0.64}}
+    assert table.scaling_factor(3, 4, compiled=True).value == 0.64
+    assert table.scaling_factor(3, 2, compiled=True).value == 0.71
+    assert table.scaling_factor(3, 4, compiled=False).value == 0.82  # the nearest listed below 4
+    assert table.scaling_factor(2, 4, compiled=True).value == table.scaling_factor(2, 4, compiled=False).value == 0.99
+    assert table.scaling_factor(3, 1, compiled=True).value == 1.0
