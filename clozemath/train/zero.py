@@ -128,11 +128,15 @@ def zero3_settings(layer: torch.nn.Module, largest_trained: int) -> dict[str, An
       projections), and fetches the layer's weights in one bucketed all-gather instead of one per projection. Those
       per-module hooks (Python, forward and backward, every micro-step) and tiny all-gathers are what made ZeRO-3
       host-bound on a small model.
-    - The next layer is fetched while this one computes: a prefetch bucket of two layers' weights (the default,
-      5e7 elements, is less than one layer of an 8B model: 218M), and enough live parameters for it.
+    - A prefetch bucket of two layers' weights (the default, 5e7 elements, is less than one layer of an 8B model:
+      218M), meant to fetch the next layer while this one computes. It does not happen with the fused loss: the
+      output matrix, read outside its module, is held for the whole forward, and with the embedding it fills
+      `stage3_max_live_parameters`, the prefetch's budget.
     - Trained parameters are never partitioned (`stage3_param_persistence_threshold` above the largest: LoRA's
-      matrices and the special-token rows, a few MB in all), so no gather waits on them, in the forward or in the
-      fused loss, which reads the output matrix's token rows outside its module.
+      matrices and the special-token rows, a few MB in all), meant so that no gather waits on them. But DeepSpeed
+      releases persistent tensors after each optimizer step and gathers them again one collective a tensor: ~515 of
+      the 8B shape's 576 gathers a step. `bench/zero3_profile.py --runs prefetch` tries both fixes (counted on CPU,
+      not yet measured on a GPU).
     - `memory_efficient_linear` off: DeepSpeed's default replaces `torch.nn.functional.linear` with a wrapper whose
       backward looks up each weight's `ds_id`; a compiled layer guards on those ids and compiled again for every
       layer, up to Dynamo's limit (8 of 32 layers compiled). With the plain linear, on the 8B shape compiled on
