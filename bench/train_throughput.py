@@ -211,7 +211,8 @@ class StepClock:
 
     def tick(self, real_tokens: int) -> None:
         """`on_tick`'s own time (the profiler starting, or stopping and collecting its events) is no step's: charged to
-        the next step, it made the first after the profiled ones 2-2.5x the others (H200, scaling_4gpu_h200_2026-11-28)."""
+        the next step, it made the first after the profiled ones 2-2.5x the others (H200,
+        scaling_4gpu_h200_2026-11-28)."""
         self.seconds.append(time.perf_counter() - self.last)
         self.tokens.append(real_tokens)
         if self.on_tick is not None:
