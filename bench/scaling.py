@@ -37,6 +37,7 @@ from bench.limits import MFU_CONVENTION, PEAK_BF16_FLOPS, TrainingShape, Work, c
 from clozemath import tracking  # noqa: E402
 from clozemath.config import ExperimentConfig  # noqa: E402
 from clozemath.cost import estimate, meta_shape  # noqa: E402
+from clozemath.cost.throughput import Throughput  # noqa: E402
 from clozemath.plan import RunPlan, load_plan  # noqa: E402
 from clozemath.records import GRID_TAG, ROLE_TAG, TRIAL_ROLE, TRIAL_TAG  # noqa: E402
 
@@ -71,14 +72,14 @@ def measured(client: Any, run: Any) -> dict[str, float]:
     }
 
 
-def real_token_flops(config: ExperimentConfig) -> float:
-    """FLOPs of one real token of the trial's samples (`bench/limits.py`), its model's shape built on the meta
-    device."""
+def real_token_flops(config: ExperimentConfig, shapes: Throughput) -> float:
+    """FLOPs of one real token of the trial's samples (`bench/limits.py`), its model's shape (the throughput table's,
+    for a model whose weights are read) built on the meta device."""
     from clozemath.data.prepare import prepare_data
 
     prepared = prepare_data(config)
     sentinels = len(prepared.specials.ids) - 3  # less SEP, mask and EOS
-    shape = TrainingShape.of(meta_shape(config.model, len(prepared.tokenizer), sentinels))
+    shape = TrainingShape.of(meta_shape(shapes.shape_of(config.model), len(prepared.tokenizer), sentinels))
     work = Work.of(row for row in prepared.encoded if row is not None)
     return flops_per_token(shape, work, targets_only=True, prefix_lm=config.method.attention == "prefix_lm")
 
@@ -88,6 +89,7 @@ def table(plan: RunPlan, card_name: str) -> str:
     client = tracking.client(plan.experiments[0].tracking.uri)
     peak = card_value(PEAK_BF16_FLOPS, card_name)
     estimated = {s.trial.name: s.trial.wall_s for s in estimate(plan, 4, card_name).scheduled}
+    shapes = Throughput(plan.root)
     flops: dict[str, float] = {}
     rows, single = [], {}
     for config in plan.experiments:
@@ -99,7 +101,8 @@ def table(plan: RunPlan, card_name: str) -> str:
         workers = config.train.num_workers
         values["per_gpu"] = values["tokens_per_s"] / workers
         key = config.model.model_dump_json()
-        flops.setdefault(key, real_token_flops(config))
+        if key not in flops:
+            flops[key] = real_token_flops(config, shapes)
         values["mfu"] = mfu(values["per_gpu"], flops[key], peak) if peak else float("nan")
         if workers == 1 and config.train.zero_stage in (2, "auto"):
             single[config.model.name] = values["per_gpu"]

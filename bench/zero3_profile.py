@@ -1,8 +1,8 @@
 """Where ZeRO-3's time goes: `clozemath.train.loop.train` on N processes (one per GPU, or gloo on CPU), ZeRO-2 or
 ZeRO-3 with this repository's settings (`after`: `clozemath.train.zero.zero3_settings`, a decoder layer gathered at a
-time), two variants of it (`efficient-linear`: DeepSpeed's memory-efficient linear; `prefetch`: nothing persistent and
-more live parameters, see `prefetch`) or DeepSpeed's defaults as the loop used them before issue 28 (`before`:
-`{"stage": 3}` alone), on synthetic packed rows. Prints each setting's median step, tokens/s and peak memory, and
+time, the next prefetched), two variants of it (`efficient-linear`: DeepSpeed's memory-efficient linear;
+`persistent`: the trained tensors persistent and no room to prefetch, as until the evening of 2026-11-28) or
+DeepSpeed's defaults as the loop used them before issue 28 (`before`: `{"stage": 3}` alone), on synthetic packed rows. Prints each setting's median step, tokens/s and peak memory, and
 writes rank 0's profile of 3 steps (the costliest operations on the GPU and on the host, the all-gathers' count and
 time, a Chrome trace).
 
@@ -32,7 +32,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-RUNS = {"zero2": 2, "before": 3, "after": 3, "efficient-linear": 3, "prefetch": 3}
+RUNS = {"zero2": 2, "before": 3, "after": 3, "efficient-linear": 3, "persistent": 3}
 PROFILED = 3
 
 
@@ -47,27 +47,20 @@ def efficient_linear(config: dict[str, Any], _model: torch.nn.Module) -> dict[st
     return {**config, "zero_optimization": {**config["zero_optimization"], "memory_efficient_linear": True}}
 
 
-def prefetch(config: dict[str, Any], model: torch.nn.Module) -> dict[str, Any]:
-    """`after` with nothing persistent and room for the two vocabulary matrices among the live parameters: a candidate
-    from reading DeepSpeed 0.19.8 and counting its collectives on CPU (2026-11-28), not yet measured on a GPU.
+def persistent(config: dict[str, Any], model: torch.nn.Module) -> dict[str, Any]:
+    """`after` as it was on 2026-11-28 before the prefetch settings: the trained parameters (LoRA's, the token rows) and
+    everything smaller persistent, and no room among the live parameters for the vocabulary matrices the fused loss
+    holds (so nothing was prefetched). 576 all-gathers a step on the 8B shape against 62."""
+    from clozemath.train.zero import vocabulary_elements
 
-    - Persistent tensors (every one under `stage3_param_persistence_threshold`: LoRA's, the norms, the token rows) are
-      released after each optimizer step and gathered again one collective a tensor (`stage3.py` `_post_step`,
-      `partition_parameters.py` `_allgather_params_coalesced`): ~515 of the 8B shape's 576 gathers a step. Partitioned,
-      they travel inside their layer's one merged gather.
-    - The fused loss reads the output matrix outside its module, so DeepSpeed fetches it for the whole forward; with
-      the embedding, that is more than `stage3_max_live_parameters` (1e9 on the 8B shape), and the prefetch budget
-      (`partitioned_param_coordinator.py`: max live less those available) is spent: nothing is prefetched.
-    """
-    vocabulary = {id(p): p.numel() for p in (model.get_input_embeddings().weight,
-                                             model.get_output_embeddings().weight)}
     zero = config["zero_optimization"]
-    return {**config, "zero_optimization": {**zero, "stage3_param_persistence_threshold": 0,
+    largest_trained = max(p.numel() for p in model.parameters() if p.requires_grad)
+    return {**config, "zero_optimization": {**zero, "stage3_param_persistence_threshold": largest_trained + 1,
                                             "stage3_max_live_parameters": zero["stage3_max_live_parameters"]
-                                            + sum(vocabulary.values())}}
+                                            - vocabulary_elements(model)}}
 
 
-VARIANTS = {"before": before, "efficient-linear": efficient_linear, "prefetch": prefetch}
+VARIANTS = {"before": before, "efficient-linear": efficient_linear, "persistent": persistent}
 
 
 def worker(rank: int, args: argparse.Namespace, run: str, port: int, out: Path) -> None:
@@ -124,7 +117,8 @@ def worker(rank: int, args: argparse.Namespace, run: str, port: int, out: Path) 
         "peak_gib": max(s["peak_gib"] for s in steps),
     }
     averages = profiler.key_averages()
-    gathers = [e for e in averages if "all_gather" in e.key or "allgather" in e.key]
+    # the collective's own op: the NCCL kernel and the record_param_comms rows below it would count each call again
+    gathers = [e for e in averages if e.key.startswith("c10d::") and "allgather" in e.key]
     summary["all_gather_calls_per_step"] = sum(e.count for e in gathers) / PROFILED
     sort = "self_device_time_total" if gpu else "self_cpu_time_total"
     (out / f"{run}.txt").write_text(

@@ -66,3 +66,16 @@ def test_the_table_reads_each_trial_steady_rate_per_gpu_and_scaling(store: Path)
         assert cells[5] == f"{per_gpu:,.0f}"
         assert 0.0 < float(cells[6].rstrip("%")) < 100.0  # MFU
         assert cells[7] == f"{per_gpu / single:.0%}"
+
+
+def test_a_trial_of_read_weights_counts_the_flops_of_its_own_shape() -> None:
+    """SmolLM2's weights are read, not made: its FLOPs come from the throughput table's shape of it (135M parameters,
+    ~0.6 GFLOP a token), not from transformers' default Llama (a 7B: ~28 GFLOP), which put its MFU at 141% (H200,
+    2026-11-28)."""
+    plan = load_plan(scaling.GRID, ["axes.model=[smollm2-135m]", "axes.layout=[1xZeRO-2]", "data.limit=20"])
+    config = plan.experiments[0]
+    flops = scaling.real_token_flops(config, scaling.Throughput(plan.root))
+    frozen_layer_weights = 30 * (4 * 576 * 576 * 2 // 3 + 3 * 576 * 1536)  # q, o whole; k, v a third; the MLP
+    assert 4 * frozen_layer_weights < flops < 2e9
+    with pytest.raises(ValueError, match="no random_init"):
+        scaling.meta_shape(config.model, 49152)

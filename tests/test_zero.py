@@ -18,6 +18,7 @@ from clozemath.train.zero import (
     deepspeed_config,
     model_memory,
     planned_row_tokens,
+    vocabulary_elements,
 )
 
 MODELS = Path(__file__).resolve().parents[1] / "configs" / "models"
@@ -87,24 +88,28 @@ def test_planned_row_is_the_smallest_the_run_may_take() -> None:
     assert planned_row_tokens(TrainConfig(pack_tokens=None, micro_batch_size=4), 512) == 2048
 
 
-def test_zero3_settings_gather_a_decoder_layer_at_a_time() -> None:
+def test_zero3_settings_gather_a_decoder_layer_at_a_time_and_prefetch_the_next() -> None:
     model = shape("llama-3.2-1b-random")
     layer = model.get_base_model().model.layers[0]
-    trained = [p for p in model.parameters() if p.requires_grad]
-    zero = deepspeed_config(TrainConfig(zero_stage=3), bf16=True, layer=layer, trained=trained)["zero_optimization"]
+    vocabulary = vocabulary_elements(model)
+    zero = deepspeed_config(TrainConfig(zero_stage=3), bf16=True, layer=layer, vocabulary=vocabulary)[
+        "zero_optimization"]
     layer_params = sum(p.numel() for p in layer.parameters())  # frozen 60.8M + LoRA 1.4M
     assert zero["stage"] == 3 and zero["leaf_module"] == {
         "classes": ["transformers.models.llama.modeling_llama.LlamaDecoderLayer"]}
     assert zero["stage3_prefetch_bucket_size"] == 2 * layer_params > 5e7  # DeepSpeed's default holds less than a layer
-    assert zero["stage3_param_persistence_threshold"] > max(p.numel() for p in trained)  # nothing trained partitioned
-    assert zero["stage3_param_persistence_threshold"] < 2048 * 512  # the smallest frozen matrix (k_proj) is
+    # the tied embedding and output matrix counted once (with the token rows), and room for them beside DeepSpeed's 1e9
+    matrix = 128_256 * 2048
+    assert matrix < vocabulary < matrix + 2048 * 64
+    assert zero["stage3_max_live_parameters"] == 10**9 + vocabulary
+    assert zero["stage3_param_persistence_threshold"] == 0  # nothing persistent: no per-tensor gathers after a step
     two = deepspeed_config(TrainConfig(zero_stage=2), bf16=True)["zero_optimization"]
     assert two == {"stage": 2, "contiguous_gradients": False}
     with pytest.raises(ValueError, match="auto"):
         deepspeed_config(TrainConfig(zero_stage="auto"), bf16=True)
 
 
-def test_a_zero3_engine_marks_the_decoder_layers_leaves_and_keeps_trained_parameters_whole() -> None:
+def test_a_zero3_engine_marks_the_decoder_layers_leaves_and_partitions_every_parameter() -> None:
     from deepspeed.runtime.zero.linear import zero3_linear_wrap
     from deepspeed.utils import z3_leaf_module
     from test_train import experiment, tiny_peft_model
@@ -119,8 +124,8 @@ def test_a_zero3_engine_marks_the_decoder_layers_leaves_and_keeps_trained_parame
     assert all(z3_leaf_module(layer) for layer in decoder_layers(model))
     trained = [p for p in model.parameters() if p.requires_grad]
     frozen_matrices = [p for name, p in model.named_parameters() if "layers." in name and p.ds_numel >= 64 * 64]
-    assert trained and all(p.ds_persist for p in trained)
-    assert frozen_matrices and not any(p.ds_persist for p in frozen_matrices)
+    assert trained and frozen_matrices
+    assert not any(p.ds_persist for p in model.parameters())  # LoRA's and the token rows travel with their layer
     # DeepSpeed's memory-efficient linear (which a compiled layer guards on, per layer) is left out
     assert torch.nn.functional.linear is not zero3_linear_wrap
 

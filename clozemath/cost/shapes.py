@@ -34,12 +34,16 @@ def special_tokens_for(vocab: int, sentinels: int) -> SpecialTokens:
 
 
 def meta_shape(model: ModelConfig, vocab: int, sentinels: int = 16) -> torch.nn.Module:
-    """The LoRA model a worker trains, with `model.random_init`'s shape and `vocab` rows, on the meta device."""
+    """The LoRA model a worker trains, with `model.random_init`'s shape and `vocab` rows, on the meta device. A model
+    whose weights are read (no `random_init`) takes its shape from `configs/throughput.yaml` first
+    (`Throughput.shape_of`): built from nothing it would be transformers' default Llama, a 7B."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
     from clozemath.model.load import aligned_vocabulary, apply_lora
 
-    settings = {key: value for key, value in (model.random_init or {}).items() if key not in ("seed", "vocab_size")}
+    if model.random_init is None:
+        raise ValueError(f"model '{model.name}' has no random_init: take its shape from Throughput.shape_of first")
+    settings = {key: value for key, value in model.random_init.items() if key not in ("seed", "vocab_size")}
     config = LlamaConfig(vocab_size=aligned_vocabulary(vocab), **settings)
     with torch.device("meta"):
         base = LlamaForCausalLM(config).to(torch.bfloat16)

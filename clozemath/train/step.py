@@ -13,7 +13,7 @@ from clozemath.config import TrainConfig
 from clozemath.data.tokenize import IGNORE_INDEX
 from clozemath.errors import ClozeMathError
 from clozemath.train.compilation import decoder_layers
-from clozemath.train.zero import deepspeed_config
+from clozemath.train.zero import deepspeed_config, vocabulary_elements
 
 LIGER_CHUNK_MEM = 64
 """liger-kernel's `chunk_mem_const`: its chunks of target tokens may hold this many times their hidden states in
@@ -108,7 +108,7 @@ def build_engine(model: torch.nn.Module, train: TrainConfig, total_steps: int, w
         optimizer=optimizer,
         lr_scheduler=lambda opt: get_cosine_schedule_with_warmup(opt, warmup_steps, total_steps),
         config=deepspeed_config(train, bf16=next(model.parameters()).dtype == torch.bfloat16,
-                                layer=decoder_layers(model)[0], trained=trainable),
+                                layer=decoder_layers(model)[0], vocabulary=vocabulary_elements(model)),
     )
     _leave_tied_frozen_weights_out(engine)
     if train.zero_stage == 3:

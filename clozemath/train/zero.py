@@ -9,7 +9,6 @@ one card, that gathering buys nothing: `auto` takes ZeRO-2 there and ZeRO-3 only
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -91,11 +90,10 @@ def with_zero_stage(config: ExperimentConfig, model: torch.nn.Module, device: to
     return config.model_copy(update={"train": train.model_copy(update={"zero_stage": stage})})
 
 
-def deepspeed_config(
-    train: TrainConfig, bf16: bool, layer: torch.nn.Module | None = None, trained: Iterable[torch.nn.Parameter] = ()
-) -> dict[str, Any]:
-    """The engine's config. `layer`: one decoder layer, `trained`: the trainable parameters (ZeRO-3's settings are
-    sized to them).
+def deepspeed_config(train: TrainConfig, bf16: bool, layer: torch.nn.Module | None = None,
+                     vocabulary: int = 0) -> dict[str, Any]:
+    """The engine's config. `layer`: one decoder layer, `vocabulary`: `vocabulary_elements` of the model (ZeRO-3's
+    settings are sized to them).
 
     `check_grad_overflow` off: bf16 needs no loss scaling, and the check costs two reductions (and kernel launches)
     per LoRA tensor every step; a non-finite gradient still shows in the logged loss.
@@ -109,7 +107,7 @@ def deepspeed_config(
     if train.zero_stage == 3:
         if layer is None:
             raise ValueError("ZeRO-3's settings need a decoder layer")
-        zero |= zero3_settings(layer, max((p.numel() for p in trained), default=0))
+        zero |= zero3_settings(layer, vocabulary)
     return {
         "train_micro_batch_size_per_gpu": train.micro_batch_size,
         "gradient_accumulation_steps": train.grad_accum,
@@ -120,8 +118,16 @@ def deepspeed_config(
     }
 
 
-def zero3_settings(layer: torch.nn.Module, largest_trained: int) -> dict[str, Any]:
-    """ZeRO-3 (DeepSpeed 0.19's `zero_optimization` keys) gathering a whole decoder layer at a time.
+def vocabulary_elements(model: torch.nn.Module) -> int:
+    """Elements of the embedding and the output layer (a tied matrix once, with peft's trainable token rows): what the
+    fused loss holds gathered through a whole forward under ZeRO-3 (`zero3_settings`)."""
+    modules = (model.get_input_embeddings(), model.get_output_embeddings())
+    return sum({id(p): p.numel() for module in modules for p in module.parameters()}.values())
+
+
+def zero3_settings(layer: torch.nn.Module, vocabulary: int) -> dict[str, Any]:
+    """ZeRO-3 (DeepSpeed 0.19's `zero_optimization` keys) gathering a whole decoder layer at a time, and the next
+    while this one computes.
 
     - The decoder layer is a *leaf module*: DeepSpeed installs its gather and release hooks on the layer alone, not on
       each of the ~30 modules LoRA puts inside it (the base projection, `lora_A`, `lora_B`, dropout, for each of 7
@@ -129,26 +135,27 @@ def zero3_settings(layer: torch.nn.Module, largest_trained: int) -> dict[str, An
       per-module hooks (Python, forward and backward, every micro-step) and tiny all-gathers are what made ZeRO-3
       host-bound on a small model.
     - A prefetch bucket of two layers' weights (the default, 5e7 elements, is less than one layer of an 8B model:
-      218M), meant to fetch the next layer while this one computes. It does not happen with the fused loss: the
-      output matrix, read outside its module, is held for the whole forward, and with the embedding it fills
-      `stage3_max_live_parameters`, the prefetch's budget.
-    - Trained parameters are never partitioned (`stage3_param_persistence_threshold` above the largest: LoRA's
-      matrices and the special-token rows, a few MB in all), meant so that no gather waits on them. But DeepSpeed
-      releases persistent tensors after each optimizer step and gathers them again one collective a tensor: ~515 of
-      the 8B shape's 576 gathers a step. `bench/zero3_profile.py --runs prefetch` tries both fixes (counted on CPU,
-      not yet measured on a GPU).
+      218M), to fetch the next layer while this one computes. Prefetching needs room among the live parameters: the
+      fused loss reads the output matrix outside its module, so DeepSpeed holds it (and the embedding) for the whole
+      forward; `stage3_max_live_parameters` counts `vocabulary` on top of three layers (at least DeepSpeed's 1e9).
+    - Nothing persistent (`stage3_param_persistence_threshold` 0): DeepSpeed releases persistent tensors after each
+      optimizer step and gathers them again one collective a tensor (`stage3.py` `_post_step`), LoRA's matrices, the
+      norms and the token rows: 576 all-gathers a step on the 8B shape. Partitioned, they travel inside their
+      layer's one gather: 62 a step.
     - `memory_efficient_linear` off: DeepSpeed's default replaces `torch.nn.functional.linear` with a wrapper whose
       backward looks up each weight's `ds_id`; a compiled layer guards on those ids and compiled again for every
-      layer, up to Dynamo's limit (8 of 32 layers compiled). With the plain linear, on the 8B shape compiled on
-      2 x H200: one graph, 11,875 tokens/s a GPU against 9,883, first step 11.8 s against 48.4, 49.3 GiB against
-      57.6 (`bench/zero3_profile.py`, bench/results/scaling_4gpu_h200_2026-11-28). Uncompiled it was not measured.
+      layer, up to Dynamo's limit (8 of 32 layers compiled).
+
+    Measured on the 8B shape, compiled, 2 x H200, one process a GPU (`bench/zero3_profile.py`,
+    bench/results/zero3_trl_h200_2026-11-28): 12,546 tokens/s a GPU against ZeRO-2's 16,393 (77%); with
+    the trained tensors persistent and no room to prefetch, 10,646 (65%).
     """
     layer_params = sum(p.numel() for p in layer.parameters())
     kind = type(layer)
     return {
         "leaf_module": {"classes": [f"{kind.__module__}.{kind.__qualname__}"]},
         "stage3_prefetch_bucket_size": 2 * layer_params,
-        "stage3_max_live_parameters": max(10**9, 3 * layer_params),
-        "stage3_param_persistence_threshold": largest_trained + 1,
+        "stage3_max_live_parameters": max(10**9, 3 * layer_params) + vocabulary,
+        "stage3_param_persistence_threshold": 0,
         "memory_efficient_linear": False,
     }
