@@ -75,7 +75,7 @@ from clozemath.data.tokenize import IGNORE_INDEX, collate_packs  # noqa: E402
 from clozemath.errors import ClozeMathError  # noqa: E402
 from clozemath.files import write_text_atomic  # noqa: E402
 from clozemath.model.attention import flex_kernel_options, head_dim  # noqa: E402
-from clozemath.model.load import load_model  # noqa: E402
+from clozemath.model.load import aligned_vocabulary, load_model, load_tokenizer  # noqa: E402
 from clozemath.safe_yaml import read_yaml  # noqa: E402
 from clozemath.train.batches import model_inputs  # noqa: E402
 from clozemath.train.loop import StepMetrics, train  # noqa: E402
@@ -562,6 +562,28 @@ def run_order(name: str) -> int:
     return {"ours": 0 if mode.packed else 1, "plain": 2, "trl": 3}[mode.runner]
 
 
+def prime_target_count_variants(device: torch.device, vocabulary: int) -> None:
+    """Compile both variants of liger-kernel's cross-entropy kernel before any mode is timed.
+
+    liger-kernel 0.8.5 passes the count of target tokens to that Triton kernel as a plain integer, and Triton
+    specializes integers on divisibility by 16: the first step whose count is a multiple of 16 compiles a second
+    variant (~0.4 s). In one process only the first mode that meets one pays it, inside its timed steps (ours'
+    4th timed step of the 1B bench, H200, bench/results/zero3_trl_h200_2026-11-28). Compiled here, no mode pays it.
+    Not yet checked on a GPU that no timed step compiles afterwards."""
+    if device.type != "cuda":
+        return
+    try:
+        from liger_kernel.transformers.functional import liger_fused_linear_cross_entropy
+    except ImportError:
+        return
+    weight = torch.randn(vocabulary, 64, device=device, dtype=torch.bfloat16, requires_grad=True)
+    for targets in (16, 17):
+        hidden = torch.randn(targets, 64, device=device, dtype=torch.bfloat16, requires_grad=True)
+        wanted = torch.zeros(targets, dtype=torch.long, device=device)
+        liger_fused_linear_cross_entropy(hidden, weight, wanted).backward()
+    synchronize(device)
+
+
 def model_config(args: argparse.Namespace) -> ModelConfig:
     model = ModelConfig.model_validate(read_yaml(ROOT / "configs" / "models" / f"{args.model}.yaml"))
     lora = {**LORA, "train_special_tokens": not args.no_special_rows}
@@ -618,6 +640,7 @@ def run(argv: list[str]) -> int:
     results = kept_results(args, setup)
     step_tokens = args.step_tokens or (args.pack_tokens if isinstance(args.pack_tokens, int) else FALLBACK_STEP_TOKENS)
     command = command_line("train_throughput.py", argv)
+    prime_target_count_variants(device, aligned_vocabulary(len(load_tokenizer(model)) + sentinels))
     report = ""
     for name in args.modes:
         mode = MODES[name]

@@ -2,9 +2,9 @@
 ZeRO-3 with this repository's settings (`after`: `clozemath.train.zero.zero3_settings`, a decoder layer gathered at a
 time, the next prefetched), two variants of it (`efficient-linear`: DeepSpeed's memory-efficient linear;
 `persistent`: the trained tensors persistent and no room to prefetch, as until the evening of 2026-11-28) or
-DeepSpeed's defaults as the loop used them before issue 28 (`before`: `{"stage": 3}` alone), on synthetic packed rows. Prints each setting's median step, tokens/s and peak memory, and
-writes rank 0's profile of 3 steps (the costliest operations on the GPU and on the host, the all-gathers' count and
-time, a Chrome trace).
+DeepSpeed's defaults as the loop used them before issue 28 (`before`: `{"stage": 3}` alone), on synthetic packed rows.
+Prints each setting's median step, tokens/s and peak memory, and writes rank 0's profile of 3 steps (the costliest
+operations on the GPU and on the host, the all-gathers' count and time, a Chrome trace).
 
     python bench/zero3_profile.py --gpus 2 --model smollm2-135m --path <folder of the GGUF> --runs zero2,before,after
     python bench/zero3_profile.py --gpus 2 --model llama-3.1-8b-random --pack-tokens 8192 --runs zero2,after

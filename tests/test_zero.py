@@ -1,4 +1,4 @@
-"""ZeRO: the stage `auto` picks from a model's memory and the card's, and ZeRO-3's engine gathering a layer at a time."""
+"""ZeRO: the stage `auto` picks from a model's memory and the card's; ZeRO-3's engine gathering a layer at a time."""
 
 from __future__ import annotations
 
