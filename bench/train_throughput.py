@@ -580,7 +580,9 @@ def prime_target_count_variants(device: torch.device, vocabulary: int) -> None:
     for targets in (16, 17):
         hidden = torch.randn(targets, 64, device=device, dtype=torch.bfloat16, requires_grad=True)
         wanted = torch.zeros(targets, dtype=torch.long, device=device)
-        liger_fused_linear_cross_entropy(hidden, weight, wanted).backward()
+        # one chunk: its buffers start aligned, as a step's chunks of hundreds of rows do (Triton specializes pointers
+        # on 16-byte alignment too; chunks of one row, liger's default for 16 rows, would compile other variants)
+        liger_fused_linear_cross_entropy(hidden, weight, wanted, chunk_mem_const=vocabulary).backward()
     synchronize(device)
 
 
