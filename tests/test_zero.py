@@ -139,3 +139,27 @@ def test_a_cpu_run_resolves_auto_to_zero2_and_keeps_a_set_stage() -> None:
     resolved = with_zero_stage(experiment(zero_stage="auto"), model, torch.device("cpu"))
     assert resolved.train.zero_stage == 2
     assert with_zero_stage(experiment(zero_stage=3), model, torch.device("cpu")).train.zero_stage == 3
+
+
+def test_a_set_zero3_where_the_model_fits_one_card_is_warned_about(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two workers, rank 0, on a card of 80 GiB (then of 1 MiB): the tiny model fits the first, not the second."""
+    import io
+    from types import SimpleNamespace
+
+    from test_train import experiment, tiny_peft_model
+
+    from clozemath import console
+    from clozemath.train import zero
+
+    err = io.StringIO()
+    monkeypatch.setattr(console, "_console", console.Console(io.StringIO(), err))
+    monkeypatch.setattr(zero, "dist", SimpleNamespace(is_initialized=lambda: True, get_world_size=lambda: 2,
+                                                      get_rank=lambda: 0))
+    model = tiny_peft_model()
+    for card, warned in ((80 * GIB, True), (2**20, False)):
+        monkeypatch.setattr(zero, "card_bytes", lambda _device, _share, card=card: card)
+        err.truncate(0)
+        err.seek(0)
+        kept = zero.with_zero_stage(experiment(zero_stage=3), model, torch.device("cpu"))
+        assert kept.train.zero_stage == 3
+        assert ("train.zero_stage=3" in err.getvalue() and "fit one card (80 GiB)" in err.getvalue()) == warned

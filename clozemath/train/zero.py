@@ -15,6 +15,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from clozemath import console
 from clozemath.config import ExperimentConfig, TrainConfig
 from clozemath.train.packing import MIN_PACK_TOKENS, activation_bytes_per_token
 
@@ -73,21 +74,36 @@ def model_memory(model: torch.nn.Module, row_tokens: int) -> TrainingMemory:
 
 def with_zero_stage(config: ExperimentConfig, model: torch.nn.Module, device: torch.device) -> ExperimentConfig:
     """The config with `train.zero_stage: auto` made 2 or 3 for this model on this card (this process's share of
-    it); every rank takes the highest any rank chose. A set stage is kept."""
+    it); every rank takes the highest any rank chose. A set stage is kept; a set ZeRO-3 where the model fits one card
+    is warned about."""
     train = config.train
-    if train.zero_stage != "auto":
+    if train.zero_stage == 2:
         return config
-    card = None
-    if device.type == "cuda":
-        index = device.index if device.index is not None else torch.cuda.current_device()
-        card = int(torch.cuda.get_device_properties(index).total_memory * train.gpu_share)
+    card = card_bytes(device, train.gpu_share)
     workers = dist.get_world_size() if dist.is_initialized() else 1
-    stage = auto_zero_stage(model_memory(model, planned_row_tokens(train, config.data.max_length)), card, workers)
+    memory = model_memory(model, planned_row_tokens(train, config.data.max_length))
+    stage = auto_zero_stage(memory, card, workers)
+    if train.zero_stage == 3:
+        if stage == 2 and card is not None and workers > 1 and dist.get_rank() == 0:
+            held, card_gib = memory.total / 2**30, card / 2**30
+            console.warn(f"train.zero_stage=3: the frozen model, the optimizer state and a row ({held:.1f} GiB) fit "
+                         f"one card ({card_gib:.0f} GiB), where ZeRO-2 trains faster: ZeRO-3 gathers every layer from "
+                         "the other cards, forward and backward (SmolLM2 on 2 GPUs ran 66% of one GPU alone). `auto` "
+                         "takes ZeRO-2 here")
+        return config
     if workers > 1:
         chosen = torch.tensor([stage], device=device)
         dist.all_reduce(chosen, op=dist.ReduceOp.MAX)
         stage = int(chosen.item())
     return config.model_copy(update={"train": train.model_copy(update={"zero_stage": stage})})
+
+
+def card_bytes(device: torch.device, share: float) -> int | None:
+    """This process's share of its card's memory; None on the CPU."""
+    if device.type != "cuda":
+        return None
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    return int(torch.cuda.get_device_properties(index).total_memory * share)
 
 
 def deepspeed_config(train: TrainConfig, bf16: bool, layer: torch.nn.Module | None = None,
