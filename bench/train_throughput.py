@@ -562,7 +562,7 @@ def run_order(name: str) -> int:
     return {"ours": 0 if mode.packed else 1, "plain": 2, "trl": 3}[mode.runner]
 
 
-def prime_target_count_variants(device: torch.device, vocabulary: int) -> None:
+def prime_target_count_variants(device: torch.device, model: ModelConfig, sentinels: int) -> None:
     """Compile both variants of liger-kernel's cross-entropy kernel before any mode is timed.
 
     liger-kernel 0.8.5 passes the count of target tokens to that Triton kernel as a plain integer, and Triton
@@ -576,6 +576,7 @@ def prime_target_count_variants(device: torch.device, vocabulary: int) -> None:
         from liger_kernel.transformers.functional import liger_fused_linear_cross_entropy
     except ImportError:
         return
+    vocabulary = aligned_vocabulary(len(load_tokenizer(model)) + sentinels)
     weight = torch.randn(vocabulary, 64, device=device, dtype=torch.bfloat16, requires_grad=True)
     for targets in (16, 17):
         hidden = torch.randn(targets, 64, device=device, dtype=torch.bfloat16, requires_grad=True)
@@ -642,7 +643,7 @@ def run(argv: list[str]) -> int:
     results = kept_results(args, setup)
     step_tokens = args.step_tokens or (args.pack_tokens if isinstance(args.pack_tokens, int) else FALLBACK_STEP_TOKENS)
     command = command_line("train_throughput.py", argv)
-    prime_target_count_variants(device, aligned_vocabulary(len(load_tokenizer(model)) + sentinels))
+    prime_target_count_variants(device, model, sentinels)
     report = ""
     for name in args.modes:
         mode = MODES[name]
