@@ -568,8 +568,8 @@ def prime_target_count_variants(device: torch.device, model: ModelConfig, sentin
     liger-kernel 0.8.5 passes the count of target tokens to that Triton kernel as a plain integer, and Triton
     specializes integers on divisibility by 16: the first step whose count is a multiple of 16 compiles a second
     variant (~0.4 s). In one process only the first mode that meets one pays it, inside its timed steps (ours'
-    4th timed step of the 1B bench, H200, bench/results/zero3_trl_h200_2026-11-28). Compiled here, no mode pays it.
-    Not yet checked on a GPU that no timed step compiles afterwards."""
+    4th timed step of the 1B bench, H200, bench/results/zero3_trl_h200_2026-11-28). Compiled here, no mode pays it
+    (on an H200 the slowest of 30 timed steps then ran 3% over the median: loss_driver_decode_h200_2026-11-29)."""
     if device.type != "cuda":
         return
     try:
