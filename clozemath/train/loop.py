@@ -19,6 +19,7 @@ backward and optimizer live in `clozemath.train.step`.
 
 from __future__ import annotations
 
+import itertools
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass
@@ -38,7 +39,7 @@ from clozemath.train.checkpoint import checkpoint_folder, export_adapter, load_c
 from clozemath.train.compilation import compile_decoder_layers, compiled_shape_key, mark_compiled
 from clozemath.train.distributed import all_ranks_reduce, all_ranks_sum, init_distributed
 from clozemath.train.layout import Layout, plan_line, training_layout
-from clozemath.train.step import StepTally, accumulate, build_engine
+from clozemath.train.step import DeviceBatch, StepTally, accumulate, build_engine, to_device
 from clozemath.train.zero import with_zero_stage
 
 
@@ -131,6 +132,11 @@ def train(
     return engine
 
 
+def first_made(items: Iterator[DeviceBatch]) -> Iterator[DeviceBatch]:
+    """`items` with its first item made now (a generator makes each when it is taken)."""
+    return itertools.chain([next(items)], items)
+
+
 @dataclass
 class _Worker:
     """One worker's run once planned: what every step reads."""
@@ -147,25 +153,33 @@ class _Worker:
     stream: Iterator[list[int]]
     """Row indices of the micro-batches to come."""
 
+    upcoming: Iterator[DeviceBatch] | None = None
+    """The next step's micro-batches, the first already made (`step`)."""
+
     def __post_init__(self) -> None:
         self.noise_ids = torch.tensor(self.specials.ordinary_ids)
         self.mask_id = self.specials.ids[MASK]
 
     def step(self, step: int) -> StepMetrics:
-        """Optimizer step `step + 1`, its metrics over all ranks."""
+        """Optimizer step `step + 1`, its metrics over all ranks. The next step's first micro-batch is made before
+        this step's metrics are read (which waits for the GPU): made after, the GPU would sit idle while the host
+        collates it and builds its attention mask."""
         started, lr = time.perf_counter(), self.engine.get_lr()[0]  # this step's (the schedule moves on)
-        torch.manual_seed(step_seed(self.config.train.seed, step, self.rank))  # dropout: a function of the step
-        packed = self.layout.row_tokens is not None
-        tally = accumulate(self.engine, self.micro_batches(step), self.device,
-                           lambda batch: model_inputs(batch, self.config, self.model, packed))
+        tally = accumulate(self.engine, self.upcoming if self.upcoming is not None else self.micro_batches(step))
+        self.upcoming = first_made(self.micro_batches(step + 1)) if step + 1 < self.layout.plan.total_steps else None
         return self.metrics(tally, step + 1, started, lr)
 
-    def micro_batches(self, step: int) -> Iterator[dict[str, torch.Tensor]]:
-        """The step's micro-batches on the host, made one at a time as the step takes them (so that MFT's noise and
-        the forward's dropout are drawn in the same order on every run)."""
+    def micro_batches(self, step: int) -> Iterator[DeviceBatch]:
+        """Step `step`'s micro-batches, each made and moved to the device when the step takes it. The step's seed is
+        set when the first is taken, so that MFT's noise and the forward's dropout are drawn in the same order on
+        every run (and after a resume)."""
+        torch.manual_seed(step_seed(self.config.train.seed, step, self.rank))
+        packed = self.layout.row_tokens is not None
         for _ in range(self.config.train.grad_accum):
             batch = micro_batch(self.rows, next(self.stream), self.layout.row_tokens, self.pad_id)
-            yield noised(batch, self.config, step, self.layout.plan.total_steps, self.mask_id, self.noise_ids)
+            batch = noised(batch, self.config, step, self.layout.plan.total_steps, self.mask_id, self.noise_ids)
+            yield to_device(batch, self.device, lambda on_device: model_inputs(on_device, self.config, self.model,
+                                                                               packed))
 
     def metrics(self, tally: StepTally, step: int, started: float, lr: float) -> StepMetrics:
         device, plan = self.device, self.layout.plan

@@ -149,6 +149,31 @@ def _leave_tied_frozen_weights_out(engine: Any) -> None:
     engine.module_state_dict = state_dict
 
 
+@dataclass(frozen=True)
+class DeviceBatch:
+    """A micro-batch made ready for the forward: the model's arguments and the target positions on the device, its
+    token counts from the host."""
+
+    inputs: dict[str, Any]
+    targets_at: torch.Tensor
+    tokens: int
+    """Real (non-padding) tokens."""
+    positions: int
+
+
+def to_device(
+    batch: Mapping[str, torch.Tensor],
+    device: torch.device,
+    forward_inputs: Callable[[Mapping[str, torch.Tensor]], dict[str, Any]],
+) -> DeviceBatch:
+    """`batch` (host tensors) on `device`. `forward_inputs`: the model's arguments from a micro-batch on the device
+    (`clozemath.train.batches.model_inputs`)."""
+    inputs = forward_inputs({k: v.to(device, non_blocking=True) for k, v in batch.items()})
+    targets_at = target_positions(batch["labels"]).to(device, non_blocking=True)
+    mask = batch["attention_mask"]
+    return DeviceBatch(inputs, targets_at, int((mask > 0).sum()), mask.numel())
+
+
 @dataclass
 class StepTally:
     """One step's sums; the loss stays on the device (reading it would wait for the GPU every micro-batch)."""
@@ -158,28 +183,20 @@ class StepTally:
     tokens: int = 0
     positions: int = 0
 
-    def add(self, loss: torch.Tensor, attention_mask: torch.Tensor) -> None:
+    def add(self, loss: torch.Tensor, batch: DeviceBatch) -> None:
         self.loss = self.loss + loss.detach().float()
         self.micro_batches += 1
-        self.tokens += int((attention_mask > 0).sum())
-        self.positions += attention_mask.numel()
+        self.tokens += batch.tokens
+        self.positions += batch.positions
 
 
-def accumulate(
-    engine: Any,
-    micro_batches: Iterable[Mapping[str, torch.Tensor]],
-    device: torch.device,
-    forward_inputs: Callable[[Mapping[str, torch.Tensor]], dict[str, Any]],
-) -> StepTally:
-    """One optimizer step: forward, loss and backward for each micro-batch (host tensors, moved to `device`), the
-    optimizer stepping at the accumulation boundary (DeepSpeed's `train.grad_accum`). `forward_inputs`: the model's
-    arguments from a micro-batch on the device (`clozemath.train.batches.model_inputs`)."""
+def accumulate(engine: Any, micro_batches: Iterable[DeviceBatch]) -> StepTally:
+    """One optimizer step: forward, loss and backward for each micro-batch, the optimizer stepping at the
+    accumulation boundary (DeepSpeed's `train.grad_accum`)."""
     tally = StepTally()
     for batch in micro_batches:
-        inputs = forward_inputs({k: v.to(device, non_blocking=True) for k, v in batch.items()})
-        targets_at = target_positions(batch["labels"]).to(device, non_blocking=True)
-        loss = engine(**inputs, positions=targets_at)
+        loss = engine(**batch.inputs, positions=batch.targets_at)
         engine.backward(loss)
         engine.step()
-        tally.add(loss, batch["attention_mask"])
+        tally.add(loss, batch)
     return tally
