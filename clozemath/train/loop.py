@@ -19,7 +19,6 @@ backward and optimizer live in `clozemath.train.step`.
 
 from __future__ import annotations
 
-import itertools
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass
@@ -39,7 +38,7 @@ from clozemath.train.checkpoint import checkpoint_folder, export_adapter, load_c
 from clozemath.train.compilation import compile_decoder_layers, compiled_shape_key, mark_compiled
 from clozemath.train.distributed import all_ranks_reduce, all_ranks_sum, init_distributed
 from clozemath.train.layout import Layout, plan_line, training_layout
-from clozemath.train.step import DeviceBatch, StepTally, accumulate, build_engine, to_device
+from clozemath.train.step import DeviceBatch, MadeAhead, StepTally, accumulate, build_engine, to_device
 from clozemath.train.zero import with_zero_stage
 
 
@@ -115,7 +114,7 @@ def train(
     step, next_micro_batch = load_checkpoint(engine, resume_from, plan) if resume_from is not None else (0, 0)
     stream = micro_batch_rows(lengths, plan, config.train, layout.row_tokens, seed=config.train.seed * 1009 + rank,
                               start=next_micro_batch)
-    worker = _Worker(engine, model, rows, config, layout, specials, pad_id, rank, device, stream)
+    worker = _Worker(engine, model, rows, config, layout, specials, pad_id, rank, device, stream, step)
     # after the first step, rank 0 tells the compile cache that it holds this shape's compiled step (`compile: auto`)
     unmarked = (compile_cache, compiled_shape_key(config, layout.row_tokens, device)) \
         if layout.compiled and layout.row_tokens is not None and compile_cache is not None and rank == 0 else None
@@ -130,11 +129,6 @@ def train(
         step += 1
         worker.report(metrics, report, scratch_dir)
     return engine
-
-
-def first_made(items: Iterator[DeviceBatch]) -> Iterator[DeviceBatch]:
-    """`items` with its first item made now (a generator makes each when it is taken)."""
-    return itertools.chain([next(items)], items)
 
 
 @dataclass
@@ -153,33 +147,32 @@ class _Worker:
     stream: Iterator[list[int]]
     """Row indices of the micro-batches to come."""
 
-    upcoming: Iterator[DeviceBatch] | None = None
-    """The next step's micro-batches, the first already made (`step`)."""
+    first_step: int
+    """The step the run starts (or resumes) at."""
 
     def __post_init__(self) -> None:
         self.noise_ids = torch.tensor(self.specials.ordinary_ids)
         self.mask_id = self.specials.ids[MASK]
+        self.batches = MadeAhead(self.micro_batches())
 
     def step(self, step: int) -> StepMetrics:
-        """Optimizer step `step + 1`, its metrics over all ranks. The next step's first micro-batch is made before
-        this step's metrics are read (which waits for the GPU): made after, the GPU would sit idle while the host
-        collates it and builds its attention mask."""
+        """Optimizer step `step + 1`, its metrics over all ranks."""
         started, lr = time.perf_counter(), self.engine.get_lr()[0]  # this step's (the schedule moves on)
-        tally = accumulate(self.engine, self.upcoming if self.upcoming is not None else self.micro_batches(step))
-        self.upcoming = first_made(self.micro_batches(step + 1)) if step + 1 < self.layout.plan.total_steps else None
+        tally = accumulate(self.engine, self.batches, self.config.train.grad_accum)
         return self.metrics(tally, step + 1, started, lr)
 
-    def micro_batches(self, step: int) -> Iterator[DeviceBatch]:
-        """Step `step`'s micro-batches, each made and moved to the device when the step takes it. The step's seed is
-        set when the first is taken, so that MFT's noise and the forward's dropout are drawn in the same order on
+    def micro_batches(self) -> Iterator[DeviceBatch]:
+        """The run's micro-batches from `first_step` on, each made and moved to the device when taken. A step's seed
+        is set when its first is taken, so that MFT's noise and the forward's dropout are drawn in the same order on
         every run (and after a resume)."""
-        torch.manual_seed(step_seed(self.config.train.seed, step, self.rank))
         packed = self.layout.row_tokens is not None
-        for _ in range(self.config.train.grad_accum):
-            batch = micro_batch(self.rows, next(self.stream), self.layout.row_tokens, self.pad_id)
-            batch = noised(batch, self.config, step, self.layout.plan.total_steps, self.mask_id, self.noise_ids)
-            yield to_device(batch, self.device, lambda on_device: model_inputs(on_device, self.config, self.model,
-                                                                               packed))
+        for step in range(self.first_step, self.layout.plan.total_steps):
+            torch.manual_seed(step_seed(self.config.train.seed, step, self.rank))
+            for _ in range(self.config.train.grad_accum):
+                batch = micro_batch(self.rows, next(self.stream), self.layout.row_tokens, self.pad_id)
+                batch = noised(batch, self.config, step, self.layout.plan.total_steps, self.mask_id, self.noise_ids)
+                yield to_device(batch, self.device, lambda on_device: model_inputs(on_device, self.config, self.model,
+                                                                                   packed))
 
     def metrics(self, tally: StepTally, step: int, started: float, lr: float) -> StepMetrics:
         device, plan = self.device, self.layout.plan

@@ -3,7 +3,7 @@ DeepSpeed engine built here."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -190,13 +190,34 @@ class StepTally:
         self.positions += batch.positions
 
 
-def accumulate(engine: Any, micro_batches: Iterable[DeviceBatch]) -> StepTally:
-    """One optimizer step: forward, loss and backward for each micro-batch, the optimizer stepping at the
-    accumulation boundary (DeepSpeed's `train.grad_accum`)."""
+class MadeAhead:
+    """A run's micro-batches, the next one made (collated, noised, on the device with its attention mask) while the
+    GPU still runs the current one's backward. `accumulate` has it made before the optimizer's step, which waits for
+    the GPU (DeepSpeed reads the gradients' norm); made after, the GPU sat idle while the host made it: ~11 ms of a
+    ~200 ms step on the 1B shape (H200 trace, `bench/results/idle_h200_2026-11-29/`)."""
+
+    def __init__(self, batches: Iterator[DeviceBatch]):
+        self._batches = batches
+        self._next: DeviceBatch | None = None
+
+    def take(self) -> DeviceBatch:
+        batch = self._next if self._next is not None else next(self._batches)
+        self._next = None
+        return batch
+
+    def make_next(self) -> None:
+        self._next = next(self._batches, None)
+
+
+def accumulate(engine: Any, batches: MadeAhead, count: int) -> StepTally:
+    """One optimizer step over the next `count` micro-batches (DeepSpeed's `train.grad_accum`): forward, loss and
+    backward for each, the optimizer stepping at the accumulation boundary."""
     tally = StepTally()
-    for batch in micro_batches:
+    for _ in range(count):
+        batch = batches.take()
         loss = engine(**batch.inputs, positions=batch.targets_at)
         engine.backward(loss)
+        batches.make_next()
         engine.step()
         tally.add(loss, batch)
     return tally
