@@ -33,7 +33,7 @@ from clozemath.records import flatten
 from clozemath.train.batches import epoch_micro_batches, model_inputs
 from clozemath.train.checkpoint import full_trainable_parameters
 from clozemath.train.loop import StepMetrics, train
-from clozemath.train.step import DeviceBatch, MadeAhead, TargetLoss, accumulate, target_positions
+from clozemath.train.step import TargetLoss, target_positions
 from ray_jobs.cluster import TRAIN_POLL_ENV_VAR, TRAIN_POLL_S, runtime_env
 from clozemath.data.prepare import prepare_data, training_samples
 from clozemath.data.sources import load_problems
@@ -188,34 +188,6 @@ def test_loop_loss_falls_and_resume_is_exact(tmp_path: Path, stage: int, method:
     assert [m.loss for m in resumed.metrics] == pytest.approx(losses[3:], rel=1e-5)
     for name, value in trainable_state(engine).items():
         torch.testing.assert_close(value, final[name], rtol=1e-5, atol=1e-6)
-
-
-def test_the_next_micro_batch_is_made_before_the_optimizer_waits_for_the_gpu() -> None:
-    """The optimizer's step reads the gradients' norm (a wait for the GPU): each micro-batch after the first, the next
-    step's first too, is made before it, while the backward runs; and no batch is made twice or skipped."""
-    events: list[str] = []
-
-    def made(count: int) -> Any:
-        for index in range(count):
-            events.append(f"make {index}")
-            yield DeviceBatch({"index": index}, torch.zeros(1), tokens=3, positions=4)
-
-    class Engine:
-        def __call__(self, index: int, positions: torch.Tensor) -> torch.Tensor:
-            events.append(f"forward {index}")
-            return torch.tensor(float(index))
-
-        def backward(self, loss: torch.Tensor) -> None:
-            events.append(f"backward {int(loss)}")
-
-        def step(self) -> None:
-            events.append("step")
-
-    batches = MadeAhead(made(4))
-    tallies = [accumulate(Engine(), batches, count=2) for _ in range(2)]
-    assert events == ["make 0", "forward 0", "backward 0", "make 1", "step", "forward 1", "backward 1", "make 2",
-                      "step", "forward 2", "backward 2", "make 3", "step", "forward 3", "backward 3", "step"]
-    assert [float(t.loss) for t in tallies] == [1.0, 5.0] and tallies[0].tokens == 6 and tallies[1].positions == 8
 
 
 @pytest.mark.slow

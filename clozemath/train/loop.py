@@ -38,7 +38,7 @@ from clozemath.train.checkpoint import checkpoint_folder, export_adapter, load_c
 from clozemath.train.compilation import compile_decoder_layers, compiled_shape_key, mark_compiled
 from clozemath.train.distributed import all_ranks_reduce, all_ranks_sum, init_distributed
 from clozemath.train.layout import Layout, plan_line, training_layout
-from clozemath.train.step import DeviceBatch, MadeAhead, StepTally, accumulate, build_engine, to_device
+from clozemath.train.step import StepTally, accumulate, build_engine
 from clozemath.train.zero import with_zero_stage
 
 
@@ -114,7 +114,7 @@ def train(
     step, next_micro_batch = load_checkpoint(engine, resume_from, plan) if resume_from is not None else (0, 0)
     stream = micro_batch_rows(lengths, plan, config.train, layout.row_tokens, seed=config.train.seed * 1009 + rank,
                               start=next_micro_batch)
-    worker = _Worker(engine, model, rows, config, layout, specials, pad_id, rank, device, stream, step)
+    worker = _Worker(engine, model, rows, config, layout, specials, pad_id, rank, device, stream)
     # after the first step, rank 0 tells the compile cache that it holds this shape's compiled step (`compile: auto`)
     unmarked = (compile_cache, compiled_shape_key(config, layout.row_tokens, device)) \
         if layout.compiled and layout.row_tokens is not None and compile_cache is not None and rank == 0 else None
@@ -147,32 +147,25 @@ class _Worker:
     stream: Iterator[list[int]]
     """Row indices of the micro-batches to come."""
 
-    first_step: int
-    """The step the run starts (or resumes) at."""
-
     def __post_init__(self) -> None:
         self.noise_ids = torch.tensor(self.specials.ordinary_ids)
         self.mask_id = self.specials.ids[MASK]
-        self.batches = MadeAhead(self.micro_batches())
 
     def step(self, step: int) -> StepMetrics:
         """Optimizer step `step + 1`, its metrics over all ranks."""
         started, lr = time.perf_counter(), self.engine.get_lr()[0]  # this step's (the schedule moves on)
-        tally = accumulate(self.engine, self.batches, self.config.train.grad_accum)
+        torch.manual_seed(step_seed(self.config.train.seed, step, self.rank))  # dropout: a function of the step
+        packed = self.layout.row_tokens is not None
+        tally = accumulate(self.engine, self.micro_batches(step), self.device,
+                           lambda batch: model_inputs(batch, self.config, self.model, packed))
         return self.metrics(tally, step + 1, started, lr)
 
-    def micro_batches(self) -> Iterator[DeviceBatch]:
-        """The run's micro-batches from `first_step` on, each made and moved to the device when taken. A step's seed
-        is set when its first is taken, so that MFT's noise and the forward's dropout are drawn in the same order on
-        every run (and after a resume)."""
-        packed = self.layout.row_tokens is not None
-        for step in range(self.first_step, self.layout.plan.total_steps):
-            torch.manual_seed(step_seed(self.config.train.seed, step, self.rank))
-            for _ in range(self.config.train.grad_accum):
-                batch = micro_batch(self.rows, next(self.stream), self.layout.row_tokens, self.pad_id)
-                batch = noised(batch, self.config, step, self.layout.plan.total_steps, self.mask_id, self.noise_ids)
-                yield to_device(batch, self.device, lambda on_device: model_inputs(on_device, self.config, self.model,
-                                                                                   packed))
+    def micro_batches(self, step: int) -> Iterator[dict[str, torch.Tensor]]:
+        """The step's micro-batches on the host, made one at a time as the step takes them (so that MFT's noise and
+        the forward's dropout are drawn in the same order on every run)."""
+        for _ in range(self.config.train.grad_accum):
+            batch = micro_batch(self.rows, next(self.stream), self.layout.row_tokens, self.pad_id)
+            yield noised(batch, self.config, step, self.layout.plan.total_steps, self.mask_id, self.noise_ids)
 
     def metrics(self, tally: StepTally, step: int, started: float, lr: float) -> StepMetrics:
         device, plan = self.device, self.layout.plan

@@ -3,7 +3,7 @@ DeepSpeed engine built here."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -149,31 +149,6 @@ def _leave_tied_frozen_weights_out(engine: Any) -> None:
     engine.module_state_dict = state_dict
 
 
-@dataclass(frozen=True)
-class DeviceBatch:
-    """A micro-batch made ready for the forward: the model's arguments and the target positions on the device, its
-    token counts from the host."""
-
-    inputs: dict[str, Any]
-    targets_at: torch.Tensor
-    tokens: int
-    """Real (non-padding) tokens."""
-    positions: int
-
-
-def to_device(
-    batch: Mapping[str, torch.Tensor],
-    device: torch.device,
-    forward_inputs: Callable[[Mapping[str, torch.Tensor]], dict[str, Any]],
-) -> DeviceBatch:
-    """`batch` (host tensors) on `device`. `forward_inputs`: the model's arguments from a micro-batch on the device
-    (`clozemath.train.batches.model_inputs`)."""
-    inputs = forward_inputs({k: v.to(device, non_blocking=True) for k, v in batch.items()})
-    targets_at = target_positions(batch["labels"]).to(device, non_blocking=True)
-    mask = batch["attention_mask"]
-    return DeviceBatch(inputs, targets_at, int((mask > 0).sum()), mask.numel())
-
-
 @dataclass
 class StepTally:
     """One step's sums; the loss stays on the device (reading it would wait for the GPU every micro-batch)."""
@@ -183,41 +158,28 @@ class StepTally:
     tokens: int = 0
     positions: int = 0
 
-    def add(self, loss: torch.Tensor, batch: DeviceBatch) -> None:
+    def add(self, loss: torch.Tensor, attention_mask: torch.Tensor) -> None:
         self.loss = self.loss + loss.detach().float()
         self.micro_batches += 1
-        self.tokens += batch.tokens
-        self.positions += batch.positions
+        self.tokens += int((attention_mask > 0).sum())
+        self.positions += attention_mask.numel()
 
 
-class MadeAhead:
-    """A run's micro-batches, the next one made (collated, noised, on the device with its attention mask) while the
-    GPU still runs the current one's backward. `accumulate` has it made before the optimizer's step, which waits for
-    the GPU (DeepSpeed reads the gradients' norm); made after, the GPU sat idle while the host made it: ~11 ms of a
-    ~200 ms step on the 1B shape (H200 trace, `bench/results/idle_h200_2026-11-29/`)."""
-
-    def __init__(self, batches: Iterator[DeviceBatch]):
-        self._batches = batches
-        self._next: DeviceBatch | None = None
-
-    def take(self) -> DeviceBatch:
-        batch = self._next if self._next is not None else next(self._batches)
-        self._next = None
-        return batch
-
-    def make_next(self) -> None:
-        self._next = next(self._batches, None)
-
-
-def accumulate(engine: Any, batches: MadeAhead, count: int) -> StepTally:
-    """One optimizer step over the next `count` micro-batches (DeepSpeed's `train.grad_accum`): forward, loss and
-    backward for each, the optimizer stepping at the accumulation boundary."""
+def accumulate(
+    engine: Any,
+    micro_batches: Iterable[Mapping[str, torch.Tensor]],
+    device: torch.device,
+    forward_inputs: Callable[[Mapping[str, torch.Tensor]], dict[str, Any]],
+) -> StepTally:
+    """One optimizer step: forward, loss and backward for each micro-batch (host tensors, moved to `device`), the
+    optimizer stepping at the accumulation boundary (DeepSpeed's `train.grad_accum`). `forward_inputs`: the model's
+    arguments from a micro-batch on the device (`clozemath.train.batches.model_inputs`)."""
     tally = StepTally()
-    for _ in range(count):
-        batch = batches.take()
-        loss = engine(**batch.inputs, positions=batch.targets_at)
+    for batch in micro_batches:
+        inputs = forward_inputs({k: v.to(device, non_blocking=True) for k, v in batch.items()})
+        targets_at = target_positions(batch["labels"]).to(device, non_blocking=True)
+        loss = engine(**inputs, positions=targets_at)
         engine.backward(loss)
-        batches.make_next()
         engine.step()
-        tally.add(loss, batch)
+        tally.add(loss, batch["attention_mask"])
     return tally
