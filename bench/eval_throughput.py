@@ -59,9 +59,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench.limits import (  # noqa: E402
-    BANDWIDTH_CONVENTION, MEMORY_BANDWIDTH, Traffic, card_value, decode_traffic, decode_weight_bytes,
-    kv_bytes_per_position,
+    BANDWIDTH_CONVENTION, MEMORY_BANDWIDTH, Traffic, decode_traffic, decode_weight_bytes, kv_bytes_per_position,
 )
+from clozemath.train.flops import card_value  # noqa: E402
 from bench.profiling import activities, profile_summary  # noqa: E402
 from bench.speed_record import SPEED_JSON, Headline, Side, command_line, failure_note, record  # noqa: E402
 from clozemath.config import DataConfig, ModelConfig  # noqa: E402

@@ -3,8 +3,9 @@ ZeRO-2 and ZeRO-3, 12 steps each), then one line a trial from what its Train wor
 
 - tokens/s per GPU: the median over the steps after the second and before the last (which writes the checkpoint),
   of `train/tokens_per_s` (real tokens of all ranks a second) over the workers;
-- MFU: that rate x the FLOPs of a real token of the trial's samples, by `bench/limits.py`'s convention (the output
-  layer at target positions only, LoRA's own FLOPs included, PrefixLM's attended pairs), over the card's bf16 peak;
+- MFU: that rate x the FLOPs of a real token of the trial's samples, by `clozemath.train.flops`'s convention (the
+  output layer at target positions only, LoRA's own FLOPs included, PrefixLM's attended pairs), over the card's bf16
+  peak;
 - peak memory: `train/peak_memory_gib`, the most any rank held;
 - first step: `train/seconds` of step 1 (compiling included: cold for each model's first trial, from the grid's
   compile cache after); to first step: from the trial's MLflow run start to step 1 logged (workers' start, the model's
@@ -33,13 +34,15 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.limits import MFU_CONVENTION, PEAK_BF16_FLOPS, TrainingShape, Work, card_value, flops_per_token, mfu  # noqa: E402
 from clozemath import tracking  # noqa: E402
 from clozemath.config import ExperimentConfig  # noqa: E402
 from clozemath.cost import estimate, meta_shape  # noqa: E402
 from clozemath.cost.throughput import Throughput  # noqa: E402
 from clozemath.plan import RunPlan, load_plan  # noqa: E402
 from clozemath.records import GRID_TAG, ROLE_TAG, TRIAL_ROLE, TRIAL_TAG  # noqa: E402
+from clozemath.train.flops import (  # noqa: E402
+    MFU_CONVENTION, PEAK_BF16_FLOPS, TrainingShape, Work, card_value, flops_per_token, mfu,
+)
 
 GRID = ROOT / "configs" / "grids" / "scaling.yaml"
 
@@ -73,8 +76,8 @@ def measured(client: Any, run: Any) -> dict[str, float]:
 
 
 def real_token_flops(config: ExperimentConfig, shapes: Throughput) -> float:
-    """FLOPs of one real token of the trial's samples (`bench/limits.py`), its model's shape (the throughput table's,
-    for a model whose weights are read) built on the meta device."""
+    """FLOPs of one real token of the trial's samples (`clozemath.train.flops`), its model's shape (the throughput
+    table's, for a model whose weights are read) built on the meta device."""
     from clozemath.data.prepare import prepare_data
 
     prepared = prepare_data(config)

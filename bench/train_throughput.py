@@ -24,7 +24,7 @@ their user would; the table says so. Every mode's settings stand beside its numb
 fastest baseline. Times are per optimizer step: `--steps` steps after `--warmup` (more for the compiled plain loop:
 one per bucket), then one more step that is not timed (ours writes the run's checkpoint and adapter in its last
 step); the first step's time (compilation included, loading the model not) is reported apart. MFU follows
-`bench/limits.py` (`MFU_CONVENTION`, stated in the table).
+`clozemath.train.flops` (`MFU_CONVENTION`, stated in the table).
 
 The modes run ours' packed ones first (the baselines take their step's real tokens from them), TRL's last (see
 `run_order`). A mode that breaks leaves its error in its row and the others run. `--keep` adds the modes of this
@@ -64,15 +64,15 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.limits import (  # noqa: E402
-    MFU_CONVENTION, PEAK_BF16_FLOPS, TrainingShape, Work, card_value, flops_per_token, mfu,
-)
 from bench.profiling import activities, profile_summary  # noqa: E402
 from bench.speed_record import SPEED_JSON, Headline, Side, command_line, failure_note, record  # noqa: E402
 from clozemath.config import DataConfig, ExperimentConfig, MethodConfig, ModelConfig, TrainConfig  # noqa: E402
 from clozemath.data.prepare import prepare_data  # noqa: E402
 from clozemath.data.tokenize import IGNORE_INDEX, collate_packs  # noqa: E402
 from clozemath.errors import ClozeMathError  # noqa: E402
+from clozemath.train.flops import (  # noqa: E402
+    MFU_CONVENTION, PEAK_BF16_FLOPS, TrainingShape, Work, card_value, flops_per_token, mfu,
+)
 from clozemath.files import write_text_atomic  # noqa: E402
 from clozemath.model.attention import flex_kernel_options, head_dim  # noqa: E402
 from clozemath.model.load import aligned_vocabulary, load_model, load_tokenizer  # noqa: E402

@@ -46,7 +46,7 @@ class ForwardMetrics(UserCallback):
         console.progress(
             f"{self.label}/train", f"[{self.label}] training", reported["step"], reported["total_steps"],
             [f"loss {values[train_metric('loss')]:.4f}", f"{values[train_metric('tokens_per_s')]:.0f} tok/s",
-             *accuracies],
+             *([f"MFU {values[train_metric('mfu')]:.1%}"] if train_metric("mfu") in values else []), *accuracies],
         )
 
 

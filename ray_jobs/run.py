@@ -20,6 +20,7 @@ from clozemath.data.objectives import sample_inputs
 from clozemath.plan import load_method
 from clozemath.records import ADAPTER_DIR, CACHE_DIR, run_folder
 from clozemath.train.budget import Footprint, matched_epochs, planned_tokens
+from clozemath.train.flops import MFU_CONVENTION
 from ray_jobs.cluster import init_ray, user_errors_surfaced
 from ray_jobs.eval_job import run_evaluation
 from ray_jobs.preprocess import TokenizedSet, preprocess, tokenizer_settings
@@ -64,6 +65,7 @@ def run_experiment(
             run.log_params({
                 "data.num_samples": prepared.num_rows, "data.num_sentinels": prepared.num_sentinels,
                 "train.planned_tokens": planned_tokens(footprint, config.train),
+                "train.mfu_convention": MFU_CONVENTION,
             })
             with user_errors_surfaced():
                 adapter, steps = fit(

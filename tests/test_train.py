@@ -33,6 +33,7 @@ from clozemath.records import flatten
 from clozemath.train.batches import epoch_micro_batches, model_inputs
 from clozemath.train.checkpoint import full_trainable_parameters
 from clozemath.train.loop import StepMetrics, train
+from clozemath.train.flops import MFU_CONVENTION, TrainingShape, sample_flops
 from clozemath.train.step import TargetLoss, target_positions
 from ray_jobs.cluster import TRAIN_POLL_ENV_VAR, TRAIN_POLL_S, runtime_env
 from clozemath.data.prepare import prepare_data, training_samples
@@ -188,6 +189,28 @@ def test_loop_loss_falls_and_resume_is_exact(tmp_path: Path, stage: int, method:
     assert [m.loss for m in resumed.metrics] == pytest.approx(losses[3:], rel=1e-5)
     for name, value in trainable_state(engine).items():
         torch.testing.assert_close(value, final[name], rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("method", ["prefix_lm", "mft"])
+def test_each_step_logs_its_mfu_where_the_cards_peak_is_known(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, method: str
+) -> None:
+    """On a card of 1 TFLOP/s, a step's MFU is the training FLOPs of the rows it took (`sample_flops`, worked out by
+    hand in test_flops.py; PrefixLM's attention or causal, by the method) over its seconds and that peak. Every row
+    is alike here, so a step's FLOPs are its rows (tokens / 29) times one row's."""
+    row = {"input_ids": [5] * 8 + [2] + [7] * 20, "labels": [-100] * 9 + [7] * 20, "prefix_len": 9}
+    monkeypatch.setattr("clozemath.train.loop.peak_flops", lambda device: 1e12)
+    model = tiny_peft_model()
+    per_row = sample_flops(TrainingShape.of(model), row, prefix_lm=method == "prefix_lm")
+    recorder = Recorder(tmp_path)
+    train(model, [row] * 8, experiment(method, max_steps=3, checkpoint_every=3), specials=SPECIALS, pad_id=PAD,
+          report=recorder)
+    assert len(recorder.metrics) == 3
+    for metrics in recorder.metrics:
+        rows = metrics.tokens / 29
+        assert rows == 4  # micro_batch_size 4, one micro-batch a step
+        assert metrics.mfu == pytest.approx(rows * per_row / metrics.seconds / 1e12, rel=1e-9)
+        assert metrics.as_dict()["train/mfu"] == metrics.mfu
 
 
 @pytest.mark.slow
@@ -482,6 +505,8 @@ def test_zero2_run_learns_and_is_tracked(smoke_run: SmokeRun) -> None:
     assert {key: run.data.params[key] for key in expected} == expected
     for name in records.TRAIN_METRICS:
         assert len(client.get_metric_history(run_id, name)) == 8, name
+    assert not client.get_metric_history(run_id, "train/mfu")  # a CPU has no listed peak: no figure made up
+    assert run.data.params["train.mfu_convention"] == MFU_CONVENTION
     assert records.compile_cache_folder(config).is_dir()  # the workers were pointed at the grid's compile cache
     artifacts = {info.path for info in client.list_artifacts(run_id)}
     assert {"config.yaml", "adapter", "eval"} <= artifacts

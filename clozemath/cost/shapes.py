@@ -10,6 +10,7 @@ import torch
 
 from clozemath.config import ModelConfig
 from clozemath.data.tokenize import MASK, SEP, SpecialTokens, sentinel
+from clozemath.train.flops import TrainingShape, training_flops
 
 
 @dataclass(frozen=True)
@@ -51,20 +52,7 @@ def meta_shape(model: ModelConfig, vocab: int, sentinels: int = 16) -> torch.nn.
 
 
 def training_flops_per_token(model: torch.nn.Module, target_share: float, context: float) -> float:
-    """FLOPs of one trained token, the convention of issue 24: every frozen matrix product 4x its weights (forward and
-    the input's gradient), LoRA's own 6x (its weights' gradients too), the output layer at the target positions only
-    (`target_share` of the tokens; 6x, or 4x when no token row trains and it needs no weight gradient), and attention
-    12 x layers x (heads x head dim) x `context`, the mean number of positions a token attends to.
-
-    The per-token form of `bench/limits.py`'s count (the benchmarks' MFU, exact per sample), for scaling a figure
-    between models; `bench/` is no package of the library, so the two live apart: change them together."""
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model
-    config = base.config
-    frozen = sum(p.numel() for name, p in base.named_parameters()
-                 if ".layers." in name and p.dim() == 2 and not p.requires_grad)
-    lora = sum(p.numel() for name, p in base.named_parameters() if "lora_" in name)
-    rows_train = any("trainable_tokens" in name for name, _ in base.named_parameters())
-    output = (6 if rows_train else 4) * config.vocab_size * config.hidden_size * target_share
-    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-    attention = 12 * config.num_hidden_layers * config.num_attention_heads * head_dim * context
-    return 4 * frozen + 6 * lora + output + attention
+    """FLOPs of one trained token (`clozemath.train.flops`' convention, the per-token form of its per-sample count):
+    the output layer at `target_share` of the tokens, attention over `context` positions, the mean a token attends
+    to. For scaling a throughput figure between models."""
+    return training_flops(TrainingShape.of(model), tokens=1, projected=target_share, pairs=context)

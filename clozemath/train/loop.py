@@ -37,6 +37,7 @@ from clozemath.train.batches import micro_batch, micro_batch_rows, model_inputs,
 from clozemath.train.checkpoint import checkpoint_folder, export_adapter, load_checkpoint, save_checkpoint
 from clozemath.train.compilation import compile_decoder_layers, compiled_shape_key, mark_compiled
 from clozemath.train.distributed import all_ranks_reduce, all_ranks_sum, init_distributed
+from clozemath.train.flops import TrainingShape, peak_flops, sample_flops
 from clozemath.train.layout import Layout, plan_line, training_layout
 from clozemath.train.step import StepTally, accumulate, build_engine
 from clozemath.train.zero import with_zero_stage
@@ -65,13 +66,17 @@ class StepMetrics:
     """Wall time of this step on rank 0 (the first: compiling included, on a cold cache minutes)."""
     peak_memory_gib: float
     """The most GPU memory any rank's tensors held so far (torch's allocator; 0 on CPU)."""
+    mfu: float | None
+    """Model FLOPs utilisation of this step, per GPU, by `clozemath.train.flops.MFU_CONVENTION` (the FLOPs of the
+    step's real tokens of all ranks, over its wall time and the cards' bf16 peak); None on a card whose peak is not
+    listed (`PEAK_BF16_FLOPS`) or a CPU."""
 
     def as_dict(self) -> dict[str, float | int]:
         values = asdict(self)
         return {
             "step": values.pop("step"),
             "total_steps": values.pop("total_steps"),
-            **{train_metric(name): value for name, value in values.items()},
+            **{train_metric(name): value for name, value in values.items() if value is not None},
         }
 
 
@@ -110,11 +115,13 @@ def train(
         compile_decoder_layers(model, config.train.zero_stage)
     if rank == 0:
         console.phase(f"[{config.name}] training: {plan_line(layout, config.train)}")
+    shape = TrainingShape.of(model)  # before the engine: ZeRO-3 leaves a partitioned weight with no elements
+    row_flops = [sample_flops(shape, row, config.method.attention == "prefix_lm") for row in rows]
     engine = build_engine(model, config.train, plan.total_steps, plan.warmup_steps)
     step, next_micro_batch = load_checkpoint(engine, resume_from, plan) if resume_from is not None else (0, 0)
     stream = micro_batch_rows(lengths, plan, config.train, layout.row_tokens, seed=config.train.seed * 1009 + rank,
                               start=next_micro_batch)
-    worker = _Worker(engine, model, rows, config, layout, specials, pad_id, rank, device, stream)
+    worker = _Worker(engine, model, rows, config, layout, specials, pad_id, rank, device, stream, row_flops)
     # after the first step, rank 0 tells the compile cache that it holds this shape's compiled step (`compile: auto`)
     unmarked = (compile_cache, compiled_shape_key(config, layout.row_tokens, device)) \
         if layout.compiled and layout.row_tokens is not None and compile_cache is not None and rank == 0 else None
@@ -146,33 +153,41 @@ class _Worker:
     device: torch.device
     stream: Iterator[list[int]]
     """Row indices of the micro-batches to come."""
+    row_flops: Sequence[float]
+    """Training FLOPs of each row (`clozemath.train.flops.sample_flops`), for the steps' MFU."""
 
     def __post_init__(self) -> None:
         self.noise_ids = torch.tensor(self.specials.ordinary_ids)
         self.mask_id = self.specials.ids[MASK]
+        self.card_peak_flops = peak_flops(self.device)
 
     def step(self, step: int) -> StepMetrics:
         """Optimizer step `step + 1`, its metrics over all ranks."""
         started, lr = time.perf_counter(), self.engine.get_lr()[0]  # this step's (the schedule moves on)
         torch.manual_seed(step_seed(self.config.train.seed, step, self.rank))  # dropout: a function of the step
         packed = self.layout.row_tokens is not None
-        tally = accumulate(self.engine, self.micro_batches(step), self.device,
+        taken: list[int] = []
+        tally = accumulate(self.engine, self.micro_batches(step, taken), self.device,
                            lambda batch: model_inputs(batch, self.config, self.model, packed))
-        return self.metrics(tally, step + 1, started, lr)
+        return self.metrics(tally, sum(self.row_flops[i] for i in taken), step + 1, started, lr)
 
-    def micro_batches(self, step: int) -> Iterator[dict[str, torch.Tensor]]:
+    def micro_batches(self, step: int, taken: list[int]) -> Iterator[dict[str, torch.Tensor]]:
         """The step's micro-batches on the host, made one at a time as the step takes them (so that MFT's noise and
-        the forward's dropout are drawn in the same order on every run)."""
+        the forward's dropout are drawn in the same order on every run); their rows' indices go into `taken`."""
         for _ in range(self.config.train.grad_accum):
-            batch = micro_batch(self.rows, next(self.stream), self.layout.row_tokens, self.pad_id)
+            indices = next(self.stream)
+            taken.extend(indices)
+            batch = micro_batch(self.rows, indices, self.layout.row_tokens, self.pad_id)
             yield noised(batch, self.config, step, self.layout.plan.total_steps, self.mask_id, self.noise_ids)
 
-    def metrics(self, tally: StepTally, step: int, started: float, lr: float) -> StepMetrics:
+    def metrics(self, tally: StepTally, flops: float, step: int, started: float, lr: float) -> StepMetrics:
+        """`flops`: the training FLOPs of this rank's rows in the step."""
         device, plan = self.device, self.layout.plan
-        loss_sum, micro_batches, tokens, positions = all_ranks_sum(
-            [float(tally.loss), tally.micro_batches, tally.tokens, tally.positions], device
+        loss_sum, micro_batches, tokens, positions, flops = all_ranks_sum(
+            [float(tally.loss), tally.micro_batches, tally.tokens, tally.positions, flops], device
         )
         seconds = time.perf_counter() - started
+        card_peak = self.card_peak_flops * dist.get_world_size() if self.card_peak_flops else None
         peak = all_ranks_reduce(torch.cuda.max_memory_allocated(device), dist.ReduceOp.MAX, device) \
             if device.type == "cuda" else 0
         return StepMetrics(
@@ -186,6 +201,7 @@ class _Worker:
             pad_share=1.0 - tokens / positions,
             seconds=seconds,
             peak_memory_gib=peak / 2**30,
+            mfu=flops / seconds / card_peak if card_peak else None,
         )
 
     def report(self, metrics: StepMetrics, report: Report, scratch_dir: Path | None) -> None:
