@@ -61,7 +61,6 @@ sys.path.insert(0, str(ROOT))
 from bench.limits import (  # noqa: E402
     BANDWIDTH_CONVENTION, MEMORY_BANDWIDTH, Traffic, decode_traffic, decode_weight_bytes, kv_bytes_per_position,
 )
-from clozemath.train.flops import card_value  # noqa: E402
 from bench.profiling import activities, profile_summary  # noqa: E402
 from bench.speed_record import SPEED_JSON, Headline, Side, command_line, failure_note, record  # noqa: E402
 from clozemath.config import DataConfig, ModelConfig  # noqa: E402
@@ -76,6 +75,7 @@ from clozemath.model.load import load_model  # noqa: E402
 from clozemath.model.memory import free_bytes  # noqa: E402
 from clozemath.safe_yaml import read_yaml  # noqa: E402
 from clozemath.tasks import answer_span, get_task  # noqa: E402
+from clozemath.train.flops import card_value  # noqa: E402
 
 SCHEMES = ("greedy", "beam", "cot")
 """The decodings this bench has a reference for (`generate`, greedy or beam; CoT over it): a subset of the registry's

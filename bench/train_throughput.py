@@ -70,14 +70,14 @@ from clozemath.config import DataConfig, ExperimentConfig, MethodConfig, ModelCo
 from clozemath.data.prepare import prepare_data  # noqa: E402
 from clozemath.data.tokenize import IGNORE_INDEX, collate_packs  # noqa: E402
 from clozemath.errors import ClozeMathError  # noqa: E402
-from clozemath.train.flops import (  # noqa: E402
-    MFU_CONVENTION, PEAK_BF16_FLOPS, TrainingShape, Work, card_value, flops_per_token, mfu,
-)
 from clozemath.files import write_text_atomic  # noqa: E402
 from clozemath.model.attention import flex_kernel_options, head_dim  # noqa: E402
 from clozemath.model.load import aligned_vocabulary, load_model, load_tokenizer  # noqa: E402
 from clozemath.safe_yaml import read_yaml  # noqa: E402
 from clozemath.train.batches import model_inputs  # noqa: E402
+from clozemath.train.flops import (  # noqa: E402
+    MFU_CONVENTION, PEAK_BF16_FLOPS, TrainingShape, Work, card_value, flops_per_token, mfu,
+)
 from clozemath.train.loop import StepMetrics, train  # noqa: E402
 
 LORA = {"rank": 32, "alpha": 64, "target_modules": "all-linear"}

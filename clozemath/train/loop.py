@@ -159,7 +159,8 @@ class _Worker:
     def __post_init__(self) -> None:
         self.noise_ids = torch.tensor(self.specials.ordinary_ids)
         self.mask_id = self.specials.ids[MASK]
-        self.card_peak_flops = peak_flops(self.device)
+        card_peak = peak_flops(self.device)  # all ranks' cards together, for the steps' MFU per GPU; None: unknown
+        self.cards_peak_flops = card_peak * dist.get_world_size() if card_peak else None
 
     def step(self, step: int) -> StepMetrics:
         """Optimizer step `step + 1`, its metrics over all ranks."""
@@ -187,7 +188,6 @@ class _Worker:
             [float(tally.loss), tally.micro_batches, tally.tokens, tally.positions, flops], device
         )
         seconds = time.perf_counter() - started
-        card_peak = self.card_peak_flops * dist.get_world_size() if self.card_peak_flops else None
         peak = all_ranks_reduce(torch.cuda.max_memory_allocated(device), dist.ReduceOp.MAX, device) \
             if device.type == "cuda" else 0
         return StepMetrics(
@@ -201,7 +201,7 @@ class _Worker:
             pad_share=1.0 - tokens / positions,
             seconds=seconds,
             peak_memory_gib=peak / 2**30,
-            mfu=flops / seconds / card_peak if card_peak else None,
+            mfu=flops / seconds / self.cards_peak_flops if self.cards_peak_flops else None,
         )
 
     def report(self, metrics: StepMetrics, report: Report, scratch_dir: Path | None) -> None:
