@@ -2,8 +2,9 @@
 
 The paper reports every method of ours only for DeepSeek-Math-7B on GSM8K (beam search): Base, MFT and ClozeMath in
 Table 1, the ablations, IT among them, in Table 4. Its numbers order each pair of methods; a replication's difference
-for that pair, with its seed-aware interval (`clozemath.intervals.hierarchical_difference`), either holds the
-paper's order (the interval is above 0), reverses it (below 0), or cannot tell (the interval holds 0).
+for that pair, with its seed-aware interval (`clozemath.intervals.seeds_difference`), either holds the paper's order
+(the interval is above 0), reverses it (below 0), or cannot tell (the interval holds 0). A verdict resting on fewer
+than `MIN_SEEDS` seeds of a trained method is provisional, and says so.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable, Collection
 from dataclasses import dataclass
 
-from clozemath.intervals import Difference
+from clozemath.intervals import MIN_SEEDS, Difference
 
 PAPER_GSM8K = {
     "clozemath": 74.22, "clozemath_causal": 72.71, "it_prefixlm": 71.79, "it": 71.57, "random_span": 71.19,
@@ -36,11 +37,25 @@ class Comparison:
     reference: str
     gap: float
     seeds: Difference | None
-    """Over seeds, then problems (hierarchical): what a claim rests on."""
+    """Over seeds and problems: what a verdict rests on."""
     problems: Difference | None
     """Over problems, the trained models held fixed."""
     missing: str = ""
-    """Why there is no interval (no predictions, nothing pairs); empty when there is."""
+    """Why there is no seed-aware interval (no predictions, one seed of a trained method, ...); empty when there is."""
+    trained_seeds: int = 0
+    """The fewest seeds of a trained side (a base model's one run not counted)."""
+
+    @property
+    def provisional(self) -> bool:
+        return self.trained_seeds < MIN_SEEDS
+
+
+def provisional_label(comparison: Comparison) -> str:
+    """", provisional: 3 seeds" where a verdict rests on fewer than `MIN_SEEDS` seeds of a trained method."""
+    if not comparison.provisional:
+        return ""
+    seeds = comparison.trained_seeds
+    return f", provisional: {seeds} seed{'s' if seeds != 1 else ''}"
 
 
 def paper_pairs(methods: Collection[str], order: Collection[str]) -> list[tuple[str, str]]:
@@ -62,20 +77,22 @@ def verdict(comparison: Comparison) -> str:
 
 
 def _scale(difference: Difference) -> str:
-    """What a difference pools: "5 seed pairs × 1,319 problems"."""
-    return f"{difference.pairs} seed pair{'s' if difference.pairs > 1 else ''} × {difference.problems:,} problems"
+    """What a difference pools: "5 and 5 runs × 1,319 problems"."""
+    return f"{difference.method_runs} and {difference.reference_runs} runs × {difference.problems:,} problems"
 
 
 def _phrase(comparison: Comparison, name: Callable[[str], str], with_scale: bool) -> str:
     assert comparison.seeds is not None
     interval = f"[{comparison.seeds.low:+.2f}, {comparison.seeds.high:+.2f}]"
     scale = f", {_scale(comparison.seeds)}" if with_scale else ""
-    return f"{name(comparison.method)} > {name(comparison.reference)} ({comparison.seeds.points:+.2f} {interval}{scale})"
+    return (f"{name(comparison.method)} > {name(comparison.reference)} ({comparison.seeds.points:+.2f} {interval}"
+            f"{scale}{provisional_label(comparison)})")
 
 
 def orderings_paragraph(comparisons: list[Comparison], name: Callable[[str], str], evaluation: str) -> str:
     """Which of the paper's orderings hold here, which are reversed and which this replication cannot tell (a
-    markdown paragraph, for the README); `comparisons` are the paper's pairs, its better method first."""
+    markdown paragraph, for the README); `comparisons` are the paper's pairs, its better method first. A verdict
+    from fewer than `MIN_SEEDS` seeds says it is provisional."""
     if not comparisons:
         return ""
     # One scale for all in the heading; where they differ (a grid of 3 seeds beside one of 5), each gives its own.
@@ -85,13 +102,15 @@ def orderings_paragraph(comparisons: list[Comparison], name: Callable[[str], str
     for comparison in comparisons:
         label = verdict(comparison)
         text = (_phrase(comparison, name, each_own) if comparison.seeds is not None
-                else f"{name(comparison.method)} > {name(comparison.reference)} ({comparison.gap:+.2f}, no interval)")
+                else f"{name(comparison.method)} > {name(comparison.reference)} ({comparison.gap:+.2f}, no interval: "
+                     f"{comparison.missing})")
         by_verdict[label].append(text)
-    scale = "each with its seed pairs and problems" if each_own else next(iter(scales), "no predictions")
+    scale = "each with its runs and problems" if each_own else next(iter(scales), "no predictions")
     lines = [(f"**The paper's orderings on {evaluation}** (the paper's numbers: {PAPER_SETTING}; here: the difference "
-             f"in points with its 95% interval over seeds and problems, {scale}):")]
+              f"in points with its 95% interval over training seeds and test problems, {scale}; a verdict from fewer "
+              f"than {MIN_SEEDS} seeds of a trained method is provisional):")]
     wording = {HOLDS: "Hold", REVERSED: "Reversed", UNRESOLVED: "Not resolved (the interval holds 0)",
-               UNTESTED: "Not tested (no per-problem predictions)"}
+               UNTESTED: "Not tested"}
     for label, phrases in by_verdict.items():
         if phrases:
             lines.append(f"- {wording[label]}, {len(phrases)}: " + "; ".join(phrases) + ".")

@@ -217,6 +217,10 @@ class TrainConfig(_Strict):
     checkpoint_every: AtLeastOne = 50
     max_failures: AtLeastZero = 1
     seed: int = 0
+    paired_seeds: bool = False
+    """Seed s of this trial shares, by design, what pairing cancels with seed s of the other methods it is compared
+    with (LoRA's initialisation and the data order: methods with the same samples, such as IT and W/o Text
+    infilling). The report then pairs their seeds; by default methods' seeds are independent and compared unpaired."""
     output_dir: str = "runs"
     storage: str | None = None
     """Where Ray Train keeps the checkpoints a restarted worker resumes from: on a cluster, a folder every node sees

@@ -231,6 +231,9 @@ STRICT_ACCURACY, FLEXIBLE_ACCURACY = "strict_accuracy", "flexible_accuracy"
 strict-match for base models), and counting the last-number fallback too (the harness's flexible-extract)."""
 UNCUT_ACCURACY, FALLBACK_SHARE = "uncut_accuracy", "fallback_share"
 """Accuracy over the generations that ended before `max_new_tokens`; the share of answers the fallback found."""
+LENIENT_ACCURACY = "lenient_accuracy"
+"""Accuracy had the last-number fallback read generations cut at `max_new_tokens` too (the rule before 2026-12-02,
+kept beside `accuracy` to show what the cut rule changed)."""
 
 
 def train_metric(name: str) -> str:

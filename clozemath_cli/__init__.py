@@ -211,12 +211,13 @@ def _prepare(args: argparse.Namespace) -> None:
 def _add_report(commands: argparse._SubParsersAction) -> None:
     report = commands.add_parser(
         "report", help="print a grid's results over seeds, how its answers were graded, the differences between its "
-        "methods with 95%% bootstrap intervals (over seeds and problems, and over problems), which of the paper's "
-        "orderings hold, and the paper's Tables 1-4 from its tracked runs; plot accuracy against steps"
+        "methods with 95%% intervals (over training seeds and test problems, and over problems alone), which of the "
+        "paper's orderings hold, and the paper's Tables 1-4 from its tracked runs; plot accuracy against steps"
     )
-    report.add_argument("--experiment", required=True, action="append",
+    report.add_argument("--experiment", action="append", default=[],
                         help="the MLflow experiment (the grid's tracking.experiment); repeated: several grids reported "
-                        "as one (e.g. Table 4's ablations beside the main grid's runs)")
+                        "as one (e.g. Table 4's ablations beside the main grid's runs); left out, the --predictions "
+                        "exports alone are reported (no tracking store needed)")
     report.add_argument("--tracking-uri", default="sqlite:///mlruns.db", help="default: sqlite:///mlruns.db")
     report.add_argument("--parent", metavar="RUN_ID", action="append", default=[],
                         help="the grid's MLflow run (default: the latest); repeated: grid runs of one experiment "
@@ -240,8 +241,11 @@ def _report(args: argparse.Namespace) -> None:
     from clozemath.report import report, report_folder
     from clozemath.tracking import check_tracking_uri
 
-    check_writable_folder(report_folder(args.experiment, args.out), "--out")
-    check_tracking_uri(args.tracking_uri, "--tracking-uri")
+    if not args.experiment and not args.predictions:
+        raise ClozeMathError("report: name an --experiment (or give --predictions exports to report from alone)")
+    check_writable_folder(report_folder(args.experiment or ["predictions"], args.out), "--out")
+    if args.experiment:
+        check_tracking_uri(args.tracking_uri, "--tracking-uri")
 
     report(args.experiment, args.tracking_uri, args.out, args.latex, args.parent, args.decoding,
            args.export_predictions, args.predictions)

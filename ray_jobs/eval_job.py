@@ -54,7 +54,7 @@ _PREDICTION_TYPES = {
     "id": pa.string(), "dataset": pa.string(), "decoding": pa.string(), "prompt": pa.string(),
     "generation": pa.string(), "extracted": pa.string(), "gold": pa.string(), "correct": pa.bool_(),
     "confidence": pa.float64(), "harness": pa.struct([(name, pa.bool_()) for name in HARNESS_FILTERS]),
-    "finish_reason": pa.string(), "generated_tokens": pa.int64(), "rule": pa.string(),
+    "finish_reason": pa.string(), "generated_tokens": pa.int64(), "rule": pa.string(), "lenient": pa.bool_(),
 }
 SCHEMA = pa.schema([(field.name, _PREDICTION_TYPES[field.name]) for field in fields(Prediction)]
                    + [("seconds", pa.float64())])

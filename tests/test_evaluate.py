@@ -22,6 +22,7 @@ from clozemath.eval.predictions import (
     Prediction,
     grade_generation,
     metrics,
+    prediction_from_row,
     read_predictions,
     regrade,
     results_table,
@@ -148,7 +149,7 @@ def test_tiny_model_end_to_end(loaded, smoke, tmp_path):
     rows = [json.loads(line) for line in path.read_text().splitlines()]
     assert len(rows) == 12 and set(rows[0]) == {
         "id", "dataset", "decoding", "prompt", "generation", "extracted", "gold", "correct", "confidence", "harness",
-        "finish_reason", "generated_tokens", "rule",
+        "finish_reason", "generated_tokens", "rule", "lenient",
     }
     assert read_predictions(path) == predictions
     for decoding in DECODINGS:
@@ -156,9 +157,9 @@ def test_tiny_model_end_to_end(loaded, smoke, tmp_path):
         assert [(p.id, p.gold) for p in mine] == [(p.id, p.answer) for p in problems]
     for prediction in predictions:
         assert prediction.prompt.endswith("Answer:<SEP>") and prediction.generation
-        graded = grade("gsm8k", prediction.generation, prediction.gold)
-        assert (prediction.extracted, prediction.correct, prediction.rule) == (
-            graded.extracted, graded.correct, graded.rule)
+        graded = grade("gsm8k", prediction.generation, prediction.gold, ended=prediction.finish_reason != "length")
+        assert (prediction.extracted, prediction.correct, prediction.rule, prediction.lenient) == (
+            graded.extracted, graded.correct, graded.rule, graded.lenient)
         # CoT-decoding's vote (eval.cot_vote: marked): only branches with a `####` answer; none voted, the greedy one
         marked = prediction.rule in MARKED_RULES
         assert (prediction.confidence is not None) == (prediction.decoding == "cot" and marked)
@@ -167,7 +168,8 @@ def test_tiny_model_end_to_end(loaded, smoke, tmp_path):
             assert prediction.generated_tokens == smoke.eval.max_new_tokens
 
     values = metrics(predictions)
-    names = ("accuracy", "correct", "total", "cut_share", "strict_accuracy", "flexible_accuracy", "fallback_share")
+    names = ("accuracy", "correct", "total", "cut_share", "strict_accuracy", "flexible_accuracy", "fallback_share",
+             "lenient_accuracy")
     uncut = {f"eval/gsm8k/{p.decoding}/uncut_accuracy" for p in predictions if p.finish_reason != "length"}
     assert set(values) == {f"eval/gsm8k/{d}/{name}" for d in DECODINGS for name in names} | uncut
     assert all(values[f"eval/gsm8k/{d}/total"] == 4 for d in DECODINGS)
@@ -198,34 +200,54 @@ def test_cot_decoding_votes_with_marked_answers_unless_told_otherwise(
 
 
 def test_each_prediction_says_which_rule_graded_it_and_the_metrics_split_strict_from_flexible():
-    """Four fine-tuned generations: `#### 7` right (ended), a bare `12` right by the fallback (cut), `#### 5` wrong
-    (ended), no number (cut); two few-shot (harness) ones: `#### 5` right, a bare `9` right only to flexible-extract.
-    By hand: fine-tuned strict 1/4, flexible 2/4, fallback 1/4, cut 2/4, uncut accuracy 1/2 (of `#### 7`, `#### 5`);
-    few-shot strict 1/2 (its accuracy), flexible 2/2."""
+    """Four fine-tuned generations: `#### 7` right (ended), a bare `12` that the fallback would take (right, but cut
+    at max_new_tokens: wrong, lenient right), `#### 5` wrong (ended), no number (cut); two few-shot (harness) ones:
+    `#### 5` right, a bare `9` right only to flexible-extract. By hand: fine-tuned accuracy 1/4, strict 1/4, lenient
+    2/4, fallback 0 (the one it found was cut), cut 2/4, uncut accuracy 1/2 (of `#### 7`, `#### 5`); few-shot
+    strict 1/2 (its accuracy, and its lenient one), flexible 2/2."""
     rows = [("a", "3 + 4 = 7\n#### 7", "7", "eos"), ("b", "so it is 12 and 12", "12", "length"),
             ("c", "#### 5", "6", "eos"), ("d", "I do not know", "3", "length")]
     shots = [("e", "Half of 10 is 5.\n#### 5", "5", "stop"), ("f", "It is 9", "9", "eos")]
     predictions = []
     for harness, decoding, group in ((False, "greedy", rows), (True, "beam", shots)):
         for id, generation, gold, finish in group:
-            verdict = grade_generation("gsm8k", generation, gold, harness)
+            verdict = grade_generation("gsm8k", generation, gold, harness, ended=finish != "length")
             predictions.append(Prediction(id, "gsm8k", decoding, "", generation, verdict.extracted, gold,
-                                          verdict.correct, None, verdict.harness, finish, 9, verdict.rule))
-    assert [p.rule for p in predictions] == ["strict", "flexible", "strict", "none", "strict", "none"]
-    assert [p.correct for p in predictions] == [True, True, False, False, True, False]
+                                          verdict.correct, None, verdict.harness, finish, 9, verdict.rule,
+                                          verdict.lenient))
+    assert [p.rule for p in predictions] == ["strict", "cut", "strict", "none", "strict", "none"]
+    assert [p.correct for p in predictions] == [True, False, False, False, True, False]
+    assert [p.lenient for p in predictions] == [None, True, None, None, None, None]
     assert [p.extracted for p in predictions] == ["7", "12", "5", None, "5", None]
     values = metrics(predictions)
     tuned = {k.removeprefix("eval/gsm8k/greedy/"): v for k, v in values.items() if k.startswith("eval/gsm8k/greedy/")}
-    assert tuned == {"accuracy": 0.5, "correct": 2, "total": 4, "cut_share": 0.5, "uncut_accuracy": 0.5,
-                     "fallback_share": 0.25, "strict_accuracy": 0.25, "flexible_accuracy": 0.5}
+    assert tuned == {"accuracy": 0.25, "correct": 1, "total": 4, "cut_share": 0.5, "uncut_accuracy": 0.5,
+                     "fallback_share": 0.0, "strict_accuracy": 0.25, "flexible_accuracy": 0.25,
+                     "lenient_accuracy": 0.5}
     few_shot = {k.removeprefix("eval/gsm8k/beam/"): v for k, v in values.items() if k.startswith("eval/gsm8k/beam/")}
     assert few_shot == {"accuracy": 0.5, "correct": 1, "total": 2, "cut_share": 0.0, "uncut_accuracy": 0.5,
                         "fallback_share": 0.0, "strict_accuracy": 0.5, "flexible_accuracy": 1.0,
-                        "strict-match": 0.5, "flexible-extract": 1.0}
-    # a file from before the rule and the finish were recorded: only what it holds the inputs of
-    old = [replace(p, rule=None, finish_reason=None) for p in predictions[:4]]
+                        "strict-match": 0.5, "flexible-extract": 1.0, "lenient_accuracy": 0.5}
+    # a file from before the rule and the finish were recorded: only what it holds the inputs of, and its generations
+    # regraded as having ended (nothing says they were cut)
+    old = [replace(p, rule=None, finish_reason=None, lenient=None) for p in predictions[:4]]
     assert set(metrics(old)) == {"eval/gsm8k/greedy/accuracy", "eval/gsm8k/greedy/correct", "eval/gsm8k/greedy/total"}
     assert [p.rule for p in regrade(old)] == ["strict", "flexible", "strict", "none"]
+    # regrading knows the cut: the same verdicts as at evaluation
+    assert regrade(predictions[:4]) == predictions[:4]
+
+
+def test_a_prediction_written_before_the_cut_rule_is_judged_by_it_when_read_back():
+    """A row from a file of 2026-11 (no `lenient` field): a cut generation answered by the fallback was counted
+    right; read back it is wrong, its old verdict kept as `lenient`. Compact exports (no generation) too: the rule
+    and the finish it records are all that takes. Other rows, and rows that record `lenient`, are read as written."""
+    row = {"id": "b", "dataset": "gsm8k", "decoding": "greedy", "extracted": "12", "gold": "12", "correct": True,
+           "finish_reason": "length", "rule": "flexible", "generation": ""}
+    old = prediction_from_row(row, "old.jsonl:1")
+    assert (old.correct, old.rule, old.lenient) == (False, "cut", True)
+    assert prediction_from_row({**row, "finish_reason": "eos"}, "old.jsonl:2").correct
+    assert prediction_from_row({**row, "rule": "strict"}, "old.jsonl:3").correct
+    assert prediction_from_row({**row, "lenient": None}, "new.jsonl:1").correct  # as written: not re-judged
 
 
 def test_results_table_shows_the_cut_share_and_warns_above_a_fifth():

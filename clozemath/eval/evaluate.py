@@ -146,11 +146,12 @@ def evaluate_batch(
         prompts = build_prompts(group, loaded, prompting)
         generations = _decode(loaded, prompts, dataset, decoding, eval_cfg, prompting, engine)
         for index, problem, prompt, generation in zip(indices, group, prompts, generations):
-            verdict = grade_generation(dataset, generation.text, problem.answer, prompting.few_shot)
+            verdict = grade_generation(dataset, generation.text, problem.answer, prompting.few_shot,
+                                       ended=generation.finish_reason != "length")
             predictions[index] = Prediction(
                 problem.id, dataset, decoding, prompt.text, generation.text, verdict.extracted, problem.answer,
                 verdict.correct, generation.confidence, verdict.harness, generation.finish_reason,
-                len(generation.token_ids), verdict.rule,
+                len(generation.token_ids), verdict.rule, verdict.lenient,
             )
     return [prediction for prediction in predictions if prediction is not None]
 

@@ -19,6 +19,7 @@ from clozemath.records import (
     EVAL_PREFIX,
     FALLBACK_SHARE,
     FLEXIBLE_ACCURACY,
+    LENIENT_ACCURACY,
     STRICT_ACCURACY,
     UNCUT_ACCURACY,
     eval_metric,
@@ -26,7 +27,7 @@ from clozemath.records import (
     tally_metrics,
 )
 from clozemath.tasks import get_task
-from clozemath.tasks.base import FALLBACK_RULE, MARKED_RULES
+from clozemath.tasks.base import CUT_RULE, FALLBACK_RULE, MARKED_RULES
 from clozemath.tasks.harness import FLEXIBLE_EXTRACT, STRICT_MATCH, filtered_answer, harness_verdicts
 from clozemath.tasks.mathverify import file_budget_s, grading_threads, total_budget
 
@@ -51,8 +52,12 @@ class Prediction:
     """Tokens generated, end-of-sequence excluded."""
     rule: str | None = None
     """How `extracted` was found (`clozemath.tasks`): strict (after `####`), boxed, final_answer, flexible (the
-    last number, a fallback) or none; for the harness's grading, strict (strict-match's `#### N`) or none. None in
-    files written before it was recorded."""
+    last number, a fallback), cut (a generation cut at `max_new_tokens` before it marked an answer: wrong, `extracted`
+    being the last number the fallback would have taken) or none; for the harness's grading, strict (strict-match's
+    `#### N`) or none. None in files written before it was recorded."""
+    lenient: bool | None = None
+    """The verdict had the fallback read cut generations too (the rule before 2026-12-02); None where it equals
+    `correct`."""
 
 
 _FIELD_TYPES: dict[str, tuple[type, ...]] = {
@@ -60,11 +65,12 @@ _FIELD_TYPES: dict[str, tuple[type, ...]] = {
     "extracted": (str, type(None)), "gold": (str,), "correct": (bool,), "confidence": (int, float, type(None)),
     "harness": (dict, type(None)),
     "finish_reason": (str, type(None)), "generated_tokens": (int, type(None)), "rule": (str, type(None)),
+    "lenient": (bool, type(None)),
 }
 _REQUIRED = ("id", "dataset", "generation", "gold")  # the rest default: `score` regrades from these
 _DEFAULTS: dict[str, Any] = {
     "decoding": "", "prompt": "", "extracted": None, "correct": False, "confidence": None, "harness": None,
-    "finish_reason": None, "generated_tokens": None, "rule": None,
+    "finish_reason": None, "generated_tokens": None, "rule": None, "lenient": None,
 }
 CUT_WARNING_SHARE = 0.2
 """The results table warns when more than this share of a set's generations ran to `max_new_tokens`."""
@@ -92,7 +98,16 @@ def prediction_from_row(row: dict[str, Any], where: str) -> Prediction:
         get_task(values["dataset"])
     except ClozeMathError as exc:
         raise ClozeMathError(f"{where}: {exc}") from None
-    return Prediction(**values)
+    return _judged_by_the_cut_rule(Prediction(**values), lenient_recorded="lenient" in row)
+
+
+def _judged_by_the_cut_rule(prediction: Prediction, lenient_recorded: bool) -> Prediction:
+    """A prediction written before the cut rule (no `lenient` field), judged by it: a cut generation whose answer the
+    last-number fallback found is wrong, its old verdict kept as `lenient`. The rule and finish reason it records
+    are all that takes, so compact exports (without the generations) are re-judged too."""
+    if lenient_recorded or prediction.rule != FALLBACK_RULE or prediction.finish_reason != "length":
+        return prediction
+    return replace(prediction, correct=False, rule=CUT_RULE, lenient=prediction.correct)
 
 
 def read_predictions(path: str | Path) -> list[Prediction]:
@@ -120,17 +135,19 @@ class Verdict:
     correct: bool
     harness: dict[str, bool] | None
     rule: str
+    lenient: bool | None = None
 
 
-def grade_generation(dataset: str, generation: str, gold: str, harness: bool) -> Verdict:
-    """clozemath's grading, or (`harness`, for few-shot GSM8K-like sets) the harness's filters, strict-match first."""
+def grade_generation(dataset: str, generation: str, gold: str, harness: bool, ended: bool = True) -> Verdict:
+    """clozemath's grading (`ended`: the generation ended before `max_new_tokens`), or (`harness`, for few-shot
+    GSM8K-like sets) the harness's filters, strict-match first."""
     task = get_task(dataset)
     if harness and task.harness_filters:
         verdicts = harness_verdicts(generation, gold)
         extracted = filtered_answer(STRICT_MATCH, generation)
         return Verdict(extracted, verdicts[STRICT_MATCH], verdicts, "none" if extracted is None else "strict")
-    graded = task.grade(generation, gold)
-    return Verdict(graded.extracted, graded.correct, None, graded.rule)
+    graded = task.grade(generation, gold, ended=ended)
+    return Verdict(graded.extracted, graded.correct, None, graded.rule, graded.lenient)
 
 
 def regrade(predictions: list[Prediction]) -> list[Prediction]:
@@ -146,11 +163,12 @@ def regrade(predictions: list[Prediction]) -> list[Prediction]:
 def _regraded(prediction: Prediction) -> Prediction:
     by_harness = prediction.harness is not None
     try:
-        verdict = grade_generation(prediction.dataset, prediction.generation, prediction.gold, by_harness)
+        verdict = grade_generation(prediction.dataset, prediction.generation, prediction.gold, by_harness,
+                                   ended=prediction.finish_reason != "length")
     except ClozeMathError as exc:
         raise ClozeMathError(f"prediction '{prediction.id}': {exc}") from None
     return replace(prediction, extracted=verdict.extracted, correct=verdict.correct, harness=verdict.harness,
-                   rule=verdict.rule)
+                   rule=verdict.rule, lenient=verdict.lenient)
 
 
 def _tally(correct: int, total: int) -> dict[str, float | int]:
@@ -218,10 +236,12 @@ class _Tally:
     graded_both: int = 0
     strict: int = 0
     flexible: int = 0
+    lenient: int = 0
     by_filter: Counter[str] = field(default_factory=Counter)
 
     def add(self, prediction: Prediction) -> None:
         self.correct += prediction.correct
+        self.lenient += prediction.correct if prediction.lenient is None else prediction.lenient
         self.total += 1
         self.by_filter.update(prediction.harness or {})
         if prediction.finish_reason is not None:
@@ -240,6 +260,8 @@ class _Tally:
     def stats(self) -> dict[str, float]:
         """The statistics that every prediction of the group records the inputs of."""
         out: dict[str, float] = {name: hits / self.total for name, hits in self.by_filter.items()}
+        if self.rule_recorded == self.total:
+            out[LENIENT_ACCURACY] = self.lenient / self.total
         if self.finish_recorded:
             out[CUT_SHARE] = self.cut / self.finish_recorded
             uncut = self.finish_recorded - self.cut
@@ -260,6 +282,7 @@ def metrics(predictions: Iterable[Prediction]) -> dict[str, float]:
       `uncut_accuracy`, the accuracy over the others;
     - `strict_accuracy` and `flexible_accuracy` (`strict_and_flexible`), and `fallback_share`, the share of answers
       found by the last-number fallback;
+    - `lenient_accuracy`: the accuracy had the fallback read cut generations too (the rule before 2026-12-02);
     - where the harness graded (base models), its filters' accuracies, `.../strict-match` and `.../flexible-extract`.
     A statistic is left out where some prediction of the group predates what it needs."""
     tallies: dict[tuple[str, str], _Tally] = defaultdict(_Tally)

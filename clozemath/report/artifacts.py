@@ -8,14 +8,14 @@ import json
 import os
 from collections import defaultdict
 from collections.abc import Sequence
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 from tempfile import TemporaryDirectory
 
 from clozemath import tracking
 from clozemath.data.sources import read_jsonl
 from clozemath.errors import ClozeMathError
-from clozemath.eval.predictions import Prediction, prediction_from_row
+from clozemath.eval.predictions import Prediction, metrics, prediction_from_row
 from clozemath.files import atomic_path
 from clozemath.records import PREDICTIONS_ARTIFACTS
 from clozemath.report.names import Column
@@ -32,11 +32,15 @@ class PredictionArtifacts:
     files `export_predictions` wrote (`exported`), which need no artifact store."""
 
     def __init__(self, tracking_uri: str, exported: Sequence[str | Path] = ()) -> None:
-        self._client = tracking.client(tracking_uri)
+        self._tracking_uri = tracking_uri
         self._runs: dict[str, list[Prediction]] = {}
         self._exported = bool(exported)
+        self._exported_runs: dict[str, tuple[str, str, str, str, str]] = {}
+        """Run id -> (model, method, training set, seed, run name), as the exports name the run."""
         for path in exported:
-            self._runs |= self._read_export(Path(path))
+            runs, named = self._read_export(Path(path))
+            self._runs |= runs
+            self._exported_runs |= named
 
     def predictions(self, run_id: str) -> list[Prediction]:
         """The run's predictions, every set and decoding (none if it logged none)."""
@@ -44,33 +48,54 @@ class PredictionArtifacts:
             self._runs[run_id] = [] if self._exported else self._download(run_id)
         return self._runs[run_id]
 
+    def rejudged(self, results: list[TrialResult]) -> list[TrialResult]:
+        """The trials with their evaluation metrics recomputed from their predictions, where they logged them: the
+        grading rules of this version judge every run, whatever version evaluated it (a run from before the cut rule
+        is re-judged by it: `clozemath.eval.predictions`)."""
+        return [replace(r, metrics={**r.metrics, **metrics(found)}) if (found := self.predictions(r.run_id)) else r
+                for r in results]
+
+    def exported_trials(self) -> list[TrialResult]:
+        """The trials of the exports read (`exported`), named as the export names them, their evaluation metrics
+        computed from their predictions: a report from the files alone, with no tracking store (no compute, curves
+        or params: the export holds none)."""
+        trials = []
+        for run_id in sorted(self._exported_runs):
+            model, method, train_set, seed, run_name = self._exported_runs[run_id]
+            trials.append(TrialResult(run_id, model, method, train_set, seed, metrics(self._runs[run_id]),
+                                      run_name=run_name))
+        return trials
+
     def correctness(self, run_id: str, column: Column) -> dict[str, bool] | None:
         """None when the run logged no predictions of this set and decoding."""
         found = {p.id: p.correct for p in self.predictions(run_id) if (p.dataset, p.decoding) == column}
         return found or None
 
     def _download(self, run_id: str) -> list[Prediction]:
-        files = [artifact.path for artifact in self._client.list_artifacts(run_id, PREDICTIONS_ARTIFACTS)
+        client = tracking.client(self._tracking_uri)
+        files = [artifact.path for artifact in client.list_artifacts(run_id, PREDICTIONS_ARTIFACTS)
                  if artifact.path.endswith(".jsonl") and not artifact.path.endswith(".partial.jsonl")]
         os.environ["MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR"] = "false"  # a bar per file would bury the tables
         found = []
         with TemporaryDirectory() as folder:
             for path in files:
-                local = Path(self._client.download_artifacts(run_id, path, folder))
+                local = Path(client.download_artifacts(run_id, path, folder))
                 # lines end at "\n" only: a generation may hold U+2028
                 found += [prediction_from_row(row, where) for where, row in read_jsonl(local)]
         return found
 
     @staticmethod
-    def _read_export(path: Path) -> dict[str, list[Prediction]]:
+    def _read_export(path: Path) -> tuple[dict[str, list[Prediction]], dict[str, tuple[str, str, str, str, str]]]:
         if not path.is_file():
             raise ClozeMathError(f"{path}: no such predictions export (`clozemath report --export-predictions`)")
         runs: dict[str, list[Prediction]] = defaultdict(list)
+        named: dict[str, tuple[str, str, str, str, str]] = {}
         for where, row in read_jsonl(path):
             if not isinstance(row.get("run_id"), str):
                 raise ClozeMathError(f"{where}: no 'run_id' (not a file `clozemath report --export-predictions` wrote)")
             runs[row["run_id"]].append(prediction_from_row({"generation": "", **row}, where))  # compact: none
-        return dict(runs)
+            named[row["run_id"]] = tuple(str(row.get(key, "")) for key in ("model", "method", "train_set", "seed", "run_name"))
+        return dict(runs), named
 
 
 def export_predictions(results: list[TrialResult], artifacts: PredictionArtifacts, path: Path, keep: str) -> Path:

@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from clozemath.errors import ClozeMathError
 from clozemath.files import write_text_atomic
 from clozemath.report.artifacts import EXPORT_FILE, PredictionArtifacts, export_predictions
 from clozemath.report.compare import comparisons, orderings
@@ -38,15 +39,22 @@ def report(
     of one experiment's grid, or of several reported as one (Table 4's ablations beside the main grid's runs); write
     them, the paper's orderings against this replication (`summary.md`, markdown for the README), the trials' metrics
     (JSON) and Figure 3 under `out` (default `reports/<experiment>[+<experiment>...]`); returns the printed text.
-    `export`: also write every trial's predictions (`export_predictions`, full or compact) there. `exported`: read
-    the predictions from such files instead of the runs' artifacts. `parent_run_ids`: the experiment's grid runs to
-    report as one (default: its latest)."""
+    Every trial's evaluation metrics are recomputed from its predictions where it has them, so today's grading
+    rules judge every run. `export`: also write every trial's predictions (`export_predictions`, full or compact)
+    there. `exported`: read the predictions from such files instead of the runs' artifacts; with no `experiment`,
+    the trials too (no tracking store: no compute table, curves or params). `parent_run_ids`: the experiment's grid
+    runs to report as one (default: its latest)."""
     names = [experiment] if isinstance(experiment, str) else list(experiment)
-    grids = experiments_runs(tracking_uri, names, parent_run_ids)
-    results = [r for _, runs in grids for r in runs]
-    folder = report_folder(names, out)
-    folder.mkdir(parents=True, exist_ok=True)
     artifacts = PredictionArtifacts(tracking_uri, exported)
+    if names:
+        grids = experiments_runs(tracking_uri, names, parent_run_ids)
+        results = artifacts.rejudged([r for _, runs in grids for r in runs])
+    elif exported:
+        grids, results = [], artifacts.exported_trials()
+    else:
+        raise ClozeMathError("report: name an --experiment, or --predictions files to report from alone")
+    folder = report_folder(names or ["predictions"], out)
+    folder.mkdir(parents=True, exist_ok=True)
     found = comparisons(results, artifacts)
     render: Callable[[Table | TextTable], str] = to_latex if latex else to_markdown
     tables: list[Table | TextTable] = [

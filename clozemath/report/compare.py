@@ -1,5 +1,5 @@
 """Which differences between methods are more than noise: each pair of methods on every (eval set, decoding), the
-difference with its paired and hierarchical bootstrap intervals (`clozemath.intervals`) from the per-problem
+difference with its seed-aware and problems-only intervals (`clozemath.intervals`) from the per-problem
 predictions, and the paper's orderings against them (`clozemath.claims`)."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ from __future__ import annotations
 import statistics
 
 from clozemath.claims import PAPER_GSM8K, Comparison, orderings_paragraph, paper_pairs
-from clozemath.intervals import BySeed, hierarchical_difference, paired_difference
+from clozemath.intervals import BySeed, problems_difference, seeds_difference
 from clozemath.report.artifacts import PredictionArtifacts
 from clozemath.report.names import (
     BASE_DECODING,
@@ -43,16 +43,41 @@ def _compared_pairs(measured: set[str]) -> list[tuple[str, str]]:
     return pairs + [(method, reference) for method in others for reference in REFERENCES if reference in measured]
 
 
+def trains(method: str) -> bool:
+    """Whether the method's runs were trained (each seed a model of its own); a base model is one untrained run."""
+    return method.partition(" (")[0] != "base"
+
+
+def _pairs_seeds(trials: list[TrialResult]) -> bool:
+    """Every trial declares its seeds paired with the other methods' by design (`train.paired_seeds`)."""
+    return bool(trials) and all(r.params.get("train.paired_seeds") == "True" for r in trials)
+
+
+def _trained_seeds(method: str, reference: str, compared: BySeed, against: BySeed) -> int:
+    counts = [len(runs) for name, runs in ((method, compared), (reference, against)) if trains(name)]
+    return min(counts, default=0)
+
+
 def _compare(trials: list[TrialResult], method: str, reference: str, column: Column,
              artifacts: PredictionArtifacts) -> Comparison:
     compared, against = measured_on(trials, method, column), measured_on(trials, reference, column)
     gap = statistics.fmean(percents(compared, column)) - statistics.fmean(percents(against, column))
     compared_seeds, against_seeds = _by_seed(compared, column, artifacts), _by_seed(against, column, artifacts)
     if compared_seeds is None or against_seeds is None:
-        return Comparison(column, method, reference, gap, None, None, "no predictions")
-    seeds = hierarchical_difference(compared_seeds, against_seeds)
-    problems = paired_difference(compared_seeds, against_seeds)
-    return Comparison(column, method, reference, gap, seeds, problems, "" if seeds else "no seeds or problems pair")
+        seeds = min((len({r.seed for r in side}) for name, side in ((method, compared), (reference, against))
+                     if trains(name)), default=0)
+        return Comparison(column, method, reference, gap, None, None, "no per-problem predictions", seeds)
+    trained_seeds = _trained_seeds(method, reference, compared_seeds, against_seeds)
+    paired = _pairs_seeds(compared + against) and trains(method) and trains(reference)
+    seeds = seeds_difference(compared_seeds, against_seeds, method_trained=trains(method),
+                             reference_trained=trains(reference), paired=paired)
+    problems = problems_difference(compared_seeds, against_seeds)
+    missing = ""
+    if problems is None:
+        missing = "the runs share no problem"
+    elif seeds is None:
+        missing = "one seed of a trained method: its seed-to-seed variance is unknown"
+    return Comparison(column, method, reference, gap, seeds, problems, missing, trained_seeds)
 
 
 def comparisons(results: list[TrialResult], artifacts: PredictionArtifacts) -> dict[Block, list[Comparison]]:

@@ -37,14 +37,13 @@ Curves = dict[str, dict[str, list[CurvePoint]]]
 def accuracy_curves(tracking_uri: str, results: list[TrialResult], decoding: str) -> Curves:
     """Model -> method -> its points, GSM8K-trained runs: the k-th point is the k-th evaluation of each seed that
     logged a curve (the first k that all of them reached), its accuracy averaged, with the seeds' range."""
-    client = tracking.client(tracking_uri)
+    curved = [(r, key) for r in results
+              if r.train_set == "gsm8k" and r.method != "base" and (key := _curve_key(r.metrics, decoding))]
+    client = tracking.client(tracking_uri) if curved else None  # a report from exports alone opens no store
     histories: dict[str, dict[str, list[list[tuple[int, float]]]]] = defaultdict(lambda: defaultdict(list))
-    for r in results:
-        if r.train_set != "gsm8k" or r.method == "base":
-            continue
-        key = _curve_key(r.metrics, decoding)
-        points = sorted((point.step, 100 * point.value) for point in client.get_metric_history(r.run_id, key)) \
-            if key else []
+    for r, key in curved:
+        assert client is not None
+        points = sorted((point.step, 100 * point.value) for point in client.get_metric_history(r.run_id, key))
         if points:
             histories[r.model][r.method].append(points)
     return {model: {method: _points(seeds) for method, seeds in methods.items()} for model, methods in histories.items()}

@@ -6,15 +6,16 @@ from __future__ import annotations
 import statistics
 from collections.abc import Callable, Sequence
 
-from clozemath.claims import Comparison
+from clozemath.claims import Comparison, provisional_label
 from clozemath.data.training_sets import training_set_names
-from clozemath.intervals import Difference
+from clozemath.intervals import MIN_SEEDS, Difference
 from clozemath.records import (
     ACCURACY,
     CORRECT,
     CUT_SHARE,
     FALLBACK_SHARE,
     FLEXIBLE_ACCURACY,
+    LENIENT_ACCURACY,
     STRICT_ACCURACY,
     TOTAL,
     UNCUT_ACCURACY,
@@ -37,6 +38,7 @@ from clozemath.report.names import (
     set_title,
 )
 from clozemath.report.render import Table, TextTable
+from clozemath.tasks.base import ACCURACY_RULE_SHORT
 from clozemath.report.runs import TrialResult, blocks, eval_columns, measured_on, percents
 
 
@@ -69,7 +71,7 @@ def _columns_grouped(rows: Sequence[int], columns: int) -> list[list[tuple[int, 
 
 
 def table_overall(results: list[TrialResult], models: list[str], methods: list[str], decoding: str) -> Table:
-    table = Table("Table 1: overall accuracy", ["Training set", "Method", *map(model_name, models)], [], [])
+    table = Table(f"Table 1: overall accuracy ({ACCURACY_RULE_SHORT})", ["Training set", "Method", *map(model_name, models)], [], [])
     for train_set in training_set_names():
         first = len(table.values)
         for method in (m for m in methods if m in ("base", "mft", "clozemath")):
@@ -85,7 +87,7 @@ def table_overall(results: list[TrialResult], models: list[str], methods: list[s
 def table_cot(results: list[TrialResult], models: list[str], methods: list[str]) -> Table:
     shown = [m for m in methods if m != "base" and any(
         cell(results, model, m, "gsm8k", eval_metric("gsm8k", "cot", ACCURACY)) is not None for model in models)]
-    table = Table("Table 2: GSM8K, CoT-decoding", ["Model", *map(method_name, shown)], [], [])
+    table = Table(f"Table 2: GSM8K, CoT-decoding ({ACCURACY_RULE_SHORT})", ["Model", *map(method_name, shown)], [], [])
     for model in models:
         row = [cell(results, model, method, "gsm8k", eval_metric("gsm8k", "cot", ACCURACY)) for method in shown]
         if any(value is not None for value in row):
@@ -97,7 +99,7 @@ def table_cot(results: list[TrialResult], models: list[str], methods: list[str])
 
 def table_symbolic(results: list[TrialResult], models: list[str], methods: list[str], decoding: str) -> Table:
     header = ["Training set", "Evaluation", "Method", *map(model_name, models)]
-    table = Table("Table 3: GSM-Symbolic", header, [], [])
+    table = Table(f"Table 3: GSM-Symbolic ({ACCURACY_RULE_SHORT})", header, [], [])
     evaluations: list[tuple[str, Callable[[str, str, str], float | None]]] = [
         (set_title(s), lambda model, method, train_set, s=s: cell(
             results, model, method, train_set, eval_metric(s, decoding, ACCURACY)))
@@ -121,7 +123,7 @@ def table_ablations(results: list[TrialResult], models: list[str], methods: list
     metric = eval_metric("gsm8k", decoding, ACCURACY)
     ablated = [m for m in models if any(cell(results, m, method, "gsm8k", metric) is not None for method in ABLATIONS)]
     columns = ablated or models
-    table = Table("Table 4: ablations (GSM8K)", ["Method", *map(model_name, columns)], [], [])
+    table = Table(f"Table 4: ablations (GSM8K; {ACCURACY_RULE_SHORT})", ["Method", *map(model_name, columns)], [], [])
     for method in (m for m in methods if m == "clozemath" or m in ABLATIONS):
         row = [cell(results, model, method, "gsm8k", metric) for model in columns]
         if any(value is not None for value in row):
@@ -170,8 +172,8 @@ def results_tables(results: list[TrialResult]) -> list[TextTable]:
         rows = [[method_name(method, REPLICATION_NAMES),
                  *(_spread(percents(measured_on(trials, method, column), column)) for column in columns)]
                 for method in ordered((r.method for r in trials), REPLICATION_METHODS)]
-        title = (f"Results: {model_name(model)} trained on {set_title(train_set)}, "
-                 "accuracy (%), mean ± std over seeds (n)")
+        title = (f"Results: {model_name(model)} trained on {set_title(train_set)}, accuracy (%), mean ± std over "
+                 f"seeds (n); {ACCURACY_RULE_SHORT}")
         tables.append(TextTable(title, ["Method", *map(column_name, columns)], 1, rows))
     return tables
 
@@ -182,15 +184,16 @@ def _mean_cell(trials: list[TrialResult], column: Column, stat: str) -> str:
     return "–" if not values else f"{statistics.fmean(values):.{1 if stat.endswith('share') else 2}f}"
 
 
-GRADING_STATS = (ACCURACY, STRICT_ACCURACY, FLEXIBLE_ACCURACY, FALLBACK_SHARE, CUT_SHARE, UNCUT_ACCURACY)
-GRADING_HEADER = ["Accuracy", "Strict", "Flexible", "Fallback share", "Cut share", "Accuracy uncut"]
+GRADING_STATS = (ACCURACY, STRICT_ACCURACY, LENIENT_ACCURACY, FALLBACK_SHARE, CUT_SHARE, UNCUT_ACCURACY)
+GRADING_HEADER = ["Accuracy", "Strict", "Lenient", "Fallback share", "Cut share", "Accuracy uncut"]
 
 
 def grading_tables(results: list[TrialResult]) -> list[TextTable]:
-    """Per training set and model: how each method's answers were graded, mean over seeds, in percent: its accuracy;
-    strict (only answers after `####`; the harness's strict-match for base) and flexible (the last number too; the
-    harness's flexible-extract); the share of answers the last-number fallback found; the share of generations cut at
-    `max_new_tokens` and the accuracy of the others."""
+    """Per training set and model: how each method's answers were graded, mean over seeds, in percent: its accuracy
+    (`ACCURACY_RULE_SHORT`); strict (only marked answers: after `####`, in `\\boxed{}`; the harness's strict-match for
+    base) and lenient (the last number of cut generations too: the rule before 2026-12-02; base: as accuracy); the
+    share of answers the last-number fallback found; the share of generations cut at `max_new_tokens` and the
+    accuracy of the others."""
     tables = []
     for (train_set, model), trials in blocks(results).items():
         rows = []
@@ -200,9 +203,9 @@ def grading_tables(results: list[TrialResult]) -> list[TextTable]:
                 if measured:
                     rows.append([column_name(column), method_name(method, REPLICATION_NAMES),
                                  *(_mean_cell(measured, column, stat) for stat in GRADING_STATS)])
-        title = (f"Grading: {model_name(model)} trained on {set_title(train_set)}, mean over seeds (%); strict counts "
-                 "only `####` answers (base: the harness's strict-match), flexible the last number too (base: "
-                 "flexible-extract)")
+        title = (f"Grading: {model_name(model)} trained on {set_title(train_set)}, mean over seeds (%); "
+                 f"{ACCURACY_RULE_SHORT}; strict counts only marked answers (base: the harness's strict-match), "
+                 "lenient also the last number of generations cut at max_new_tokens (the rule before 2026-12-02)")
         tables.append(TextTable(title, ["Evaluation", "Method", *GRADING_HEADER], 2, rows))
     return tables
 
@@ -215,22 +218,29 @@ def _comparison_row(comparison: Comparison) -> list[str]:
     labels = [column_name(comparison.evaluation), method_name(comparison.method, REPLICATION_NAMES),
               method_name(comparison.reference, REPLICATION_NAMES)]
     seeds, problems = comparison.seeds, comparison.problems
-    if seeds is None or problems is None:
+    if problems is None:
         return [*labels, f"{comparison.gap:+.2f}", f"– ({comparison.missing}: difference of the means)", "–", "–", "–"]
-    return [*labels, f"{seeds.points:+.2f}", _interval(seeds), "yes" if seeds.excludes_zero else "no",
-            _interval(problems), f"{seeds.pairs} × {seeds.problems:,}"]
+    runs = f"{problems.method_runs} and {problems.reference_runs} × {problems.problems:,}"
+    if seeds is None:
+        return [*labels, f"{problems.points:+.2f}", f"– ({comparison.missing})", "not tested", _interval(problems), runs]
+    judged = ("excludes 0" if seeds.excludes_zero else "holds 0") + provisional_label(comparison)
+    paired = " (paired seeds)" if seeds.paired else ""
+    return [*labels, f"{seeds.points:+.2f}", _interval(seeds) + paired, judged, _interval(problems), runs]
 
 
 def comparison_tables(found: dict[Block, list[Comparison]]) -> list[TextTable]:
-    """Per training set and model, a row per comparison: the difference, its interval over seeds and problems (what
-    "excludes 0" judges), and its interval over problems alone (`clozemath.intervals`)."""
-    header = ["Evaluation", "Method", "vs", "Δ (pp)", "95% interval, seeds and problems", "Excludes 0",
-              "95% interval, problems only", "Seed pairs × problems"]
+    """Per training set and model, a row per comparison: the difference, its interval over training seeds and test
+    problems (what the verdict judges; provisional below `MIN_SEEDS` seeds of a trained method), and its interval
+    over problems alone (`clozemath.intervals`)."""
+    header = ["Evaluation", "Method", "vs", "Δ (pp)", "95% interval, seeds and problems", "Verdict",
+              "95% interval, problems only", "Runs × problems"]
     tables = []
     for (train_set, model), rows in found.items():
         if rows:
             title = (f"Comparisons: {model_name(model)} trained on {set_title(train_set)}, method - reference in "
-                     "accuracy points; the 95% interval resamples seeds, then problems (hierarchical bootstrap; "
-                     "\"excludes 0\" judges it), beside the interval over problems with the trained models held fixed")
+                     "accuracy points; the verdict judges the 95% interval over training seeds and test problems "
+                     "(crossed variance components, unpaired seeds unless the grid pairs them: clozemath.intervals), "
+                     f"provisional below {MIN_SEEDS} seeds; beside it the interval over problems with the trained "
+                     "models held fixed")
             tables.append(TextTable(title, header, 3, [_comparison_row(c) for c in rows]))
     return tables

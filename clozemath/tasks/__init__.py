@@ -26,9 +26,11 @@ def register(task: Task) -> Task:
     return TASKS.register(task.name, task)
 
 
-def grade(dataset: str, generation: str, gold: str, *, timeout_s: float = MATH_VERIFY_TIMEOUT_S) -> Graded:
-    """Extract the answer of `generation` and compare it with `gold` (the dataset's gold answer string)."""
-    return get_task(dataset).grade(generation, gold, timeout_s=timeout_s)
+def grade(dataset: str, generation: str, gold: str, *, ended: bool = True,
+          timeout_s: float = MATH_VERIFY_TIMEOUT_S) -> Graded:
+    """Extract the answer of `generation` and compare it with `gold` (the dataset's gold answer string); `ended`:
+    the generation ended on its own, not at `max_new_tokens` (`Task.grade`)."""
+    return get_task(dataset).grade(generation, gold, ended=ended, timeout_s=timeout_s)
 
 
 def few_shot_prompt(problem: Problem) -> str:

@@ -20,13 +20,30 @@ MARKED_RULES = frozenset({"strict", "boxed", "final_answer"})
 line); the other, `flexible` (the last number), is a fallback for generations that never mark one. Strict accuracy
 counts only answers found by these."""
 FALLBACK_RULE = "flexible"
+CUT_RULE = "cut"
+"""A generation cut at `max_new_tokens` before it marked an answer: wrong, whatever its last number (a model that
+loops repeats numbers until the cut, and the last of them is right by luck often enough to score)."""
+ACCURACY_RULE = ("the marked answer (after `####`, in `\\boxed{}`), else the last number of a generation that ended "
+                 "on its own (one cut at max_new_tokens without a marked answer is wrong); base models: the harness's "
+                 "strict-match")
+"""What `accuracy` counts."""
+ACCURACY_RULE_SHORT = "accuracy: the marked answer, else the last number of an uncut generation; base: strict-match"
+"""The same, short enough for every table's header."""
 
 
 @dataclass(frozen=True)
 class Graded:
     extracted: str | None
     correct: bool
-    rule: str  # how the answer was found: strict | flexible | boxed | final_answer | none
+    rule: str
+    """How the answer was found: strict | flexible | boxed | final_answer | none, or cut (`CUT_RULE`)."""
+    lenient: bool | None = None
+    """The verdict had the last-number fallback read cut generations too (the rule before 2026-12-02); None: the
+    same as `correct`."""
+
+    @property
+    def lenient_correct(self) -> bool:
+        return self.correct if self.lenient is None else self.lenient
 
 
 def first_turn(text: str, marker: str) -> str:
@@ -71,9 +88,14 @@ class Task:
     harness_filters: bool = False
     """Few-shot predictions graded by lm-evaluation-harness's `gsm8k` answer filters (strict-match first)."""
 
-    def grade(self, generation: str, gold: str, *, timeout_s: float = MATH_VERIFY_TIMEOUT_S) -> Graded:
-        """Extract the answer of `generation` and compare it with `gold`."""
-        return self.judge(self.find_answer(generation), generation, gold, timeout_s)
+    def grade(self, generation: str, gold: str, *, ended: bool = True, timeout_s: float = MATH_VERIFY_TIMEOUT_S
+              ) -> Graded:
+        """Extract the answer of `generation` and compare it with `gold`; `ended`: the generation ended on its own
+        (else it was cut at `max_new_tokens`, and the last-number fallback does not apply: `CUT_RULE`)."""
+        graded = self.judge(self.find_answer(generation), generation, gold, timeout_s)
+        if ended or graded.rule != FALLBACK_RULE:
+            return graded
+        return Graded(graded.extracted, False, CUT_RULE, lenient=graded.correct)
 
     def answer_span(self, text: str, marked_only: bool = False) -> tuple[int, int] | None:
         """Character offsets `[start, end)` in `text` of the answer `grade` extracts; `marked_only`: only an answer
