@@ -221,6 +221,10 @@ class TrainConfig(_Strict):
     """Seed s of this trial shares, by design, what pairing cancels with seed s of the other methods it is compared
     with (LoRA's initialisation and the data order: methods with the same samples, such as IT and W/o Text
     infilling). The report then pairs their seeds; by default methods' seeds are independent and compared unpaired."""
+    rerun: AtLeastZero = 0
+    """Which repetition of the same training run this is: it changes nothing in training, only the run's identity,
+    so that a grid axis `train.rerun: [0, 1]` trains each seed twice and the report shows the run-to-run noise floor
+    (same config, same seed) beside the differences between methods. The report's other tables use rerun 0."""
     output_dir: str = "runs"
     storage: str | None = None
     """Where Ray Train keeps the checkpoints a restarted worker resumes from: on a cluster, a folder every node sees

@@ -430,3 +430,33 @@ def test_seeds_are_paired_only_where_the_grid_declares_it(tmp_path: Path, capsys
     delta, over_seeds, judged, _, _ = cells(capsys.readouterr().out, "GSM8K greedy", "W/o Text infilling", "IT")
     assert delta == "+2.50" and over_seeds.endswith(" (paired seeds)") == paired
     assert judged == ("excludes 0" if paired else "holds 0") + ", provisional: 3 seeds"
+
+
+def test_reruns_of_a_seed_give_the_noise_floor_and_stay_out_of_the_other_tables(tmp_path: Path, capsys) -> None:
+    """IT seeds 0 and 1 (right on 120 and 124 of 400), and seed 0 run again (`train.rerun: 1`) right on 116 of the
+    same problems plus 6 others (problems 0-115 and 200-205: 122 right), 0.50 points from its first run; 10 answers
+    of 400 differ (116-119 and 200-205: 2.5%). The results table holds seeds 0 and 1 only; the rerun joins the trials' metrics."""
+    config = TrackingConfig(uri=f"sqlite:///{tmp_path / 'mlruns.db'}", experiment="reruns")
+    parent = tracking.start_run(config, "reruns", tags={"role": "grid"}).run_id
+    runs = {("0", 0): right_on(120, PROBLEMS), ("1", 0): right_on(124, PROBLEMS),
+            ("0", 1): {i: right or ("p200" <= i <= "p205") for i, right in right_on(116, PROBLEMS).items()}}
+    for (seed, rerun), correctness in runs.items():
+        tags = {"model": "smollm2-135m", "method": "it", "train_set": "gsm8k", "seed": seed, "role": "trial",
+                "trial": f"reruns/method=it,seed={seed},rerun={rerun}"}
+        run = tracking.start_run(config, tags["trial"], parent, tags)
+        run.log_params({"train.rerun": rerun})
+        folder = tmp_path / seed / str(rerun) / "predictions"
+        folder.mkdir(parents=True)
+        (folder / "gsm8k.jsonl").write_text("".join(
+            json.dumps({"id": i, "dataset": "gsm8k", "decoding": "greedy", "generation": "", "gold": "1",
+                        "correct": right}) + "\n" for i, right in correctness.items()))
+        run.log_artifacts(folder.parent, "eval")
+        run.log_metrics(1, {"eval/gsm8k/greedy/accuracy": sum(correctness.values()) / PROBLEMS})
+        run.end()
+    out_folder = tmp_path / "r"
+    assert main(["report", "--experiment", "reruns", "--tracking-uri", config.uri, "--out", str(out_folder)]) == 0
+    out = capsys.readouterr().out
+    assert cells(out.split("**Results")[1], "IT") == [f"30.50 ± {statistics.stdev([30, 31]):.2f} (2)"]
+    floor = out.split("**Run-to-run noise floor: SmolLM2-135M-Instruct trained on GSM8K")[1]
+    assert cells(floor, "GSM8K greedy", "IT") == ["1", "0.50", "0.50", "2.5"]
+    assert len(json.loads((out_folder / "trials.json").read_text())) == 3

@@ -35,8 +35,8 @@ class PredictionArtifacts:
         self._tracking_uri = tracking_uri
         self._runs: dict[str, list[Prediction]] = {}
         self._exported = bool(exported)
-        self._exported_runs: dict[str, tuple[str, str, str, str, str]] = {}
-        """Run id -> (model, method, training set, seed, run name), as the exports name the run."""
+        self._exported_runs: dict[str, tuple[str, str, str, str, str, str]] = {}
+        """Run id -> (model, method, training set, seed, run name, rerun), as the exports name the run."""
         for path in exported:
             runs, named = self._read_export(Path(path))
             self._runs |= runs
@@ -61,9 +61,9 @@ class PredictionArtifacts:
         or params: the export holds none)."""
         trials = []
         for run_id in sorted(self._exported_runs):
-            model, method, train_set, seed, run_name = self._exported_runs[run_id]
+            model, method, train_set, seed, run_name, rerun = self._exported_runs[run_id]
             trials.append(TrialResult(run_id, model, method, train_set, seed, metrics(self._runs[run_id]),
-                                      run_name=run_name))
+                                      run_name=run_name, rerun=int(rerun)))
         return trials
 
     def correctness(self, run_id: str, column: Column) -> dict[str, bool] | None:
@@ -85,16 +85,17 @@ class PredictionArtifacts:
         return found
 
     @staticmethod
-    def _read_export(path: Path) -> tuple[dict[str, list[Prediction]], dict[str, tuple[str, str, str, str, str]]]:
+    def _read_export(path: Path) -> tuple[dict[str, list[Prediction]], dict[str, tuple[str, str, str, str, str, str]]]:
         if not path.is_file():
             raise ClozeMathError(f"{path}: no such predictions export (`clozemath report --export-predictions`)")
         runs: dict[str, list[Prediction]] = defaultdict(list)
-        named: dict[str, tuple[str, str, str, str, str]] = {}
+        named: dict[str, tuple[str, str, str, str, str, str]] = {}
         for where, row in read_jsonl(path):
             if not isinstance(row.get("run_id"), str):
                 raise ClozeMathError(f"{where}: no 'run_id' (not a file `clozemath report --export-predictions` wrote)")
             runs[row["run_id"]].append(prediction_from_row({"generation": "", **row}, where))  # compact: none
-            named[row["run_id"]] = tuple(str(row.get(key, "")) for key in ("model", "method", "train_set", "seed", "run_name"))
+            fields = ("model", "method", "train_set", "seed", "run_name")
+            named[row["run_id"]] = (*(str(row.get(key, "")) for key in fields), str(row.get("rerun", 0)))
         return dict(runs), named
 
 
@@ -111,7 +112,7 @@ def export_predictions(results: list[TrialResult], artifacts: PredictionArtifact
         with io.TextIOWrapper(raw, encoding="utf-8", newline="\n") as handle:
             for r in ordered:
                 run = {"run_id": r.run_id, "run_name": r.run_name, "model": r.model, "method": r.method,
-                       "seed": r.seed, "train_set": r.train_set}
+                       "seed": r.seed, "rerun": r.rerun, "train_set": r.train_set}
                 for prediction in artifacts.predictions(r.run_id):
                     row = {key: value for key, value in asdict(prediction).items() if key not in dropped}
                     handle.write(json.dumps({**run, **row}, ensure_ascii=False) + "\n")

@@ -9,11 +9,18 @@ from pathlib import Path
 from clozemath.errors import ClozeMathError
 from clozemath.files import write_text_atomic
 from clozemath.report.artifacts import EXPORT_FILE, PredictionArtifacts, export_predictions
-from clozemath.report.compare import comparisons, orderings
+from clozemath.report.compare import comparisons, noise_floors, orderings
 from clozemath.report.figure import FIGURE_FILE, accuracy_curves, plot_accuracy_vs_steps
 from clozemath.report.render import Table, TextTable, to_latex, to_markdown
 from clozemath.report.runs import experiments_runs, trials_json
-from clozemath.report.tables import comparison_tables, compute_table, grading_tables, paper_tables, results_tables
+from clozemath.report.tables import (
+    comparison_tables,
+    compute_table,
+    grading_tables,
+    noise_floor_tables,
+    paper_tables,
+    results_tables,
+)
 
 TRIALS_FILE = "trials.json"
 SUMMARY_FILE = "summary.md"
@@ -55,10 +62,13 @@ def report(
         raise ClozeMathError("report: name an --experiment, or --predictions files to report from alone")
     folder = report_folder(names or ["predictions"], out)
     folder.mkdir(parents=True, exist_ok=True)
+    every = results
+    floors = noise_floor_tables(noise_floors(every, artifacts))
+    results = [r for r in every if r.rerun == 0]  # every table but the noise floor's: a seed's first run
     found = comparisons(results, artifacts)
     render: Callable[[Table | TextTable], str] = to_latex if latex else to_markdown
     tables: list[Table | TextTable] = [
-        *results_tables(results), *comparison_tables(found), *grading_tables(results),
+        *results_tables(results), *comparison_tables(found), *floors, *grading_tables(results),
         *(table for table in paper_tables(results, decoding) if table.values),
     ]
     text = "\n\n".join([*map(render, tables), compute_table(results)])
@@ -66,11 +76,11 @@ def report(
     write_text_atomic(tables_file, text + "\n")
     summary = orderings(found, decoding)
     write_text_atomic(folder / SUMMARY_FILE, summary + "\n")
-    write_text_atomic(folder / TRIALS_FILE, trials_json(results))
+    write_text_atomic(folder / TRIALS_FILE, trials_json(every))
     figure = plot_accuracy_vs_steps(accuracy_curves(tracking_uri, results, decoding), folder / FIGURE_FILE)
     written = [tables_file, folder / SUMMARY_FILE, folder / TRIALS_FILE, figure]
     if export is not None:
-        written.append(export_predictions(results, artifacts, folder / EXPORT_FILE, export))
+        written.append(export_predictions(every, artifacts, folder / EXPORT_FILE, export))
     for parent, runs in grids:
         print(f"grid run {parent.info.run_id} ({parent.info.run_name}): {len(runs)} trials")
     print()

@@ -5,6 +5,7 @@ predictions, and the paper's orderings against them (`clozemath.claims`)."""
 from __future__ import annotations
 
 import statistics
+from dataclasses import dataclass
 
 from clozemath.claims import PAPER_GSM8K, Comparison, orderings_paragraph, paper_pairs
 from clozemath.intervals import BySeed, problems_difference, seeds_difference
@@ -111,3 +112,51 @@ def orderings(found: dict[Block, list[Comparison]], decoding: str) -> str:
         if text:
             paragraphs.append(text)
     return "\n\n".join(paragraphs)
+
+
+@dataclass(frozen=True)
+class NoiseFloor:
+    """How much one training run differs from its repetition (same config, same seed: `train.rerun`) on one
+    evaluation: the floor under which a difference between methods could be the machine's, not the method's."""
+
+    evaluation: Column
+    method: str
+    pairs: int
+    """(seed, rerun) pairs against that seed's rerun 0."""
+    mean_gap: float
+    """Mean absolute accuracy difference, points."""
+    max_gap: float
+    differing: float | None
+    """Share of the problems whose verdict differs between the two runs, percent (None without predictions)."""
+
+
+def noise_floors(results: list[TrialResult], artifacts: PredictionArtifacts) -> dict[Block, list[NoiseFloor]]:
+    """Per training set and model, every method and evaluation whose seeds were rerun (`train.rerun` > 0): each
+    rerun against its seed's rerun 0."""
+    found: dict[Block, list[NoiseFloor]] = {}
+    for block, trials in blocks(results).items():
+        rows = []
+        for column in eval_columns(trials):
+            for method in ordered({r.method for r in trials}, REPLICATION_METHODS):
+                runs = measured_on(trials, method, column)
+                first = {r.seed: r for r in runs if r.rerun == 0}
+                pairs = [(first[r.seed], r) for r in runs if r.rerun > 0 and r.seed in first]
+                if pairs:
+                    rows.append(_noise_floor(column, method, pairs, artifacts))
+        if rows:
+            found[block] = rows
+    return found
+
+
+def _noise_floor(column: Column, method: str, pairs: list[tuple[TrialResult, TrialResult]],
+                 artifacts: PredictionArtifacts) -> NoiseFloor:
+    gaps = [abs(a - b) for first, again in pairs for a, b in [percents([first, again], column)]]
+    shares = []
+    for first, again in pairs:
+        one, two = artifacts.correctness(first.run_id, column), artifacts.correctness(again.run_id, column)
+        if one is None or two is None:
+            break
+        shared = set(one) & set(two)
+        shares.append(100 * sum(one[i] != two[i] for i in shared) / len(shared) if shared else 0.0)
+    differing = statistics.fmean(shares) if len(shares) == len(pairs) else None
+    return NoiseFloor(column, method, len(pairs), statistics.fmean(gaps), max(gaps), differing)

@@ -50,6 +50,8 @@ class TrialResult:
     tags: dict[str, str] = field(default_factory=dict)
     """The run's own tags (MLflow's `mlflow.*` ones left out)."""
     params: dict[str, str] = field(default_factory=dict)
+    rerun: int = 0
+    """`train.rerun`: 0 for the run every table but the noise floor's uses, k for its k-th repetition."""
 
 
 def grid_runs(tracking_uri: str, experiment: str, parent_run_id: str | None = None) -> tuple[Run, list[TrialResult]]:
@@ -100,6 +102,7 @@ def _trial_result(run: Run) -> TrialResult:
         run.info.run_id, model, f"{method} ({variant})" if variant else method, train_set, seed,
         dict(run.data.metrics), None if steps is None else int(steps), None if tokens is None else int(tokens),
         run.info.run_name or "", {k: v for k, v in tags.items() if not k.startswith("mlflow.")}, dict(params),
+        int(params.get("train.rerun", "0")),
     )
 
 
@@ -108,7 +111,7 @@ def _variant(trial: str, model: str, method: str, train_set: str) -> str:
     not seeds of one cell, so the method is reported as `it (lr=0.0001)`."""
     labels = {model, method, train_set}  # a bundle axis may carry another name (`train_set=gsm8k`)
     pairs = [pair.split("=", 1) for pair in trial.split("/", 1)[-1].split(",") if "=" in pair]
-    known = {"model", "method", "dataset", "seed"}
+    known = {"model", "method", "dataset", "seed", "rerun"}
     return ",".join(f"{key}={value}" for key, value in pairs if key not in known and value not in labels)
 
 
@@ -125,10 +128,10 @@ def experiments_runs(tracking_uri: str, experiments: Sequence[str], parent_run_i
     else:
         grids = [grid_runs(tracking_uri, name) for name in experiments]
         kind, labels = "experiments", [f"'{name}'" for name in experiments]
-    seen: dict[tuple[str, str, str, str], str] = {}
+    seen: dict[tuple[str, str, str, str, int], str] = {}
     for label, (_, runs) in zip(labels, grids):
         for r in runs:
-            key = (r.model, r.method, r.train_set, r.seed)
+            key = (r.model, r.method, r.train_set, r.seed, r.rerun)
             if seen.setdefault(key, label) != label:
                 raise ClozeMathError(f"{kind} {seen[key]} and {label} both hold {r.method} seed {r.seed} of {r.model} "
                                      f"on {r.train_set}: report them apart")

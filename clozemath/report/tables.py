@@ -21,6 +21,7 @@ from clozemath.records import (
     UNCUT_ACCURACY,
     eval_metric,
 )
+from clozemath.report.compare import NoiseFloor
 from clozemath.report.names import (
     ABLATIONS,
     BASE_DECODING,
@@ -38,8 +39,8 @@ from clozemath.report.names import (
     set_title,
 )
 from clozemath.report.render import Table, TextTable
-from clozemath.tasks.base import ACCURACY_RULE_SHORT
 from clozemath.report.runs import TrialResult, blocks, eval_columns, measured_on, percents
+from clozemath.tasks.base import ACCURACY_RULE_SHORT
 
 
 def _mean(values: list[float]) -> float | None:
@@ -243,4 +244,18 @@ def comparison_tables(found: dict[Block, list[Comparison]]) -> list[TextTable]:
                      f"provisional below {MIN_SEEDS} seeds; beside it the interval over problems with the trained "
                      "models held fixed")
             tables.append(TextTable(title, header, 3, [_comparison_row(c) for c in rows]))
+    return tables
+
+
+def noise_floor_tables(found: dict[Block, list[NoiseFloor]]) -> list[TextTable]:
+    """Per training set and model with reruns: each method's run-to-run difference at the same config and seed."""
+    header = ["Evaluation", "Method", "Reruns", "Mean |Δ| (pp)", "Max |Δ| (pp)", "Answers that differ (%)"]
+    tables = []
+    for (train_set, model), rows in found.items():
+        title = (f"Run-to-run noise floor: {model_name(model)} trained on {set_title(train_set)}, each rerun of a seed "
+                 "(same config, same seed: train.rerun) against its first run; a difference between methods below "
+                 "it could be the machine's")
+        tables.append(TextTable(title, header, 2, [
+            [column_name(f.evaluation), method_name(f.method, REPLICATION_NAMES), str(f.pairs), f"{f.mean_gap:.2f}",
+             f"{f.max_gap:.2f}", "–" if f.differing is None else f"{f.differing:.1f}"] for f in rows]))
     return tables
