@@ -417,14 +417,15 @@ SHAPE = ModelShape(layers=2, kv_heads=2, head_dim=4, hidden=8, intermediate=16, 
 
 
 def test_bytes_per_prompt_by_hand():
-    # 2 (K, V) x 2 layers x 2 heads x 4 dims x 2 bytes = 64 bytes a position; 10 + 20 positions round up to 32
-    row = 64 * (32 + 10) + 4 * 10 * 4  # the static cache, the prompt pass's cache, 4 float32 vocabulary rows
+    # 2 (K, V) x 2 layers x 2 heads x 4 dims x 2 bytes = 64 bytes a position; 10 + 20 positions round up to a block
+    # of 128
+    row = 64 * (128 + 10) + 4 * 10 * 4  # the static cache, the prompt pass's cache, 4 float32 vocabulary rows
     prompt_pass = 10 * (4 * 8 + 2 * 16) * 2 + 10 * 10 * 2  # activations, the 4D mask
-    assert bytes_per_prompt(SHAPE, width=10, max_new_tokens=20, copies=5) == 5 * row + prompt_pass == 15720
+    assert bytes_per_prompt(SHAPE, width=10, max_new_tokens=20, copies=5) == 5 * row + prompt_pass == 46440
 
 
 def test_auto_batch_size_fills_its_share_of_free_memory():
-    fits_ten = 10 * 15720 / 0.8
+    fits_ten = 10 * 46440 / 0.8
     assert auto_batch_size(SHAPE, int(fits_ten), 10, 20, copies=5, prompts=100) == 10
     assert auto_batch_size(SHAPE, int(fits_ten) - 1, 10, 20, copies=5, prompts=100) == 9
     assert auto_batch_size(SHAPE, int(fits_ten), 10, 20, copies=5, prompts=3) == 3  # no more than there are

@@ -58,7 +58,7 @@ def decode(
         engine = "graphs" if model.device.type == "cuda" else "eager"
     job = Job(
         model, tokenizer, encoded, pad_id, stops, settings, stats if stats is not None else DecodeStats(),
-        copies=scheme.copies(settings, len(tokenizer)),
+        copies=scheme.copies(settings, len(tokenizer)), slots=slots_for(max(map(len, encoded)), stops.max_new_tokens),
     )
     size = batch_size(settings.batch_size, model, encoded, settings.max_new_tokens, job.copies)
     results: list[Generation | None] = [None] * len(encoded)
@@ -94,7 +94,7 @@ def _decode_part(
 def _check(model: Any, tokenizer: PreTrainedTokenizerBase, scheme: Decoding, settings: DecodeSettings) -> None:
     """Settings, model and tokenizer `decode` cannot work with: a one-line error before any work."""
     if settings.engine not in ENGINES:
-        raise ClozeMathError(f"decode: unknown engine '{settings.engine}' (auto, eager, static or graphs)")
+        raise ClozeMathError(f"decode: unknown engine '{settings.engine}' (auto, eager, static, graphs or compiled)")
     batch = settings.batch_size
     if min(settings.max_new_tokens, settings.num_beams, settings.cot_k) < 1 or (batch != "auto" and batch < 1):
         raise ClozeMathError("decode: max_new_tokens, batch_size, num_beams and cot_k must be at least 1")
@@ -143,12 +143,12 @@ def _engine_parts(
     model: Any, encoded: list[list[int]], max_new_tokens: int, engine: RunEngine
 ) -> list[tuple[RunEngine, list[int]]]:
     """The prompts' indices, longest first, with the engine each decodes with: the static engines fall back to the
-    eager one for prompts whose static cache would outgrow a sliding window (`static.sliding_window`)."""
+    eager one for prompts that would outgrow a sliding window with their generation (`static.sliding_window`)."""
     order = longest_first([len(ids) for ids in encoded])
     window = sliding_window(model)
     if engine == "eager" or window is None:
         return [(engine, order)]
-    too_long = [index for index in order if slots_for(len(encoded[index]), max_new_tokens) > window]
+    too_long = [index for index in order if len(encoded[index]) + max_new_tokens > window]
     if not too_long:
         return [(engine, order)]
     warnings.warn(f"decode: the static cache of the model's sliding-window layers holds {window} tokens; "
