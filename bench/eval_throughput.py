@@ -17,10 +17,11 @@ CoT-decoding, on every side:
 
 `generate` runs under the same sdpa backends as ours (`decoding.SDPA_BACKENDS`: not cuDNN's, which plans every new
 shape), unless `--reference-cudnn`. Every side is first warmed on the set's first batch (`--warmup-tokens` new
-tokens; ours at full length, so that what it compiles for the run's shapes, its attention and with `--engine compiled`
-its step, is compiled before the timed pass, and that warm-up's time is printed). Beam search is `generate(num_beams=...)`. CoT-decoding has no `generate` of its own: one forward pass gives
-each prompt's top-k first tokens, then one `generate` over the k x B branch rows (each prompt's k copies with their
-forced first token, left-padded), recording each step's margin p(top-1) - p(top-2) as CoT-decoding scores with.
+tokens; ours at full length, so that the attention it compiles for the run's shapes is compiled before the timed
+pass, and that warm-up's time is printed). Beam search is `generate(num_beams=...)`. CoT-decoding has no `generate` of
+its own: one forward pass gives each prompt's top-k first tokens, then one `generate` over the k x B branch rows (each
+prompt's k copies with their forced first token, left-padded), recording each step's margin p(top-1) - p(top-2) as
+CoT-decoding scores with.
 
 Each row also gives the bytes a decoding step must read (`bench/limits.py`: the weights once, plus the live rows'
 key-value cache at their mean live context) and the share of the card's memory bandwidth that makes over the pass.
@@ -328,8 +329,6 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--dtype", choices=["auto", "float32", "bfloat16"], default="auto",
                         help="auto: bfloat16 on GPU, float32 on CPU")
     parser.add_argument("--attn", choices=["sdpa", "eager"], default="sdpa")
-    parser.add_argument("--engine", choices=["auto", "graphs", "compiled"], default="auto",
-                        help="ours' engine (`DecodeSettings.engine`; default: %(default)s)")
     parser.add_argument("--eager-engine", choices=["static", "eager"], default="static",
                         help="our side without CUDA graphs: static, the graph engine's own steps run eagerly (the same "
                         "kernels, so agreement measures what the graphs change); eager, the DynamicCache loop CPU runs "
@@ -393,7 +392,7 @@ class Measured:
 
 def side_settings(side: str, args: argparse.Namespace, rows: int) -> str:
     return {
-        "ours": f"clozemath decode{'' if args.engine == 'auto' else f', engine {args.engine}'}, batch {rows}",
+        "ours": f"clozemath decode, batch {rows}",
         "eager": f"clozemath decode, engine {args.eager_engine}, batch {rows}",
         "generate": f"HF generate, dynamic cache, batch {rows}",
         "generate-static": f"HF generate, static cache (compiled by transformers), batch {rows}",
@@ -410,16 +409,14 @@ def run_scheme(scheme: str, args: argparse.Namespace, model, tokenizer, prompts,
     warm = replace(settings, max_new_tokens=max(2, min(args.warmup_tokens, settings.max_new_tokens)))
     attention = args.prompt_attention
 
-    _, warm_seconds = timed(device, lambda: ours(model, tokenizer, first_batch, scheme, settings, attention,
-                                                  args.engine))
+    _, warm_seconds = timed(device, lambda: ours(model, tokenizer, first_batch, scheme, settings, attention))
     print(f"{scheme}: ours' warm-up over the first batch (full length: its compiles, at the run's shapes): "
           f"{warm_seconds:.1f} s", flush=True)
-    our_generations, our_seconds = timed(
-        device, lambda: ours(model, tokenizer, prompts, scheme, settings, attention, args.engine))
+    our_generations, our_seconds = timed(device, lambda: ours(model, tokenizer, prompts, scheme, settings, attention))
     measured = [Measured("ours", side_settings("ours", args, rows), our_seconds)]
     if args.profile:
         profile_pass(args.profile, scheme, device, lambda: ours(model, tokenizer, first_batch, scheme, settings,
-                                                                attention, args.engine))
+                                                                attention))
     if "eager" in args.sides:
         ours(model, tokenizer, first_batch, scheme, warm, attention, args.eager_engine)
         eager, seconds = timed(

@@ -474,6 +474,31 @@ def test_beam_search_with_a_stop_string_and_several_eos_ids_equals_generate(mode
     assert {g.finish_reason for g in ours} >= {"stop", "eos"}
 
 
+@pytest.mark.parametrize("positions", [[0, 127, 128, 300, 383], [383, 5, 255, 256, 129]])
+def test_the_step_attends_each_row_s_slots_up_to_its_position(positions):
+    """The static step's block mask (its live blocks updated in place from the positions, as the step does): the
+    blocks FlexAttention's own `create_block_mask` finds for `slot <= position`, and attention over it is attention
+    over those slots alone."""
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+    from clozemath.eval.decoding.static import live_block_mask, update_live_blocks
+
+    rows, group, slots = len(positions), 3, 384
+    position = torch.zeros(rows, dtype=torch.long)
+    mask, live_blocks = live_block_mask(position, group, slots)
+    position.copy_(torch.tensor(positions))
+    update_live_blocks(live_blocks, position)
+    expected = create_block_mask(lambda b, h, q, kv: kv <= position[b], rows, 1, group, slots, device="cpu")
+    assert torch.equal(mask.to_dense(), expected.to_dense())
+
+    torch.manual_seed(0)
+    query = torch.randn(rows, 2, group, 16)
+    key, value = torch.randn(rows, 2, slots, 16), torch.randn(rows, 2, slots, 16)
+    closed = torch.arange(slots) > position[:, None, None, None]
+    expected_out = (query @ key.transpose(-1, -2) / 4).masked_fill(closed, -torch.inf).softmax(-1) @ value
+    torch.testing.assert_close(flex_attention(query, key, value, block_mask=mask, scale=0.25), expected_out)
+
+
 # --------------------------------------------------------------------------------------------------------------
 # The static engine's continuous batching: a prompt's rows, once ended, go to the next waiting prompt
 

@@ -15,7 +15,7 @@ from clozemath.eval.decoding.settings import DecodeSettings
 from clozemath.eval.decoding.static import StaticBatch
 from clozemath.eval.decoding.tokens import Generation, Stops
 
-RunEngine = Literal["eager", "static", "graphs", "compiled"]
+RunEngine = Literal["eager", "static", "graphs"]
 """An engine a batch runs on (`settings.Engine` less "auto", which `decode` resolves)."""
 Emit = Callable[[int, Generation], None]
 """Takes a prompt's generation (by the prompt's index) once it is done."""
@@ -70,8 +70,8 @@ class Job:
                 passed.repeat(self.copies)
             return passed, logits
         batch = StaticBatch(
-            self.model, len(indices) * self.copies, self.slots, passed.cache, engine, vocab=self.stops.vocab,
-            margins=False,
+            self.model, len(indices) * self.copies, self.slots, passed.cache, graphs=engine == "graphs",
+            vocab=self.stops.vocab, margins=False,
         )
         sources = [prompt for prompt in range(len(indices)) for _ in range(self.copies)]
         batch.place(range(len(sources)), passed, sources, [len(self.prompts[indices[p]]) for p in sources])

@@ -16,7 +16,7 @@ import torch
 
 from clozemath.eval.decoding.eager import KVBatch
 from clozemath.eval.decoding.job import Decoding, Emit, Job, RunEngine, batches
-from clozemath.eval.decoding.static import StaticBatch, StaticEngine
+from clozemath.eval.decoding.static import StaticBatch
 from clozemath.eval.decoding.tokens import Generation, Row, TextStream, greedy_choice, top2_margin
 
 _COMPACT_SHARE = 0.25
@@ -46,7 +46,7 @@ class RowDecoding(Decoding):
 
     def decode(self, job: Job, indices: list[int], size: int, engine: RunEngine, emit: Emit) -> None:
         if engine != "eager":
-            _Refilling(self, job, indices, size, engine, emit).run()
+            _Refilling(self, job, indices, size, engine == "graphs", emit).run()
             return
         for batch_indices in batches(indices, size):
             batch, logits = job.batch(batch_indices, "eager")
@@ -99,10 +99,8 @@ class _Refilling:
     the next steps.
     """
 
-    def __init__(
-        self, decoding: RowDecoding, job: Job, order: Sequence[int], size: int, engine: StaticEngine, emit: Emit
-    ):
-        self.decoding, self.job, self.engine, self.emit = decoding, job, engine, emit
+    def __init__(self, decoding: RowDecoding, job: Job, order: Sequence[int], size: int, graphs: bool, emit: Emit):
+        self.decoding, self.job, self.graphs, self.emit = decoding, job, graphs, emit
         self.units = min(size, len(order))  # a unit: one prompt's rows
         self.waiting = deque(order)
         self.batch: StaticBatch | None = None
@@ -142,7 +140,7 @@ class _Refilling:
         tokens, margins = self.decoding.first(logits, job)
         if self.batch is None:
             self.batch = StaticBatch(
-                job.model, self.units * copies, job.slots, passed.cache, self.engine, job.stops.vocab,
+                job.model, self.units * copies, job.slots, passed.cache, self.graphs, job.stops.vocab,
                 margins is not None,
             )
         else:

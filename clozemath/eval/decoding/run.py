@@ -94,7 +94,7 @@ def _decode_part(
 def _check(model: Any, tokenizer: PreTrainedTokenizerBase, scheme: Decoding, settings: DecodeSettings) -> None:
     """Settings, model and tokenizer `decode` cannot work with: a one-line error before any work."""
     if settings.engine not in ENGINES:
-        raise ClozeMathError(f"decode: unknown engine '{settings.engine}' (auto, eager, static, graphs or compiled)")
+        raise ClozeMathError(f"decode: unknown engine '{settings.engine}' (auto, eager, static or graphs)")
     batch = settings.batch_size
     if min(settings.max_new_tokens, settings.num_beams, settings.cot_k) < 1 or (batch != "auto" and batch < 1):
         raise ClozeMathError("decode: max_new_tokens, batch_size, num_beams and cot_k must be at least 1")

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from functools import cache
-from typing import Any, Literal
+from typing import Any
 
 import torch
 from torch.nn.attention.flex_attention import BlockMask, flex_attention
@@ -29,11 +29,9 @@ _KV_BLOCK = 128
 """Cache positions a block of FlexAttention's block mask holds (its default): a step reads a row's blocks up to the
 one its position is in."""
 _RECOMPILES = 64
-"""Shapes (rows, slots, heads) the compiled attention and step may take in one process (Dynamo's default limit, 8,
-would let later ones fall back to eager code: a grid's evaluation decodes many sets, decodings and batch sizes)."""
-StaticEngine = Literal["static", "graphs", "compiled"]
-"""How a `StaticBatch` steps: eagerly ("static"), replayed as CUDA graphs ("graphs"), or compiled by torch.compile and
-replayed as CUDA graphs ("compiled"; on a CPU compiled alone)."""
+"""Shapes (rows, slots, heads) the compiled attention may take in one process (Dynamo's default limit, 8, would let
+later ones fall back to FlexAttention's unfused eager code: a grid's evaluation decodes many sets, decodings and batch
+sizes)."""
 
 
 def slots_for(width: int, max_new_tokens: int) -> int:
@@ -48,11 +46,6 @@ def sliding_window(model: Any) -> int | None:
     if "sliding_attention" not in (getattr(config, "layer_types", None) or ()):
         return None
     return getattr(config, "sliding_window", None)
-
-
-def _recompile_limit() -> Any:
-    """Dynamo's recompile limit raised to `_RECOMPILES` (a context)."""
-    return torch._dynamo.config.patch(recompile_limit=_RECOMPILES)
 
 
 @cache
@@ -75,10 +68,10 @@ def _flex_decode_attention(
     rows, heads, _, dim = query.shape
     kv_heads = key.shape[1]
     grouped = query.view(rows, kv_heads, heads // kv_heads, dim)
-    if query.is_cuda and not torch.compiler.is_compiling():
-        with _recompile_limit():
+    if query.is_cuda:
+        with torch._dynamo.config.patch(recompile_limit=_RECOMPILES):
             out = _compiled_flex()(grouped, key, value, block_mask=attention_mask, scale=scaling)
-    else:  # inside the compiled step (its own trace), or on the CPU (the tests: FlexAttention's reference code)
+    else:  # the CPU runs the tests: FlexAttention's reference code, the same function of the same mask
         out = flex_attention(grouped, key, value, block_mask=attention_mask, scale=scaling)
     return out.view(rows, 1, heads, dim), None
 
@@ -115,14 +108,13 @@ class _SlotLayer(StaticLayer):
     def __init__(self, keys: torch.Tensor, values: torch.Tensor, positions: torch.Tensor):
         super().__init__(max_cache_len=keys.shape[2])
         self.keys, self.values, self.device, self.is_initialized = keys, values, keys.device, True
-        self._positions = positions
-        """The batch's positions tensor itself: the slot indices are views of it made at each update, not kept (the
-        compiled step takes no two inputs that share memory)."""
+        rows = keys.shape[0]
+        self._key_slots = positions.view(rows, 1, 1, 1).expand(rows, keys.shape[1], 1, keys.shape[3])
+        self._value_slots = positions.view(rows, 1, 1, 1).expand(rows, values.shape[1], 1, values.shape[3])
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any):
-        slots = self._positions.view(-1, 1, 1, 1)
-        self.keys.scatter_(2, slots.expand(-1, self.keys.shape[1], 1, self.keys.shape[3]), key_states)
-        self.values.scatter_(2, slots.expand(-1, self.values.shape[1], 1, self.values.shape[3]), value_states)
+        self.keys.scatter_(2, self._key_slots, key_states)
+        self.values.scatter_(2, self._value_slots, value_states)
         return self.keys, self.values
 
 
@@ -136,7 +128,7 @@ def _on_device(values: Sequence[int], device: torch.device) -> torch.Tensor:
 
 class StaticBatch:
     """Rows decoding over a preallocated cache of `slots` positions a row, in place and in fixed shapes, so that the
-    step can be replayed as a CUDA graph (`engine`: `StaticEngine`).
+    step can be replayed as a CUDA graph (`graphs=True`; else it runs eagerly, the same kernels).
 
     A row holds its prompt at slots 0..len-1 and its generated tokens after. The step's inputs live in fixed tensors:
     each row's token and its position (the slot the step writes); a row attends its slots up to its position (its
@@ -150,15 +142,12 @@ class StaticBatch:
 
     drops_rows = False
 
-    def __init__(
-        self, model: Any, rows: int, slots: int, like: Any, engine: StaticEngine, vocab: int, margins: bool
-    ):
+    def __init__(self, model: Any, rows: int, slots: int, like: Any, graphs: bool, vocab: int, margins: bool):
         """`like`: a prompt pass's cache, for each layer's heads, head size and dtype. `slots`: a multiple of
         `_KV_BLOCK` (`slots_for`)."""
         device = like.layers[0].keys.device
         self.model, self.slots, self.sync_every, self._vocab = model, slots, _GPU_SYNC_EVERY, vocab
-        self._graphs = engine != "static" and device.type == "cuda"
-        self._step = _compiled_step() if engine == "compiled" else _step
+        self._graphs = graphs
         self._positions = torch.zeros(rows, dtype=torch.long, device=device)
         self.cache = Cache(layers=[
             _SlotLayer(
@@ -212,14 +201,19 @@ class StaticBatch:
 
     def _forward(self) -> torch.Tensor:
         """One step: every row feeds its token at its position (and slot); the next-token logits [rows, vocab]."""
+        update_live_blocks(self._live_blocks, self._positions)
         config = self.model.config
         implementation = config._attn_implementation
         config._attn_implementation = _DECODE_ATTENTION
         try:
-            with _recompile_limit():
-                return self._step(self.model, self.cache, self._tokens, self._positions, self._mask, self._live_blocks)
+            out = self.model(
+                input_ids=self._tokens[:, None], attention_mask=self._mask, position_ids=self._positions[:, None],
+                past_key_values=self.cache, use_cache=True,
+            )
         finally:
             config._attn_implementation = implementation
+        self._positions.add_(1).clamp_(max=self.slots - 1)  # only an ended row gets there: live ones stop 1 before
+        return out.logits[:, -1]
 
     def _choose(self) -> torch.Tensor:
         """One step, then each row's greedy choice (and margin) as its next token, kept in the history's next column."""
@@ -258,7 +252,8 @@ class StaticBatch:
 
     def advance(self, steps: int) -> None:
         """`steps` (at most `sync_every`) greedy steps, their tokens and margins kept on the device. With graphs, a
-        full look's steps replay one graph, captured (not run: capture records) once a step has run."""
+        full look's steps replay one graph, captured (not run: capture records) once a step has run. (Its launch and
+        capture may cost more than they save: bench/results/decode_flex_h200_2026-12-02/README.md.)"""
         self._column.fill_(1)
         if self._graph is not None and steps == self.sync_every:
             if self._chunk is None:
@@ -294,27 +289,6 @@ class StaticBatch:
             for states in (layer.keys, layer.values):
                 generated = states[:, :, first:end]
                 generated.copy_(generated.index_select(0, index))
-
-
-def _step(
-    model: Any, cache: Cache, tokens: torch.Tensor, positions: torch.Tensor, mask: BlockMask, live_blocks: torch.Tensor
-) -> torch.Tensor:
-    """`StaticBatch`'s step on its tensors, in place: each row's token fed at its position (the cache writes that
-    slot, the row attends its slots up to it), the positions advanced; the next-token logits [rows, vocab]."""
-    update_live_blocks(live_blocks, positions)
-    out = model(
-        input_ids=tokens[:, None], attention_mask=mask, position_ids=positions[:, None], past_key_values=cache,
-        use_cache=True,
-    )
-    positions.add_(1).clamp_(max=mask.seq_lengths[1] - 1)  # only an ended row gets there: live ones stop 1 before
-    return out.logits[:, -1]
-
-
-@cache
-def _compiled_step() -> Callable[..., torch.Tensor]:
-    """`_step` under torch.compile (Inductor fuses the step's small kernels: norms, rotary, activations, casts), made
-    once a process, one specialization per shape."""
-    return torch.compile(_step, dynamic=False)
 
 
 def _query_group(model: Any) -> int:
