@@ -17,9 +17,11 @@ CoT-decoding, on every side:
 
 `generate` runs under the same sdpa backends as ours (`decoding.SDPA_BACKENDS`: not cuDNN's, which plans every new
 shape), unless `--reference-cudnn`. Every side is first warmed on the set's first batch (`--warmup-tokens` new
-tokens). Beam search is `generate(num_beams=...)`. CoT-decoding has no `generate` of its own: one forward pass gives
-each prompt's top-k first tokens, then one `generate` over the k x B branch rows (each prompt's k copies with their
-forced first token, left-padded), recording each step's margin p(top-1) - p(top-2) as CoT-decoding scores with.
+tokens; ours at full length, so that the attention it compiles for the run's shapes is compiled before the timed
+pass, and that warm-up's time is printed). Beam search is `generate(num_beams=...)`. CoT-decoding has no `generate` of
+its own: one forward pass gives each prompt's top-k first tokens, then one `generate` over the k x B branch rows (each
+prompt's k copies with their forced first token, left-padded), recording each step's margin p(top-1) - p(top-2) as
+CoT-decoding scores with.
 
 Each row also gives the bytes a decoding step must read (`bench/limits.py`: the weights once, plus the live rows'
 key-value cache at their mean live context) and the share of the card's memory bandwidth that makes over the pass.
@@ -407,7 +409,9 @@ def run_scheme(scheme: str, args: argparse.Namespace, model, tokenizer, prompts,
     warm = replace(settings, max_new_tokens=max(2, min(args.warmup_tokens, settings.max_new_tokens)))
     attention = args.prompt_attention
 
-    ours(model, tokenizer, first_batch, scheme, warm, attention)
+    _, warm_seconds = timed(device, lambda: ours(model, tokenizer, first_batch, scheme, settings, attention))
+    print(f"{scheme}: ours' warm-up over the first batch (full length: its compiles, at the run's shapes): "
+          f"{warm_seconds:.1f} s", flush=True)
     our_generations, our_seconds = timed(device, lambda: ours(model, tokenizer, prompts, scheme, settings, attention))
     measured = [Measured("ours", side_settings("ours", args, rows), our_seconds)]
     if args.profile:

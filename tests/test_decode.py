@@ -417,14 +417,15 @@ SHAPE = ModelShape(layers=2, kv_heads=2, head_dim=4, hidden=8, intermediate=16, 
 
 
 def test_bytes_per_prompt_by_hand():
-    # 2 (K, V) x 2 layers x 2 heads x 4 dims x 2 bytes = 64 bytes a position; 10 + 20 positions round up to 32
-    row = 64 * (32 + 10) + 4 * 10 * 4  # the static cache, the prompt pass's cache, 4 float32 vocabulary rows
+    # 2 (K, V) x 2 layers x 2 heads x 4 dims x 2 bytes = 64 bytes a position; 10 + 20 positions round up to a block
+    # of 128
+    row = 64 * (128 + 10) + 4 * 10 * 4  # the static cache, the prompt pass's cache, 4 float32 vocabulary rows
     prompt_pass = 10 * (4 * 8 + 2 * 16) * 2 + 10 * 10 * 2  # activations, the 4D mask
-    assert bytes_per_prompt(SHAPE, width=10, max_new_tokens=20, copies=5) == 5 * row + prompt_pass == 15720
+    assert bytes_per_prompt(SHAPE, width=10, max_new_tokens=20, copies=5) == 5 * row + prompt_pass == 46440
 
 
 def test_auto_batch_size_fills_its_share_of_free_memory():
-    fits_ten = 10 * 15720 / 0.8
+    fits_ten = 10 * 46440 / 0.8
     assert auto_batch_size(SHAPE, int(fits_ten), 10, 20, copies=5, prompts=100) == 10
     assert auto_batch_size(SHAPE, int(fits_ten) - 1, 10, 20, copies=5, prompts=100) == 9
     assert auto_batch_size(SHAPE, int(fits_ten), 10, 20, copies=5, prompts=3) == 3  # no more than there are
@@ -471,6 +472,31 @@ def test_beam_search_with_a_stop_string_and_several_eos_ids_equals_generate(mode
             assert generation.finish_reason == ("eos" if ends else "length")
     assert [g.score for g in ours] == pytest.approx(out.sequences_scores.tolist(), abs=1e-4)
     assert {g.finish_reason for g in ours} >= {"stop", "eos"}
+
+
+@pytest.mark.parametrize("positions", [[0, 127, 128, 300, 383], [383, 5, 255, 256, 129]])
+def test_the_step_attends_each_row_s_slots_up_to_its_position(positions):
+    """The static step's block mask (its live blocks updated in place from the positions, as the step does): the
+    blocks FlexAttention's own `create_block_mask` finds for `slot <= position`, and attention over it is attention
+    over those slots alone."""
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+    from clozemath.eval.decoding.static import live_block_mask, update_live_blocks
+
+    rows, group, slots = len(positions), 3, 384
+    position = torch.zeros(rows, dtype=torch.long)
+    mask, live_blocks = live_block_mask(position, group, slots)
+    position.copy_(torch.tensor(positions))
+    update_live_blocks(live_blocks, position)
+    expected = create_block_mask(lambda b, h, q, kv: kv <= position[b], rows, 1, group, slots, device="cpu")
+    assert torch.equal(mask.to_dense(), expected.to_dense())
+
+    torch.manual_seed(0)
+    query = torch.randn(rows, 2, group, 16)
+    key, value = torch.randn(rows, 2, slots, 16), torch.randn(rows, 2, slots, 16)
+    closed = torch.arange(slots) > position[:, None, None, None]
+    expected_out = (query @ key.transpose(-1, -2) / 4).masked_fill(closed, -torch.inf).softmax(-1) @ value
+    torch.testing.assert_close(flex_attention(query, key, value, block_mask=mask, scale=0.25), expected_out)
 
 
 # --------------------------------------------------------------------------------------------------------------

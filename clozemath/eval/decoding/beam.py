@@ -57,10 +57,10 @@ def _search(batch: KVBatch | StaticBatch, logits: torch.Tensor, job: Job) -> lis
     stops, max_new = job.stops, job.stops.max_new_tokens
     beams = _Beams(logits.shape[0], logits.device, job)
     sync_every = 1 if stops.strings else batch.sync_every
-    log_probs = without_padding(logits.float().log_softmax(dim=-1), stops).repeat_interleave(beams.beams, dim=0)
+    log_probs = without_padding(_log_softmax(logits), stops).repeat_interleave(beams.beams, dim=0)
     for t in range(max_new):
         if t > 0:
-            log_probs = batch.step(beams.running[:, :, t - 1].flatten()).float().log_softmax(dim=-1)
+            log_probs = _log_softmax(batch.step(beams.running[:, :, t - 1].flatten()))
             log_probs = without_padding(log_probs, stops)
         rows = beams.advance(t, log_probs)
         if (t + 1) % sync_every and t + 1 < max_new:
@@ -75,6 +75,11 @@ def _search(batch: KVBatch | StaticBatch, logits: torch.Tensor, job: Job) -> lis
             continue
         batch.take(beams.keep([position for position, is_done in enumerate(done_list) if not is_done], rows))
     return [result for result in beams.results if result is not None]
+
+
+def _log_softmax(logits: torch.Tensor) -> torch.Tensor:
+    """log p in float32, read from the logits as they are (the values of a float32 copy's, without writing one)."""
+    return logits.log_softmax(dim=-1, dtype=torch.float32)
 
 
 class _Beams:

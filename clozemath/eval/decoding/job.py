@@ -12,7 +12,7 @@ from transformers import PreTrainedTokenizerBase
 
 from clozemath.eval.decoding.eager import KVBatch, prefill
 from clozemath.eval.decoding.settings import DecodeSettings
-from clozemath.eval.decoding.static import StaticBatch, slots_for
+from clozemath.eval.decoding.static import StaticBatch
 from clozemath.eval.decoding.tokens import Generation, Stops
 
 RunEngine = Literal["eager", "static", "graphs"]
@@ -48,6 +48,9 @@ class Job:
     stats: DecodeStats
     copies: int
     """Rows a prompt takes (`Decoding.copies`)."""
+    slots: int
+    """Static cache positions a row (`static.slots_for` the longest prompt): one for every batch of the call, so that
+    the compiled attention and the graphs keep one shape."""
 
     @property
     def backend(self) -> Any:
@@ -66,10 +69,9 @@ class Job:
             if self.copies > 1:
                 passed.repeat(self.copies)
             return passed, logits
-        width = passed.attention_mask.shape[1]
         batch = StaticBatch(
-            self.model, len(indices) * self.copies, slots_for(width, self.stops.max_new_tokens), passed.cache,
-            graphs=engine == "graphs", vocab=self.stops.vocab, margins=False,
+            self.model, len(indices) * self.copies, self.slots, passed.cache, graphs=engine == "graphs",
+            vocab=self.stops.vocab, margins=False,
         )
         sources = [prompt for prompt in range(len(indices)) for _ in range(self.copies)]
         batch.place(range(len(sources)), passed, sources, [len(self.prompts[indices[p]]) for p in sources])

@@ -16,7 +16,7 @@ import torch
 
 from clozemath.eval.decoding.eager import KVBatch
 from clozemath.eval.decoding.job import Decoding, Emit, Job, RunEngine, batches
-from clozemath.eval.decoding.static import StaticBatch, slots_for
+from clozemath.eval.decoding.static import StaticBatch
 from clozemath.eval.decoding.tokens import Generation, Row, TextStream, greedy_choice, top2_margin
 
 _COMPACT_SHARE = 0.25
@@ -103,7 +103,6 @@ class _Refilling:
         self.decoding, self.job, self.graphs, self.emit = decoding, job, graphs, emit
         self.units = min(size, len(order))  # a unit: one prompt's rows
         self.waiting = deque(order)
-        self.slots = slots_for(max(len(job.prompts[i]) for i in order), job.stops.max_new_tokens)
         self.batch: StaticBatch | None = None
         self.occupant: list[int | None] = [None] * self.units
         self.rows = decoding.rows(self.units, job)  # placeholders until placed
@@ -141,7 +140,7 @@ class _Refilling:
         tokens, margins = self.decoding.first(logits, job)
         if self.batch is None:
             self.batch = StaticBatch(
-                job.model, self.units * copies, self.slots, passed.cache, self.graphs, job.stops.vocab,
+                job.model, self.units * copies, job.slots, passed.cache, self.graphs, job.stops.vocab,
                 margins is not None,
             )
         else:

@@ -58,7 +58,7 @@ def decode(
         engine = "graphs" if model.device.type == "cuda" else "eager"
     job = Job(
         model, tokenizer, encoded, pad_id, stops, settings, stats if stats is not None else DecodeStats(),
-        copies=scheme.copies(settings, len(tokenizer)),
+        copies=scheme.copies(settings, len(tokenizer)), slots=slots_for(max(map(len, encoded)), stops.max_new_tokens),
     )
     size = batch_size(settings.batch_size, model, encoded, settings.max_new_tokens, job.copies)
     results: list[Generation | None] = [None] * len(encoded)
@@ -143,12 +143,12 @@ def _engine_parts(
     model: Any, encoded: list[list[int]], max_new_tokens: int, engine: RunEngine
 ) -> list[tuple[RunEngine, list[int]]]:
     """The prompts' indices, longest first, with the engine each decodes with: the static engines fall back to the
-    eager one for prompts whose static cache would outgrow a sliding window (`static.sliding_window`)."""
+    eager one for prompts that would outgrow a sliding window with their generation (`static.sliding_window`)."""
     order = longest_first([len(ids) for ids in encoded])
     window = sliding_window(model)
     if engine == "eager" or window is None:
         return [(engine, order)]
-    too_long = [index for index in order if slots_for(len(encoded[index]), max_new_tokens) > window]
+    too_long = [index for index in order if len(encoded[index]) + max_new_tokens > window]
     if not too_long:
         return [(engine, order)]
     warnings.warn(f"decode: the static cache of the model's sliding-window layers holds {window} tokens; "

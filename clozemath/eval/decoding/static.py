@@ -1,10 +1,11 @@
 """The static engine (CUDA): rows decoding over a preallocated cache of `prompt + max_new_tokens` positions a row,
-each row's prompt at its first slots, its per-token step (its attention grouped by key-value head, the greedy choice
-and the margins included) replayed as one CUDA graph ("graphs") or run eagerly, the same kernels ("static").
+each row's prompt at its first slots, its per-token step (FlexAttention over each row's live blocks of the cache, the
+greedy choice and the margins included) replayed as CUDA graphs ("graphs") or run eagerly, the same kernels ("static").
 
 The host reads the new tokens only every `_GPU_SYNC_EVERY` steps (end-of-sequence, stop strings and the margins are
 checked then); rows freed by ended prompts take waiting prompts' passes (`place`: the refilling that
-`clozemath.eval.decoding.rows` runs), so that the step keeps one shape for the whole run.
+`clozemath.eval.decoding.rows` runs), so that the step keeps one shape for the whole run. With graphs, those steps are
+one graph launch: the host launches once per look.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from functools import cache
 from typing import Any
 
 import torch
+from torch.nn.attention.flex_attention import BlockMask, flex_attention
 from transformers import AttentionInterface, Cache
 from transformers.cache_utils import StaticLayer
 
@@ -23,43 +25,80 @@ from clozemath.eval.decoding.tokens import greedy_choice, top2_margin
 _GPU_SYNC_EVERY = 16
 """Steps between the host's looks at the new tokens (each look waits for the GPU; refills happen
 there)."""
-_CACHE_ALIGN = 16
-"""Static cache positions are a multiple of this (aligned rows for the attention's matmuls)."""
+_KV_BLOCK = 128
+"""Cache positions a block of FlexAttention's block mask holds (its default): a step reads a row's blocks up to the
+one its position is in."""
+_RECOMPILES = 64
+"""Shapes (rows, slots, heads) the compiled attention may take in one process (Dynamo's default limit, 8, would let
+later ones fall back to FlexAttention's unfused eager code: a grid's evaluation decodes many sets, decodings and batch
+sizes)."""
 
 
 def slots_for(width: int, max_new_tokens: int) -> int:
-    """Static cache positions for prompts of up to `width` tokens."""
-    return -(-(width + max_new_tokens) // _CACHE_ALIGN) * _CACHE_ALIGN
+    """Static cache positions for prompts of up to `width` tokens: whole blocks of `_KV_BLOCK`."""
+    return -(-(width + max_new_tokens) // _KV_BLOCK) * _KV_BLOCK
 
 
 def sliding_window(model: Any) -> int | None:
     """The window of a model with sliding-window layers (Gemma 3), None for one without. The static engine gives every
-    layer every slot under one mask: right only while a row's prompt and generation fit the window."""
+    layer every slot it has written: right only while a row's prompt and generation fit the window."""
     config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
     if "sliding_attention" not in (getattr(config, "layer_types", None) or ()):
         return None
     return getattr(config, "sliding_window", None)
 
 
-def _grouped_decode_attention(
-    module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-    attention_mask: torch.Tensor, scaling: float, **_: Any,
-) -> tuple[torch.Tensor, None]:
-    """One query a row over the whole static cache, the query heads grouped on their key-value head.
+@cache
+def _compiled_flex() -> Callable[..., torch.Tensor]:
+    """FlexAttention compiled (its fused kernels; for one query a row, its split-KV decoding kernel), one
+    specialization per shape: the decoding kernel needs the rows and heads static."""
+    return torch.compile(flex_attention, dynamic=False)
 
-    sdpa has no grouped-query kernel that takes a mask: transformers repeats the keys and values for every query head
-    (a copy of the cache per layer and step, which dominated the step) and sdpa falls back to its math kernel.
+
+def _flex_decode_attention(
+    module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+    attention_mask: BlockMask, scaling: float, **_: Any,
+) -> tuple[torch.Tensor, None]:
+    """One query a row over the live blocks of its static cache (`attention_mask`: `StaticBatch`'s block mask).
+
+    The query heads that share a key-value head are that head's queries (a query length of the group's size), so that
+    FlexAttention's decoding kernel reads each key and value once for the group, whatever its size (its own
+    grouped-query path takes groups of a power of two only).
     """
     rows, heads, _, dim = query.shape
     kv_heads = key.shape[1]
     grouped = query.view(rows, kv_heads, heads // kv_heads, dim)
-    scores = torch.matmul(grouped, key.transpose(-1, -2)) * scaling + attention_mask  # [rows, kv_heads, group, slots]
-    out = torch.matmul(scores.float().softmax(dim=-1).to(value.dtype), value)
+    if query.is_cuda:
+        with torch._dynamo.config.patch(recompile_limit=_RECOMPILES):
+            out = _compiled_flex()(grouped, key, value, block_mask=attention_mask, scale=scaling)
+    else:  # the CPU runs the tests: FlexAttention's reference code, the same function of the same mask
+        out = flex_attention(grouped, key, value, block_mask=attention_mask, scale=scaling)
     return out.view(rows, 1, heads, dim), None
 
 
-_DECODE_ATTENTION = "clozemath_grouped_decode"
-AttentionInterface.register(_DECODE_ATTENTION, _grouped_decode_attention)
+_DECODE_ATTENTION = "clozemath_flex_decode"
+AttentionInterface.register(_DECODE_ATTENTION, _flex_decode_attention)
+
+
+def live_block_mask(positions: torch.Tensor, group: int, slots: int) -> tuple[BlockMask, torch.Tensor]:
+    """The block mask of rows whose slot `positions[row]` is the last they attend (their prompt at slots 0.., each
+    generated token after it): key slot <= position, for each of a row's `group` queries. Also its tensor of live
+    blocks a row, which the step updates in place from the positions (`update_live_blocks`)."""
+    rows, blocks = positions.shape[0], slots // _KV_BLOCK
+    live_blocks = torch.ones((rows, 1, 1), dtype=torch.int32, device=positions.device)
+    order = torch.arange(blocks, dtype=torch.int32, device=positions.device).expand(rows, 1, 1, blocks).contiguous()
+
+    def attended(row: torch.Tensor, head: torch.Tensor, query: torch.Tensor, slot: torch.Tensor) -> torch.Tensor:
+        return slot <= positions[row]
+
+    mask = BlockMask.from_kv_blocks(live_blocks, order, BLOCK_SIZE=_KV_BLOCK, mask_mod=attended,
+                                    seq_lengths=(group, slots))
+    return mask, live_blocks
+
+
+def update_live_blocks(live_blocks: torch.Tensor, positions: torch.Tensor) -> None:
+    """Each row's blocks up to the one its position is in."""
+    live_blocks.copy_(torch.div(positions, _KV_BLOCK, rounding_mode="floor").view(live_blocks.shape) + 1)
 
 
 class _SlotLayer(StaticLayer):
@@ -92,22 +131,24 @@ class StaticBatch:
     step can be replayed as a CUDA graph (`graphs=True`; else it runs eagerly, the same kernels).
 
     A row holds its prompt at slots 0..len-1 and its generated tokens after. The step's inputs live in fixed tensors:
-    each row's token, its position (the slot the step writes) and its additive attention mask over every slot (its
-    prompt's slots open, each further slot opening as the step writes it; everything else, a former occupant's
-    included, masked). `place` fills rows from a prompt pass, at the start or into rows freed later; a row that has
-    ended rides along until then (its position stops at the last slot). Greedy and CoT rows choose their next token
-    within the step (`advance`) and keep every step's tokens and margins on the device until the host `read`s them;
-    beam search takes the step's logits (`step`) and reorders its rows (`take`).
+    each row's token and its position (the slot the step writes); a row attends its slots up to its position (its
+    prompt's, then each one as the step writes it; a former occupant's beyond are never read), through a block mask
+    whose live blocks follow the positions (`live_block_mask`). `place` fills rows from a prompt pass, at the start or
+    into rows freed later; a row that has ended rides along until then (its position stops at the last slot). Greedy
+    and CoT rows choose their next token within the step (`advance`: with graphs, `sync_every` steps are one graph)
+    and keep every step's tokens and margins on the device until the host `read`s them; beam search takes the step's
+    logits (`step`) and reorders its rows (`take`).
     """
 
     drops_rows = False
 
     def __init__(self, model: Any, rows: int, slots: int, like: Any, graphs: bool, vocab: int, margins: bool):
-        """`like`: a prompt pass's cache, for each layer's heads, head size and dtype."""
+        """`like`: a prompt pass's cache, for each layer's heads, head size and dtype. `slots`: a multiple of
+        `_KV_BLOCK` (`slots_for`)."""
         device = like.layers[0].keys.device
-        self.model, self.slots, self.sync_every, self._vocab, self._graphs = model, slots, _GPU_SYNC_EVERY, vocab, graphs
+        self.model, self.slots, self.sync_every, self._vocab = model, slots, _GPU_SYNC_EVERY, vocab
+        self._graphs = graphs
         self._positions = torch.zeros(rows, dtype=torch.long, device=device)
-        self._slot_index = self._positions.view(rows, 1, 1, 1)
         self.cache = Cache(layers=[
             _SlotLayer(
                 layer.keys.new_zeros((rows, layer.keys.shape[1], slots, layer.keys.shape[3])),
@@ -115,9 +156,8 @@ class StaticBatch:
                 self._positions,
             )
             for layer in like.layers
-        ])  # zeros, not empty: a masked slot adds 0 x value, and 0 x NaN would poison the row
-        self._closed = torch.finfo(model.dtype).min
-        self._mask = torch.full((rows, 1, 1, slots), self._closed, dtype=model.dtype, device=device)
+        ])  # zeros, not empty: a live block's unwritten slot adds 0 x value, and 0 x NaN would poison the row
+        self._mask, self._live_blocks = live_block_mask(self._positions, _query_group(model), slots)
         self._tokens = torch.zeros(rows, dtype=torch.long, device=device)
         self._history = torch.zeros((rows, self.sync_every + 1), dtype=torch.long, device=device)
         """Column 0: the first token of rows placed since the host's last look; column j: step j's tokens."""
@@ -129,6 +169,8 @@ class StaticBatch:
         keep its cache and the graph's memory pool until Python's cycle collector runs, past the next batch's
         allocation)."""
         self._output: torch.Tensor | None = None
+        self._chunk: torch.cuda.CUDAGraph | None = None
+        """With graphs: `sync_every` greedy steps captured as one graph (one launch per look)."""
         self._generated = (slots, 0)
         """Beam search: the slots that generated tokens may occupy, [first, end)."""
 
@@ -137,8 +179,8 @@ class StaticBatch:
         tokens: torch.Tensor | None = None, margins: torch.Tensor | None = None,
     ) -> None:
         """Rows `rows` take the prompts of rows `sources` of a prompt pass (left-padded; `lengths`: their tokens): its
-        keys and values moved to slots 0..len-1, a mask that opens those only, the next position; for greedy and CoT
-        rows their first token (and margin)."""
+        keys and values moved to slots 0..len-1, the next position; for greedy and CoT rows their first token (and
+        margin)."""
         device = self._tokens.device
         index, source_index, length = (_on_device(values, device) for values in (rows, sources, lengths))
         width = prefill.attention_mask.shape[1]
@@ -149,9 +191,6 @@ class StaticBatch:
                 picked = states.index_select(0, source_index)
                 picked = picked.gather(2, moved[:, None, :, None].expand(-1, picked.shape[1], -1, picked.shape[3]))
                 into[:, :, :width].index_copy_(0, index, picked)
-        opened = torch.arange(self.slots, device=device) < length[:, None]
-        mask = torch.full(opened.shape, self._closed, dtype=self._mask.dtype, device=device).masked_fill_(opened, 0.0)
-        self._mask.index_copy_(0, index, mask[:, None, None, :])
         self._positions.index_copy_(0, index, length)
         if tokens is not None:
             self._tokens.index_copy_(0, index, tokens)
@@ -162,7 +201,7 @@ class StaticBatch:
 
     def _forward(self) -> torch.Tensor:
         """One step: every row feeds its token at its position (and slot); the next-token logits [rows, vocab]."""
-        self._mask.scatter_(3, self._slot_index, 0.0)
+        update_live_blocks(self._live_blocks, self._positions)
         config = self.model.config
         implementation = config._attn_implementation
         config._attn_implementation = _DECODE_ATTENTION
@@ -212,10 +251,29 @@ class StaticBatch:
         return self._replayed(self._forward)
 
     def advance(self, steps: int) -> None:
-        """`steps` (at most `sync_every`) greedy steps, their tokens and margins kept on the device."""
+        """`steps` (at most `sync_every`) greedy steps, their tokens and margins kept on the device. With graphs, a
+        full look's steps replay one graph, captured (not run: capture records) once a step has run. (Its launch and
+        capture may cost more than they save: bench/results/decode_flex_h200_2026-12-02/README.md.)"""
         self._column.fill_(1)
+        if self._graph is not None and steps == self.sync_every:
+            if self._chunk is None:
+                self._chunk = self._captured_chunk()
+            self._chunk.replay()
+            return
         for _ in range(steps):
             self._replayed(self._choose)
+
+    def _captured_chunk(self) -> torch.cuda.CUDAGraph:
+        """`sync_every` greedy steps as one graph, in the step graph's memory pool (they never run at once)."""
+        assert self._graph is not None
+        chunk = torch.cuda.CUDAGraph()
+        stream = _capture_stream(self._tokens.device)
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.graph(chunk, pool=self._graph.pool(), stream=stream):
+            for _ in range(self.sync_every):
+                self._choose()
+        torch.cuda.current_stream().wait_stream(stream)
+        return chunk
 
     def read(self, steps: int) -> tuple[list[list[int]], list[list[float]] | None]:
         """For each row: its first token (if placed since the last look), then the tokens of the last `steps` steps;
@@ -231,6 +289,13 @@ class StaticBatch:
             for states in (layer.keys, layer.values):
                 generated = states[:, :, first:end]
                 generated.copy_(generated.index_select(0, index))
+
+
+def _query_group(model: Any) -> int:
+    """Query heads a key-value head serves."""
+    config = model.config.get_text_config(decoder=True) if hasattr(model.config, "get_text_config") else model.config
+    heads = config.num_attention_heads
+    return heads // (getattr(config, "num_key_value_heads", None) or heads)
 
 
 @cache
