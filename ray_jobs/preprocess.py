@@ -170,6 +170,9 @@ def _build(config: ExperimentConfig, problems: list[Problem], folder: Path) -> d
     problems_ds = ray.data.from_items(
         [p.to_dict() for p in problems], override_num_blocks=math.ceil(len(problems) / PROBLEMS_PER_BLOCK)
     )
+    # the rows in the problems' order, not in the order the blocks finish: the cache's row order (the workers' data
+    # order) is then a function of its key too; the steps that follow inherit the setting
+    problems_ds.context.execution_options.preserve_order = True
     unbalanced = problems_ds.flat_map(
         samples_of_problem,
         fn_kwargs={

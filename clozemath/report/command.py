@@ -10,6 +10,7 @@ from clozemath.files import write_text_atomic
 from clozemath.report.artifacts import EXPORT_FILE, PredictionArtifacts, export_predictions
 from clozemath.report.compare import comparisons, orderings
 from clozemath.report.figure import FIGURE_FILE, accuracy_curves, plot_accuracy_vs_steps
+from clozemath.report.history import STEPS_FILE, export_steps
 from clozemath.report.render import Table, TextTable, to_latex, to_markdown
 from clozemath.report.runs import experiments_runs, trials_json
 from clozemath.report.tables import comparison_tables, compute_table, grading_tables, paper_tables, results_tables
@@ -37,7 +38,7 @@ def report(
     """Print the results, grading and comparisons tables and the paper's tables that have runs (markdown, or LaTeX)
     of one experiment's grid, or of several reported as one (Table 4's ablations beside the main grid's runs); write
     them, the paper's orderings against this replication (`summary.md`, markdown for the README), the trials' metrics
-    (JSON) and Figure 3 under `out` (default `reports/<experiment>[+<experiment>...]`); returns the printed text.
+    (JSON), every step of their training (`steps.json.gz`) and Figure 3 under `out` (default `reports/<experiment>[+<experiment>...]`); returns the printed text.
     `export`: also write every trial's predictions (`export_predictions`, full or compact) there. `exported`: read
     the predictions from such files instead of the runs' artifacts. `parent_run_ids`: the experiment's grid runs to
     report as one (default: its latest)."""
@@ -60,7 +61,8 @@ def report(
     write_text_atomic(folder / SUMMARY_FILE, summary + "\n")
     write_text_atomic(folder / TRIALS_FILE, trials_json(results))
     figure = plot_accuracy_vs_steps(accuracy_curves(tracking_uri, results, decoding), folder / FIGURE_FILE)
-    written = [tables_file, folder / SUMMARY_FILE, folder / TRIALS_FILE, figure]
+    steps = export_steps(results, tracking_uri, folder / STEPS_FILE)
+    written = [tables_file, folder / SUMMARY_FILE, folder / TRIALS_FILE, steps, figure]
     if export is not None:
         written.append(export_predictions(results, artifacts, folder / EXPORT_FILE, export))
     for parent, runs in grids:
