@@ -159,3 +159,19 @@ def test_deterministic_runs_through_ray_train_give_the_same_adapter(
         run = tracking.client(config.tracking.uri).get_run(outcome.run_id)
         assert run.data.params["train.deterministic"] == "True"
     assert differing_tensors(*adapters) == []
+
+
+@pytest.mark.slow
+def test_a_training_set_prepared_afresh_has_its_rows_in_the_same_order(
+    tmp_path: Path, ray_session: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The workers' data order is a function of the seed and their rows' order: the cache's rows come in the problems'
+    order however Ray Data's tasks and encoders (several blocks, up to 4 actors) finish."""
+    from ray_jobs import preprocess
+
+    monkeypatch.setattr(preprocess, "PROBLEMS_PER_BLOCK", 2)
+    monkeypatch.setattr(preprocess, "ENCODE_BATCH", 8)
+    config = smoke_config(tmp_path, "data.limit=12")
+    first, again = (preprocess.preprocess(config, tmp_path / name) for name in ("first", "again"))
+    assert not first.from_cache and not again.from_cache and first.num_rows > 40
+    assert first.table().equals(again.table())

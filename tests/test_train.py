@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import os
@@ -167,7 +168,8 @@ def test_epoch_micro_batches_cover_each_row_once_and_grouping_pads_less() -> Non
 
 @pytest.mark.parametrize(("stage", "method"), [(2, "prefix_lm"), (3, "mft")])
 def test_loop_loss_falls_and_resume_is_exact(tmp_path: Path, stage: int, method: str) -> None:
-    """Resuming from the step-3 checkpoint replays steps 4..8 exactly (same data, dropout, MFT noise, weights)."""
+    """Resuming from the step-3 checkpoint replays steps 4..8 exactly (same data, dropout, MFT noise, weights) and
+    counts the tokens trained before it."""
     config = experiment(method, zero_stage=stage, max_steps=8, grad_accum=2)
     rows = copy_rows(24)
 
@@ -176,6 +178,7 @@ def test_loop_loss_falls_and_resume_is_exact(tmp_path: Path, stage: int, method:
     losses = [m.loss for m in straight.metrics]
     assert [m.step for m in straight.metrics] == list(range(1, 9))
     assert losses[-1] < 0.8 * losses[0], losses
+    assert [m.trained_tokens for m in straight.metrics] == list(itertools.accumulate(m.tokens for m in straight.metrics))
     assert sorted(straight.checkpoints) == [3, 6, 8]
     assert (straight.checkpoints[8] / "adapter" / "adapter_model.safetensors").is_file()
     assert not (straight.checkpoints[6] / "adapter").exists()
@@ -187,6 +190,7 @@ def test_loop_loss_falls_and_resume_is_exact(tmp_path: Path, stage: int, method:
                    resume_from=straight.checkpoints[3])
     assert [m.step for m in resumed.metrics] == [4, 5, 6, 7, 8]
     assert [m.loss for m in resumed.metrics] == pytest.approx(losses[3:], rel=1e-5)
+    assert [m.trained_tokens for m in resumed.metrics] == [m.trained_tokens for m in straight.metrics[3:]]
     for name, value in trainable_state(engine).items():
         torch.testing.assert_close(value, final[name], rtol=1e-5, atol=1e-6)
 

@@ -3,8 +3,8 @@
 The seed (`train.seed`) decides, whatever `train.deterministic` says:
 - LoRA's initialisation (`clozemath.model.load.apply_lora`, drawn from the seed alone);
 - the data order: a seeded permutation per epoch and rank (`clozemath.train.batches.micro_batch_rows`), over rows
-  that reach each worker in a fixed order (Ray Data keeps its blocks' order: `preserve_order`, in preprocessing and
-  in the workers' streaming split);
+  that reach each worker in a fixed order (the cache holds them in an order their contents decide,
+  `ray_jobs.preprocess.canonical_order`; the workers' streaming split keeps its blocks' order, `preserve_order`);
 - dropout and MFT's noise: drawn after `torch.manual_seed(step_seed(seed, step, rank))`, every step;
 - the samples themselves (group members masked, random spans, balancing copies): `data.seed`, by default the seed.
 
