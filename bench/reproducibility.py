@@ -182,8 +182,8 @@ def environment() -> dict[str, str]:
     import peft
     import transformers
 
-    versions = {"python": platform.python_version(), "torch": torch.__version__, "transformers": transformers.__version__,
-                "peft": peft.__version__, "cuda": str(torch.version.cuda)}
+    versions = {"python": platform.python_version(), "torch": torch.__version__, "cuda": str(torch.version.cuda),
+                "transformers": transformers.__version__, "peft": peft.__version__}
     for module in ("deepspeed", "liger_kernel"):
         try:
             versions[module] = getattr(__import__(module), "__version__", "installed")

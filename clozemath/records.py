@@ -215,8 +215,8 @@ def partial_predictions_file(eval_dir: Path, set_name: str) -> Path:
 # --------------------------------------------------------------------------------------------------------------
 # Metric keys
 
-TRAIN_METRICS = ("train/loss", "train/lr", "train/tokens_per_s", "train/pad_share", "train/seconds", "train/peak_memory_gib",
-                 "train/grad_norm", "train/tokens", "train/trained_tokens", "train/epoch")
+TRAIN_METRICS = ("train/loss", "train/lr", "train/tokens_per_s", "train/pad_share", "train/seconds",
+                 "train/peak_memory_gib", "train/grad_norm", "train/tokens", "train/trained_tokens", "train/epoch")
 """What every training step logs; also `train/mfu` on a card whose bf16 peak is known (`clozemath.train.flops`)."""
 TRAIN_PREFIX = "train"
 EVAL_PREFIX = "eval"

@@ -5,10 +5,10 @@ The token ids are written as Parquet under `<cache root>/<key>/`, where the key 
 and nothing else: the problems themselves, what of the method and the seed reaches a sample (`sample_inputs`: IT,
 MFT and it_prefixlm share one set at every seed), the data settings that shape a sample, the tokenizer's settings
 and the source of the code that builds and encodes samples. The rows are in an order their contents alone decide,
-so that a set prepared afresh is the same files whatever order Ray Data's tasks finished in. A second run with the same key reads the Parquet files
-and skips the pipeline; one that comes while the first builds waits for it (a lock file per key), so identical
-sets prepared at once are built once. The folder appears atomically (written beside, then renamed), so a crash
-leaves no half cache.
+so that a set prepared afresh is the same files whatever order Ray Data's tasks finished in. A second run with the
+same key reads the Parquet files and skips the pipeline; one that comes while the first builds waits for it (a lock
+file per key), so identical sets prepared at once are built once. The folder appears atomically (written beside, then
+renamed), so a crash leaves no half cache.
 """
 
 from __future__ import annotations

@@ -178,7 +178,8 @@ def test_loop_loss_falls_and_resume_is_exact(tmp_path: Path, stage: int, method:
     losses = [m.loss for m in straight.metrics]
     assert [m.step for m in straight.metrics] == list(range(1, 9))
     assert losses[-1] < 0.8 * losses[0], losses
-    assert [m.trained_tokens for m in straight.metrics] == list(itertools.accumulate(m.tokens for m in straight.metrics))
+    so_far = list(itertools.accumulate(m.tokens for m in straight.metrics))
+    assert [m.trained_tokens for m in straight.metrics] == so_far
     assert sorted(straight.checkpoints) == [3, 6, 8]
     assert (straight.checkpoints[8] / "adapter" / "adapter_model.safetensors").is_file()
     assert not (straight.checkpoints[6] / "adapter").exists()

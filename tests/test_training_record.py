@@ -40,8 +40,8 @@ def test_each_step_logs_the_norm_of_its_gradients_before_clipping(tmp_path: Path
     recorder = Recorder(tmp_path)
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(TargetLoss, "forward", catch)
-        train(tiny_peft_model(dropout=0.0), copy_rows(16), experiment(zero_stage=stage, max_steps=2, max_grad_norm=0.01),
-              specials=SPECIALS, pad_id=PAD, report=recorder)
+        config = experiment(zero_stage=stage, max_steps=2, max_grad_norm=0.01)
+        train(tiny_peft_model(dropout=0.0), copy_rows(16), config, specials=SPECIALS, pad_id=PAD, report=recorder)
     model = tiny_peft_model(dropout=0.0)
     TargetLoss(model)(**caught[0]).backward()
     norm = math.sqrt(sum(float(p.grad.double().pow(2).sum()) for p in model.parameters() if p.requires_grad))
@@ -69,7 +69,7 @@ def test_the_steps_export_holds_every_logged_step_of_every_trained_trial(tmp_pat
                                 2: {"train/loss": 2.0, "train/grad_norm": 7.0, "train/lr": 1e-3, "train/tokens": 90}})
     time.sleep(0.01)  # a later timestamp: step 2 trained again after a restart
     log_steps(runs["it", "0"], {2: {"train/loss": 1.9, "train/grad_norm": 6.0, "train/lr": 1e-3, "train/tokens": 90},
-                                3: {"train/loss": 1.0 / 3, "train/grad_norm": 1e9, "train/lr": 5e-4, "train/tokens": 80}})
+                                3: {"train/loss": 1 / 3, "train/grad_norm": 1e9, "train/lr": 5e-4, "train/tokens": 80}})
     log_steps(runs["it", "1"], {step: {"train/loss": 3.0 - step, "train/lr": 1e-3, "train/tokens": 100}
                                 for step in (1, 2, 3)})
     for run in runs.values():

@@ -38,7 +38,8 @@ def report(
     """Print the results, grading and comparisons tables and the paper's tables that have runs (markdown, or LaTeX)
     of one experiment's grid, or of several reported as one (Table 4's ablations beside the main grid's runs); write
     them, the paper's orderings against this replication (`summary.md`, markdown for the README), the trials' metrics
-    (JSON), every step of their training (`steps.json.gz`) and Figure 3 under `out` (default `reports/<experiment>[+<experiment>...]`); returns the printed text.
+    (JSON), every step of their training (`steps.json.gz`) and Figure 3 under `out` (default
+    `reports/<experiment>[+<experiment>...]`); returns the printed text.
     `export`: also write every trial's predictions (`export_predictions`, full or compact) there. `exported`: read
     the predictions from such files instead of the runs' artifacts. `parent_run_ids`: the experiment's grid runs to
     report as one (default: its latest)."""

@@ -50,4 +50,3 @@ def export_steps(results: list[TrialResult], tracking_uri: str, path: Path) -> P
         with io.TextIOWrapper(raw, encoding="utf-8", newline="\n") as handle:
             handle.write("[\n" + ",\n".join(json.dumps(trial, sort_keys=True) for trial in trials) + "\n]\n")
     return path
-

@@ -154,8 +154,8 @@ def compute_table(results: list[TrialResult]) -> str:
              "epochs over the training set)", "",
              "| Training set | Model | Method | Seed | Steps | Trained tokens | Planned tokens |",
              "| --- | --- | --- | --- | ---: | ---: | ---: |"]
-    lines += [f"| {set_title(r.train_set)} | {model_name(r.model)} | {method_name(r.method)} | {r.seed} | {r.steps:,} | "
-              f"{_count(r.trained_tokens)} | {_count(r.planned_tokens)} |" for r in trained]
+    lines += [f"| {set_title(r.train_set)} | {model_name(r.model)} | {method_name(r.method)} | {r.seed} | "
+              f"{r.steps:,} | {_count(r.trained_tokens)} | {_count(r.planned_tokens)} |" for r in trained]
     return "\n".join(lines)
 
 
