@@ -526,7 +526,8 @@ def test_zero2_run_learns_and_is_tracked(smoke_run: SmokeRun) -> None:
 @pytest.mark.slow
 def test_zero3_worker_failure_resumes_from_checkpoint(smoke_samples: Path, workdir: Path) -> None:
     """Rank 0 fails before step 6; the workers restart from the step-4 checkpoint (step 5 is trained again; reported
-    every step, its first try reaches MLflow before the failure) and stop at step 8; MLflow holds each step once.
+    every step, its first try reaches MLflow before the failure) and stop at step 8; MLflow holds each step once, and
+    the run's trained tokens are its 8 steps'.
     Both workers evaluate during training, before the failure and after the restart. The workers take their rows
     through Ray Data's streaming split (a set above `train.stream_above_mb`), after the restart too. The samples
     come from the session's (`smoke_samples`)."""
@@ -542,6 +543,11 @@ def test_zero3_worker_failure_resumes_from_checkpoint(smoke_samples: Path, workd
     assert [step for step, _ in steps] == list(range(1, 9))
     assert_loss_falls([loss for _, loss in steps])
     assert_adapter_reloads_and_generates(config, outcome.adapter)
+    # the tokens trained: every step's once, those before the checkpoint the restarted workers resumed from too
+    client = tracking.client(config.tracking.uri)
+    params = client.get_run(outcome.run_id).data.params
+    tokens = {m.step: m.value for m in client.get_metric_history(outcome.run_id, "train/tokens")}
+    assert params["train.trained_steps"] == "8" and int(params["train.trained_tokens"]) == sum(tokens.values())
 
 
 # --------------------------------------------------------------------------------------------------------------
