@@ -209,6 +209,12 @@ class TrainConfig(_Strict):
     `steps` or training `tokens` that `budget_reference` makes in `epochs` (the driver scales `epochs` to match)."""
     budget_reference: str = "clozemath"
     """The method (a name under configs/methods/) whose `epochs` set a matched budget."""
+    budget_configured: Literal["steps", "tokens"] | None = None
+    """Written by the driver, not by a config: where it turned a matched `budget` (`steps` or `tokens`) into `epochs`
+    (and `budget` into `epochs`), the budget the config asked for, so that the run's params say what its `epochs`
+    were matched to: `budget_reference`'s steps or tokens in `epochs_configured` epochs."""
+    epochs_configured: PositiveReal | None = None
+    """Written by the driver with `budget_configured`: the configured `epochs`, the reference's."""
     lr: PositiveReal = 5e-5
     warmup_ratio: Probability = 0.03
     weight_decay: NonNegativeReal = 0.0
@@ -225,6 +231,11 @@ class TrainConfig(_Strict):
     """Which repetition of the same training run this is: it changes nothing in training, only the run's identity,
     so that a grid axis `train.rerun: [0, 1]` trains each seed twice and the report shows the run-to-run noise floor
     (same config, same seed) beside the differences between methods. The report's other tables use rerun 0."""
+    deterministic: bool = False
+    """The same adapter for the same config, data, software and card: bitwise on a CPU; on a GPU as far as its kernels
+    allow (torch's deterministic algorithms, cuBLAS's fixed workspace, cuDNN without benchmarking; what still differs
+    is measured in `bench/results/`). Costs some speed on a GPU. Either way the seed decides LoRA's initialisation,
+    the data order, dropout and MFT's noise (`clozemath.train.determinism`)."""
     output_dir: str = "runs"
     storage: str | None = None
     """Where Ray Train keeps the checkpoints a restarted worker resumes from: on a cluster, a folder every node sees
@@ -261,6 +272,10 @@ class TrainConfig(_Strict):
     def _one_step_count(self) -> TrainConfig:
         if self.budget != "epochs" and self.max_steps is not None:
             raise ValueError(f"`max_steps` and `budget: {self.budget}` both set the steps: drop one")
+        if (self.budget_configured is None) != (self.epochs_configured is None) or (
+                self.budget_configured is not None and self.budget != "epochs"):
+            raise ValueError("`budget_configured` and `epochs_configured` record a matched budget turned into `epochs` "
+                             "(the driver writes them): set `budget` and `epochs` instead")
         return self
 
 

@@ -215,7 +215,8 @@ def partial_predictions_file(eval_dir: Path, set_name: str) -> Path:
 # --------------------------------------------------------------------------------------------------------------
 # Metric keys
 
-TRAIN_METRICS = ("train/loss", "train/lr", "train/tokens_per_s", "train/pad_share", "train/seconds", "train/peak_memory_gib")
+TRAIN_METRICS = ("train/loss", "train/lr", "train/tokens_per_s", "train/pad_share", "train/seconds",
+                 "train/peak_memory_gib", "train/grad_norm", "train/tokens", "train/trained_tokens", "train/epoch")
 """What every training step logs; also `train/mfu` on a card whose bf16 peak is known (`clozemath.train.flops`)."""
 TRAIN_PREFIX = "train"
 EVAL_PREFIX = "eval"
@@ -320,3 +321,12 @@ def trial_tags(config: ExperimentConfig, grid: str) -> dict[str, str]:
 
 def grid_tags(grid: str, key: str) -> dict[str, str]:
     return {GRID_TAG: grid, GRID_KEY_TAG: key, ROLE_TAG: GRID_ROLE}
+
+
+# --------------------------------------------------------------------------------------------------------------
+# MLflow params beside the config's own (`flatten`)
+
+PLANNED_STEPS, PLANNED_TOKENS = "train.planned_steps", "train.planned_tokens"
+"""The optimizer steps and training tokens a trial's budget planned."""
+TRAINED_STEPS, TRAINED_TOKENS = "train.trained_steps", "train.trained_tokens"
+"""What its training did: the optimizer steps it trained and the real (non-padding) tokens they held, all workers'."""

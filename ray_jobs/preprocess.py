@@ -4,10 +4,11 @@ step one of `clozemath.data.prepare`'s (which `clozemath prepare` runs in its ow
 The token ids are written as Parquet under `<cache root>/<key>/`, where the key hashes everything they depend on
 and nothing else: the problems themselves, what of the method and the seed reaches a sample (`sample_inputs`: IT,
 MFT and it_prefixlm share one set at every seed), the data settings that shape a sample, the tokenizer's settings
-and the source of the code that builds and encodes samples. A second run with the same key reads the Parquet files
-and skips the pipeline; one that comes while the first builds waits for it (a lock file per key), so identical
-sets prepared at once are built once. The folder appears atomically (written beside, then renamed), so a crash
-leaves no half cache.
+and the source of the code that builds and encodes samples. The rows are in an order their contents alone decide,
+so that a set prepared afresh is the same files whatever order Ray Data's tasks finished in. A second run with the
+same key reads the Parquet files and skips the pipeline; one that comes while the first builds waits for it (a lock
+file per key), so identical sets prepared at once are built once. The folder appears atomically (written beside, then
+renamed), so a crash leaves no half cache.
 """
 
 from __future__ import annotations
@@ -18,11 +19,14 @@ import inspect
 import json
 import math
 import os
+import shutil
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute
 import pyarrow.parquet as pq
 import ray
 import ray.data
@@ -39,6 +43,10 @@ from clozemath.files import remove_abandoned_staging, staging_folder
 from ray_jobs.cluster import init_ray
 
 ROWS_DIR = "rows"
+ENCODED_DIR = "encoded"
+"""Where Ray Data writes the token ids, before they are put in their canonical order into `ROWS_DIR`."""
+ROWS_PER_FILE = 16_384
+"""Rows of each Parquet file of the cache (Ray Data's streaming split deals the workers whole files, or parts)."""
 TOKENIZER_DIR = "tokenizer"
 META_FILE = "meta.json"
 TOKEN_COLUMNS = ["input_ids", "labels", "prefix_len"]
@@ -195,16 +203,43 @@ def _build(config: ExperimentConfig, problems: list[Problem], folder: Path) -> d
         batch_format="numpy",
         compute=ray.data.ActorPoolStrategy(min_size=1, max_size=MAX_ENCODERS),
     )
-    encoded.write_parquet(str(folder / ROWS_DIR))
-    rows = ray.data.read_parquet(str(folder / ROWS_DIR), columns=["kind", "num_tokens"]).to_pandas()
-    kinds = _kind_counts(rows["kind"])
+    encoded.write_parquet(str(folder / ENCODED_DIR))
+    rows = _write_in_canonical_order(folder / ENCODED_DIR, folder / ROWS_DIR)
+    kinds = dict(sorted(Counter(rows.column("kind").to_pylist()).items()))
     return {
-        "num_rows": sum(kinds.values()),
+        "num_rows": rows.num_rows,
         "num_sentinels": num_sentinels,
         "kinds": kinds,
-        "dropped_for_length": balanced.count() - sum(kinds.values()),
-        "num_tokens": int(rows["num_tokens"].sum()),
+        "dropped_for_length": balanced.count() - rows.num_rows,
+        "num_tokens": int(pa.compute.sum(rows.column("num_tokens")).as_py() or 0),
     }
+
+
+def canonical_order(table: pa.Table) -> list[int]:
+    """An order of the rows that their contents alone decide: by a hash of each row's token ids, labels and prefix
+    length (identical rows, an LM sample's copies, are interchangeable)."""
+    keys = []
+    for ids, labels, prefix_len in zip(*(table.column(name).to_numpy(zero_copy_only=False) for name in TOKEN_COLUMNS)):
+        digest = hashlib.blake2b(ids.tobytes(), digest_size=8)
+        digest.update(labels.tobytes())
+        digest.update(int(prefix_len).to_bytes(8, "little"))
+        keys.append(digest.digest())
+    return sorted(range(len(keys)), key=keys.__getitem__)
+
+
+def _write_in_canonical_order(encoded: Path, rows: Path) -> pa.Table:
+    """Rewrite the files Ray Data wrote into `rows/`, the rows in `canonical_order` and `ROWS_PER_FILE` to a file;
+    returns them. Ray Data hands a step's outputs on in the order its tasks finish (with `preserve_order` too, two
+    batches of one block were seen to swap), and the workers' data order is a permutation of the rows in the order
+    the cache holds them (and their shares, under Ray Data's streaming split, follow its files): so a set prepared
+    afresh, on any machine, is the same files."""
+    table = pa.concat_tables([pq.read_table(file) for file in sorted(encoded.glob("*.parquet"))])
+    table = table.take(canonical_order(table))
+    rows.mkdir()
+    for part, start in enumerate(range(0, max(table.num_rows, 1), ROWS_PER_FILE)):
+        pq.write_table(table.slice(start, ROWS_PER_FILE), rows / f"part-{part:05d}.parquet")
+    shutil.rmtree(encoded)
+    return table
 
 
 def _build_once(config: ExperimentConfig, problems: list[Problem], folder: Path) -> bool:

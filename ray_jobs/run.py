@@ -18,7 +18,15 @@ from clozemath import console, tracking
 from clozemath.config import ExperimentConfig
 from clozemath.data.objectives import sample_inputs
 from clozemath.plan import load_method
-from clozemath.records import ADAPTER_DIR, CACHE_DIR, run_folder
+from clozemath.records import (
+    ADAPTER_DIR,
+    CACHE_DIR,
+    PLANNED_STEPS,
+    PLANNED_TOKENS,
+    TRAINED_STEPS,
+    TRAINED_TOKENS,
+    run_folder,
+)
 from clozemath.train.budget import Footprint, matched_epochs, planned_tokens
 from clozemath.train.flops import MFU_CONVENTION
 from ray_jobs.cluster import init_ray, user_errors_surfaced
@@ -64,14 +72,14 @@ def run_experiment(
             footprint = Footprint(prepared.num_rows, prepared.num_tokens)
             run.log_params({
                 "data.num_samples": prepared.num_rows, "data.num_sentinels": prepared.num_sentinels,
-                "train.planned_tokens": planned_tokens(footprint, config.train),
+                PLANNED_TOKENS: planned_tokens(footprint, config.train),
                 "train.mfu_convention": MFU_CONVENTION,
             })
             with user_errors_surfaced():
-                adapter, steps = fit(
-                    config, prepared, run_folder(config).resolve(), run, train_run_name, train_callbacks
-                )
-            run.log_params({"train.planned_steps": steps})
+                trained = fit(config, prepared, run_folder(config).resolve(), run, train_run_name, train_callbacks)
+            adapter, steps = trained.adapter, trained.steps
+            run.log_params({PLANNED_STEPS: trained.planned_steps, TRAINED_STEPS: trained.steps,
+                            TRAINED_TOKENS: trained.tokens})
             run.log_artifacts(adapter, ADAPTER_DIR)
         eval_metrics = {}
         if config.eval.sets:
@@ -95,7 +103,9 @@ def _matched(config: ExperimentConfig, reference: Footprint, mine: Footprint) ->
     epochs = matched_epochs(train, reference, mine, packed=packs(config))
     console.phase(f"[{config.name}] budget: the {train.budget} of {train.budget_reference} in {train.epochs} epochs: "
                   f"{epochs:.3f} epochs")
-    return config.model_copy(update={"train": train.model_copy(update={"budget": "epochs", "epochs": epochs})})
+    resolved = train.model_copy(update={"budget": "epochs", "epochs": epochs,  # and what it was resolved from
+                                        "budget_configured": train.budget, "epochs_configured": train.epochs})
+    return config.model_copy(update={"train": resolved})
 
 
 def _training_set(config: ExperimentConfig) -> str:

@@ -16,6 +16,7 @@ import time
 import warnings
 from collections.abc import Sequence
 from contextlib import nullcontext
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -40,7 +41,7 @@ from clozemath.config import ExperimentConfig, from_wire, to_wire
 from clozemath.errors import ClozeMathError
 from clozemath.files import copy_folder_atomic
 from clozemath.eval.during_training import evaluate_step, step_evaluation
-from clozemath.records import ADAPTER_DIR, RAY_TRAIN_DIR, compile_cache_folder, is_curve_metric
+from clozemath.records import ADAPTER_DIR, RAY_TRAIN_DIR, compile_cache_folder, is_curve_metric, train_metric
 from clozemath.tracking import TrackedRun
 from clozemath.train.compilation import eager_inference
 from clozemath.train.distributed import all_ranks_sum
@@ -103,12 +104,15 @@ def train_worker(settings: dict[str, Any]) -> None:
     from clozemath.model.load import load_model
     from clozemath.model.memory import share_gpu
     from clozemath.train.compilation import use_compile_cache
+    from clozemath.train.determinism import use_deterministic_kernels
     from clozemath.train.loop import train
     from clozemath.train.zero import with_zero_stage
 
     # DeepSpeed's gloo path calls torch.distributed functions torch has deprecated: nothing a user can act on.
     warnings.filterwarnings("ignore", message=r"`torch\.distributed\.\w+` is deprecated", category=FutureWarning)
     config = from_wire(settings["experiment"])
+    if config.train.deterministic:
+        use_deterministic_kernels()  # before anything runs on the card (cuBLAS reads its workspace setting once)
     compile_cache = compile_cache_folder(config)
     use_compile_cache(compile_cache)  # before anything compiles: every trial and node shares it
     device = ray.train.torch.get_device()
@@ -116,10 +120,10 @@ def train_worker(settings: dict[str, Any]) -> None:
     gpu = device.type == "cuda"
     torch.set_num_threads(worker_threads(usable_cores(), ray.train.get_context().get_local_world_size(),
                                          config.train.gpu_share if gpu else None, node_gpus() if gpu else 0.0))
-    torch.manual_seed(config.train.seed)  # every rank builds the same LoRA initialisation
+    torch.manual_seed(config.train.seed)  # whatever loading the model draws (LoRA's initialisation: `seed` below)
     if ray.train.get_context().get_world_rank() == 0:
         console.phase(f"[{config.name}] loading the model ({config.model.name}) on {device.type}")
-    loaded = load_model(config.model, settings["num_sentinels"], device, training=True)
+    loaded = load_model(config.model, settings["num_sentinels"], device, training=True, seed=config.train.seed)
     config = with_zero_stage(config, loaded.model, device)  # the evaluation during training decodes by the stage
     rows = worker_rows(settings["rows"])
     evaluation = step_evaluation(config)
@@ -183,6 +187,19 @@ def check_plan(config: ExperimentConfig, prepared: TokenizedSet) -> None:
         )
 
 
+@dataclass(frozen=True)
+class Trained:
+    """What a training run did."""
+
+    adapter: Path
+    """`<run_folder>/adapter`."""
+    planned_steps: int
+    steps: int
+    """The optimizer steps trained (all of the plan's: a resumed run ends there too)."""
+    tokens: int
+    """The real (non-padding) tokens those steps trained on, all workers' (`StepMetrics.trained_tokens`)."""
+
+
 def fit(
     config: ExperimentConfig,
     prepared: TokenizedSet,
@@ -190,8 +207,8 @@ def fit(
     run: TrackedRun,
     run_name: str | None = None,
     callbacks: Sequence[UserCallback] = (),
-) -> tuple[Path, int]:
-    """Train on Ray; returns the adapter folder (`<run_folder>/adapter`) and the number of steps trained.
+) -> Trained:
+    """Train on Ray; returns the adapter folder (`<run_folder>/adapter`) and what the training did.
 
     `run_name`: Ray Train's run (under `<run_folder>/ray`); a run started again under the same name resumes from its
     latest checkpoint (a grid trial restarted after its driver died). Default: a new, time-stamped one.
@@ -227,4 +244,5 @@ def fit(
     adapter = run_folder / ADAPTER_DIR
     with result.checkpoint.as_directory() as final:
         copy_folder_atomic(Path(final) / ADAPTER_DIR, adapter)  # a failed copy leaves an earlier adapter whole
-    return adapter, int(result.metrics["step"])
+    last = result.metrics
+    return Trained(adapter, int(last["total_steps"]), int(last["step"]), int(last[train_metric("trained_tokens")]))

@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import pytest
 
-from clozemath.config import TrainConfig
+from clozemath.config import TrainConfig, from_wire, to_wire
 from clozemath.errors import ClozeMathError
 from clozemath.plan import load_config, load_plan
+from clozemath.records import flatten
 from clozemath.train.budget import Footprint, matched_epochs, planned_steps, planned_tokens
 
 CLOZEMATH = Footprint(samples=1000, tokens=100_000)  # 100 tokens a sample
@@ -83,3 +84,19 @@ def test_a_grids_matched_budgets_prepare_each_training_set_once(monkeypatch: pyt
                       ("clozemath", 0): 40_000 / 100_000, ("clozemath", 1): 40_000 / 100_001}
     assert {e.train.budget for e in matched if e.method.trains} == {"epochs"}
     assert run.with_budgets(plan.experiments[:1], plan.root) == plan.experiments[:1]  # base alone: nothing to prepare
+    # what each trial's params say: the budget as configured beside what it resolved to
+    params = {(e.method.name, e.train.seed): flatten(e) for e in matched}
+    clozemath = params[("clozemath", 1)]
+    assert (clozemath["train.budget"], clozemath["train.epochs"]) == ("epochs", 40_000 / 100_001)
+    assert (clozemath["train.budget_configured"], clozemath["train.budget_reference"],
+            clozemath["train.epochs_configured"]) == ("tokens", "it", 1)
+    assert params[("base", 0)]["train.budget_configured"] is None and params[("base", 0)]["train.budget"] == "tokens"
+    assert from_wire(to_wire(matched[-1])) == matched[-1]  # a trial reads it back
+
+
+def test_the_record_of_a_matched_budget_is_the_drivers_to_write() -> None:
+    with pytest.raises(ClozeMathError, match="budget_configured"):
+        load_config("configs/experiments/smoke.yaml", ["train.budget_configured=steps"])
+    with pytest.raises(ClozeMathError, match="budget_configured"):
+        load_config("configs/experiments/smoke.yaml", ["train.max_steps=null", "train.budget=steps",
+                                                      "train.budget_configured=steps", "train.epochs_configured=1"])

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import os
@@ -167,7 +168,8 @@ def test_epoch_micro_batches_cover_each_row_once_and_grouping_pads_less() -> Non
 
 @pytest.mark.parametrize(("stage", "method"), [(2, "prefix_lm"), (3, "mft")])
 def test_loop_loss_falls_and_resume_is_exact(tmp_path: Path, stage: int, method: str) -> None:
-    """Resuming from the step-3 checkpoint replays steps 4..8 exactly (same data, dropout, MFT noise, weights)."""
+    """Resuming from the step-3 checkpoint replays steps 4..8 exactly (same data, dropout, MFT noise, weights) and
+    counts the tokens trained before it."""
     config = experiment(method, zero_stage=stage, max_steps=8, grad_accum=2)
     rows = copy_rows(24)
 
@@ -176,6 +178,8 @@ def test_loop_loss_falls_and_resume_is_exact(tmp_path: Path, stage: int, method:
     losses = [m.loss for m in straight.metrics]
     assert [m.step for m in straight.metrics] == list(range(1, 9))
     assert losses[-1] < 0.8 * losses[0], losses
+    so_far = list(itertools.accumulate(m.tokens for m in straight.metrics))
+    assert [m.trained_tokens for m in straight.metrics] == so_far
     assert sorted(straight.checkpoints) == [3, 6, 8]
     assert (straight.checkpoints[8] / "adapter" / "adapter_model.safetensors").is_file()
     assert not (straight.checkpoints[6] / "adapter").exists()
@@ -187,6 +191,7 @@ def test_loop_loss_falls_and_resume_is_exact(tmp_path: Path, stage: int, method:
                    resume_from=straight.checkpoints[3])
     assert [m.step for m in resumed.metrics] == [4, 5, 6, 7, 8]
     assert [m.loss for m in resumed.metrics] == pytest.approx(losses[3:], rel=1e-5)
+    assert [m.trained_tokens for m in resumed.metrics] == [m.trained_tokens for m in straight.metrics[3:]]
     for name, value in trainable_state(engine).items():
         torch.testing.assert_close(value, final[name], rtol=1e-5, atol=1e-6)
 
@@ -521,7 +526,8 @@ def test_zero2_run_learns_and_is_tracked(smoke_run: SmokeRun) -> None:
 @pytest.mark.slow
 def test_zero3_worker_failure_resumes_from_checkpoint(smoke_samples: Path, workdir: Path) -> None:
     """Rank 0 fails before step 6; the workers restart from the step-4 checkpoint (step 5 is trained again; reported
-    every step, its first try reaches MLflow before the failure) and stop at step 8; MLflow holds each step once.
+    every step, its first try reaches MLflow before the failure) and stop at step 8; MLflow holds each step once, and
+    the run's trained tokens are its 8 steps'.
     Both workers evaluate during training, before the failure and after the restart. The workers take their rows
     through Ray Data's streaming split (a set above `train.stream_above_mb`), after the restart too. The samples
     come from the session's (`smoke_samples`)."""
@@ -537,6 +543,11 @@ def test_zero3_worker_failure_resumes_from_checkpoint(smoke_samples: Path, workd
     assert [step for step, _ in steps] == list(range(1, 9))
     assert_loss_falls([loss for _, loss in steps])
     assert_adapter_reloads_and_generates(config, outcome.adapter)
+    # the tokens trained: every step's once, those before the checkpoint the restarted workers resumed from too
+    client = tracking.client(config.tracking.uri)
+    params = client.get_run(outcome.run_id).data.params
+    tokens = {m.step: m.value for m in client.get_metric_history(outcome.run_id, "train/tokens")}
+    assert params["train.trained_steps"] == "8" and int(params["train.trained_tokens"]) == sum(tokens.values())
 
 
 # --------------------------------------------------------------------------------------------------------------

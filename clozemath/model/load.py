@@ -282,8 +282,9 @@ def trainable_token_indices(model: PreTrainedModel, token_ids: list[int]) -> lis
     return {name: list(token_ids) for name in names}
 
 
-def apply_lora(model: PreTrainedModel, lora: LoraConfig, specials: SpecialTokens) -> PeftModel:
-    """LoRA on `lora.target_modules` ("all-linear": every linear projection but the output layer)."""
+def apply_lora(model: PreTrainedModel, lora: LoraConfig, specials: SpecialTokens, seed: int = 0) -> PeftModel:
+    """LoRA on `lora.target_modules` ("all-linear": every linear projection but the output layer), its initialisation
+    drawn from `seed` alone (the training seed), whatever drew from torch's generators before."""
     config = PeftLoraConfig(
         r=lora.rank,
         lora_alpha=lora.alpha,
@@ -294,7 +295,10 @@ def apply_lora(model: PreTrainedModel, lora: LoraConfig, specials: SpecialTokens
         ),
         task_type="CAUSAL_LM",
     )
-    peft_model = get_peft_model(model, config)
+    device = next(model.parameters()).device
+    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+        torch.manual_seed(seed)
+        peft_model = get_peft_model(model, config)
     _merge_token_rows_with_device_indices(peft_model)
     return peft_model
 
@@ -336,9 +340,10 @@ class Loaded:
 
 
 def load_model(
-    cfg: ModelConfig, num_sentinels: int, device: torch.device | str = "cpu", training: bool = True
+    cfg: ModelConfig, num_sentinels: int, device: torch.device | str = "cpu", training: bool = True, seed: int = 0
 ) -> Loaded:
-    """Tokenizer with the special tokens installed, base model fitted to it, LoRA on top when `training`."""
+    """Tokenizer with the special tokens installed, base model fitted to it, LoRA on top when `training` (initialised
+    from `seed`: the training seed)."""
     tokenizer = load_tokenizer(cfg)
     specials = install_special_tokens(tokenizer, num_sentinels, cfg.eos_token)
     dtype = compute_dtype(cfg, device)
@@ -352,7 +357,7 @@ def load_model(
     model.to(device)
     if not training:
         return Loaded(model=model.eval(), tokenizer=tokenizer, specials=specials)
-    peft_model = apply_lora(model, cfg.lora, specials)
+    peft_model = apply_lora(model, cfg.lora, specials, seed)
     return Loaded(model=peft_model.train(), tokenizer=tokenizer, specials=specials)
 
 

@@ -19,11 +19,14 @@ Printed first, per model and training set, so that a replication shows which dif
 - Comparisons: each trained method against IT and against base on every (eval set, decoding) both have: the
   difference in points with a 95% paired bootstrap interval over problems pooled over seeds (`clozemath.intervals`),
   from the per-problem predictions the trials logged as artifacts.
-Every trial's tags, params and latest metrics are also written as JSON (`trials.json`).
+Every trial's tags, params (among them the steps and tokens it trained, and a matched budget as configured) and
+latest metrics are also written as JSON (`trials.json`), and every step of its training (loss, gradient norm,
+learning rate, tokens) as gzipped JSON (`steps.json.gz`, `history`); the compute table gives each trial's trained
+tokens beside those its budget planned.
 
 Its parts: `runs` (the trials read back), `names` (how things are named and ordered), `tables` and `render` (the
 tables, as markdown or LaTeX), `artifacts` and `compare` (per-problem predictions and the bootstrap comparisons),
-`figure` (Figure 3), `command` (`report`, which composes them).
+`figure` (Figure 3), `history` (the steps' export), `command` (`report`, which composes them).
 """
 
 from __future__ import annotations

@@ -11,6 +11,7 @@ from clozemath.files import write_text_atomic
 from clozemath.report.artifacts import EXPORT_FILE, PredictionArtifacts, export_predictions
 from clozemath.report.compare import comparisons, noise_floors, orderings
 from clozemath.report.figure import FIGURE_FILE, accuracy_curves, plot_accuracy_vs_steps
+from clozemath.report.history import STEPS_FILE, export_steps
 from clozemath.report.render import Table, TextTable, to_latex, to_markdown
 from clozemath.report.runs import experiments_runs, trials_json
 from clozemath.report.tables import (
@@ -45,12 +46,13 @@ def report(
     """Print the results, grading and comparisons tables and the paper's tables that have runs (markdown, or LaTeX)
     of one experiment's grid, or of several reported as one (Table 4's ablations beside the main grid's runs); write
     them, the paper's orderings against this replication (`summary.md`, markdown for the README), the trials' metrics
-    (JSON) and Figure 3 under `out` (default `reports/<experiment>[+<experiment>...]`); returns the printed text.
-    Every trial's evaluation metrics are recomputed from its predictions where it has them, so today's grading
-    rules judge every run. `export`: also write every trial's predictions (`export_predictions`, full or compact)
-    there. `exported`: read the predictions from such files instead of the runs' artifacts; with no `experiment`,
-    the trials too (no tracking store: no compute table, curves or params). `parent_run_ids`: the experiment's grid
-    runs to report as one (default: its latest)."""
+    (JSON), every step of their training (`steps.json.gz`) and Figure 3 under `out` (default
+    `reports/<experiment>[+<experiment>...]`); returns the printed text. Every trial's evaluation metrics are
+    recomputed from its predictions where it has them, so today's grading rules judge every run. `export`: also
+    write every trial's predictions (`export_predictions`, full or compact) there. `exported`: read the predictions
+    from such files instead of the runs' artifacts; with no `experiment`, the trials too (no tracking store: no
+    compute table, curves, steps or params). `parent_run_ids`: the experiment's grid runs to report as one (default:
+    its latest)."""
     names = [experiment] if isinstance(experiment, str) else list(experiment)
     artifacts = PredictionArtifacts(tracking_uri, exported)
     if names:
@@ -78,7 +80,8 @@ def report(
     write_text_atomic(folder / SUMMARY_FILE, summary + "\n")
     write_text_atomic(folder / TRIALS_FILE, trials_json(every))
     figure = plot_accuracy_vs_steps(accuracy_curves(tracking_uri, results, decoding), folder / FIGURE_FILE)
-    written = [tables_file, folder / SUMMARY_FILE, folder / TRIALS_FILE, figure]
+    steps = export_steps(every, tracking_uri, folder / STEPS_FILE)
+    written = [tables_file, folder / SUMMARY_FILE, folder / TRIALS_FILE, steps, figure]
     if export is not None:
         written.append(export_predictions(every, artifacts, folder / EXPORT_FILE, export))
     for parent, runs in grids:

@@ -22,9 +22,13 @@ from clozemath.records import (
     METHOD_TAG,
     MODEL_TAG,
     PARENT_TAG,
+    PLANNED_STEPS,
+    PLANNED_TOKENS,
     ROLE_TAG,
     SEED_TAG,
     TRAIN_SET_TAG,
+    TRAINED_STEPS,
+    TRAINED_TOKENS,
     TRIAL_TAG,
     eval_metric,
     parse_eval_metric,
@@ -43,9 +47,12 @@ class TrialResult:
     seed: str
     metrics: dict[str, float]
     steps: int | None = None
-    """The optimizer steps the trial planned (None: it trained nothing, or predates this record)."""
-    tokens: int | None = None
-    """The training tokens those steps see."""
+    """The optimizer steps the trial trained (for a run from before they were recorded, those it planned; always the
+    same); None: it trained nothing."""
+    planned_tokens: int | None = None
+    """The training tokens its budget planned (its epochs over its training set's tokens)."""
+    trained_tokens: int | None = None
+    """The real (non-padding) tokens its steps trained on (None: not recorded, a run from before that record)."""
     run_name: str = ""
     tags: dict[str, str] = field(default_factory=dict)
     """The run's own tags (MLflow's `mlflow.*` ones left out)."""
@@ -94,13 +101,14 @@ def _all_runs(client: MlflowClient, experiment_id: str, query: str) -> list[Run]
 
 def _trial_result(run: Run) -> TrialResult:
     tags, params = run.data.tags, run.data.params
-    steps, tokens = (params.get(f"train.planned_{name}") for name in ("steps", "tokens"))
+    steps, planned, trained = (params.get(name) for name in (PLANNED_STEPS, PLANNED_TOKENS, TRAINED_TOKENS))
+    steps = params.get(TRAINED_STEPS, steps)
     model, method = tags[MODEL_TAG], tags[METHOD_TAG]
     train_set, seed = tags.get(TRAIN_SET_TAG, ""), tags.get(SEED_TAG, "0")
     variant = _variant(tags.get(TRIAL_TAG, ""), model, method, train_set)
     return TrialResult(
         run.info.run_id, model, f"{method} ({variant})" if variant else method, train_set, seed,
-        dict(run.data.metrics), None if steps is None else int(steps), None if tokens is None else int(tokens),
+        dict(run.data.metrics), *(None if value is None else int(value) for value in (steps, planned, trained)),
         run.info.run_name or "", {k: v for k, v in tags.items() if not k.startswith("mlflow.")}, dict(params),
         int(params.get("train.rerun", "0")),
     )

@@ -145,14 +145,20 @@ def paper_tables(results: list[TrialResult], decoding: str = "beam") -> list[Tab
     ]
 
 
+def _count(value: int | None) -> str:
+    return "–" if value is None else f"{value:,}"
+
+
 def compute_table(results: list[TrialResult]) -> str:
-    """Each trained trial's optimizer steps and training tokens (markdown): what a comparison of methods spent."""
+    """Each trained trial's optimizer steps and the tokens they trained on, beside those its budget planned
+    (markdown): what a comparison of methods spent. Runs from before trained tokens were recorded show none."""
     trained = sorted((r for r in results if r.steps is not None), key=lambda r: (r.train_set, r.model, r.method))
-    lines = ["**Compute: steps and training tokens per trial**", "",
-             "| Training set | Model | Method | Seed | Steps | Training tokens |",
-             "| --- | --- | --- | --- | ---: | ---: |"]
-    lines += [f"| {set_title(r.train_set)} | {model_name(r.model)} | {method_name(r.method)} | "
-              f"{r.seed} | {r.steps:,} | {'–' if r.tokens is None else f'{r.tokens:,}'} |" for r in trained]
+    lines = ["**Compute: steps and tokens trained per trial** (real tokens, padding aside; planned: the budget's "
+             "epochs over the training set)", "",
+             "| Training set | Model | Method | Seed | Steps | Trained tokens | Planned tokens |",
+             "| --- | --- | --- | --- | ---: | ---: | ---: |"]
+    lines += [f"| {set_title(r.train_set)} | {model_name(r.model)} | {method_name(r.method)} | {r.seed} | "
+              f"{r.steps:,} | {_count(r.trained_tokens)} | {_count(r.planned_tokens)} |" for r in trained]
     return "\n".join(lines)
 
 

@@ -3,6 +3,7 @@ with the method's attention masks, and MFT's noise."""
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
@@ -55,6 +56,14 @@ def micro_batch_rows(
             batches = epoch_packs(lengths, row_tokens, plan.micro_batches_per_epoch, seed, epoch)
         yield from batches[offset:]
         index = (epoch + 1) * plan.micro_batches_per_epoch
+
+
+def tokens_before(
+    lengths: Sequence[int], plan: Plan, train: TrainConfig, row_tokens: int | None, seed: int, micro_batches: int
+) -> int:
+    """The real tokens of the stream's first `micro_batches` micro-batches (what a run resumed there trained before)."""
+    stream = micro_batch_rows(lengths, plan, train, row_tokens, seed, start=0)
+    return sum(lengths[i] for indices in itertools.islice(stream, micro_batches) for i in indices)
 
 
 def micro_batch(

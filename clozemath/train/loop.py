@@ -9,7 +9,8 @@ final checkpoint is its result.
 Resuming is exact. The data order is a pure function of (seed, epoch, rank, the rows): a seeded permutation per epoch
 (laid into packed rows, `clozemath.train.packing`, or cut into padded micro-batches), read as an endless stream of
 micro-batches (`clozemath.train.batches`); everything random within a step (dropout, MFT noise) is drawn after
-seeding with (seed, step, rank). A checkpoint holds the engine state (trainable weights, optimizer partitions,
+seeding with (seed, step, rank). With `train.deterministic`, torch's deterministic kernels make a run repeat itself
+(`clozemath.train.determinism`). A checkpoint holds the engine state (trainable weights, optimizer partitions,
 schedule), the step and the data position (the next micro-batch); a resumed run redoes no step and ends at the
 planned number of optimizer steps whatever happened on the way (`clozemath.train.checkpoint`).
 
@@ -33,9 +34,10 @@ from clozemath.config import ExperimentConfig
 from clozemath.data.tokenize import MASK, SpecialTokens
 from clozemath.errors import ClozeMathError
 from clozemath.records import ADAPTER_DIR, train_metric
-from clozemath.train.batches import micro_batch, micro_batch_rows, model_inputs, noised, step_seed
+from clozemath.train.batches import micro_batch, micro_batch_rows, model_inputs, noised, step_seed, tokens_before
 from clozemath.train.checkpoint import checkpoint_folder, export_adapter, load_checkpoint, save_checkpoint
 from clozemath.train.compilation import compile_decoder_layers, compiled_shape_key, mark_compiled
+from clozemath.train.determinism import deterministic_kernels, seed_everything
 from clozemath.train.distributed import all_ranks_reduce, all_ranks_sum, init_distributed
 from clozemath.train.flops import TrainingShape, peak_flops, sample_flops
 from clozemath.train.layout import Layout, plan_line, training_layout
@@ -58,6 +60,9 @@ class StepMetrics:
     lr: float
     tokens: int
     """Real (non-padding) tokens of all ranks in this step."""
+    trained_tokens: int
+    """Real tokens of all ranks in steps 1 to `step`: what the run has trained on so far (a resumed run counts the
+    steps before its checkpoint too)."""
     tokens_per_s: float
     """Real (non-padding) tokens of all ranks per second of this step."""
     pad_share: float
@@ -70,6 +75,9 @@ class StepMetrics:
     """Model FLOPs utilisation of this step, per GPU, by `clozemath.train.flops.MFU_CONVENTION` (the FLOPs of the
     step's real tokens of all ranks, over its wall time and the cards' bf16 peak); None on a card whose peak is not
     listed (`PEAK_BF16_FLOPS`) or a CPU."""
+    grad_norm: float | None
+    """The global norm of this step's gradients over all ranks, before clipping (DeepSpeed's); None where the engine
+    gives none."""
 
     def as_dict(self) -> dict[str, float | int]:
         values = asdict(self)
@@ -102,40 +110,48 @@ def train(
     `compile_cache`: the folder this process compiles into (`use_compile_cache`), where `compile: auto` looks for a
     compiled step of this run's shape and marks its own after the first step.
     `train.zero_stage: auto` is resolved here (`clozemath.train.zero.with_zero_stage`)."""
-    device = next(model.parameters()).device
-    if device.type == "cpu" and model.config._attn_implementation == "flex_attention":
-        raise ClozeMathError("model.attn_implementation=flex_attention cannot train on CPU (no backward there): use sdpa")
-    init_distributed(device)
-    config = with_zero_stage(config, model, device)
-    rank = dist.get_rank()
-    lengths = [len(row["input_ids"]) for row in rows]
-    layout = training_layout(config, model, lengths, device, compile_cache)
-    plan = layout.plan
-    if layout.compiled:
-        compile_decoder_layers(model, config.train.zero_stage)
-    if rank == 0:
-        console.phase(f"[{config.name}] training: {plan_line(layout, config.train)}")
-    shape = TrainingShape.of(model)  # before the engine: ZeRO-3 leaves a partitioned weight with no elements
-    row_flops = [sample_flops(shape, row, config.method.attention == "prefix_lm") for row in rows]
-    engine = build_engine(model, config.train, plan.total_steps, plan.warmup_steps)
-    step, next_micro_batch = load_checkpoint(engine, resume_from, plan) if resume_from is not None else (0, 0)
-    stream = micro_batch_rows(lengths, plan, config.train, layout.row_tokens, seed=config.train.seed * 1009 + rank,
-                              start=next_micro_batch)
-    worker = _Worker(engine, model, rows, config, layout, specials, pad_id, rank, device, stream, row_flops)
-    # after the first step, rank 0 tells the compile cache that it holds this shape's compiled step (`compile: auto`)
-    unmarked = (compile_cache, compiled_shape_key(config, layout.row_tokens, device)) \
-        if layout.compiled and layout.row_tokens is not None and compile_cache is not None and rank == 0 else None
-    engine.train()
-    while step < plan.total_steps:
-        if config.train.fail_at_step == step + 1 and resume_from is None and rank == 0:
-            raise InjectedFailure(f"train.fail_at_step={config.train.fail_at_step}: failing on purpose")
-        metrics = worker.step(step)
-        if unmarked is not None:
-            mark_compiled(*unmarked)
-            unmarked = None
-        step += 1
-        worker.report(metrics, report, scratch_dir)
-    return engine
+    with deterministic_kernels(config.train.deterministic):
+        device = next(model.parameters()).device
+        if device.type == "cpu" and model.config._attn_implementation == "flex_attention":
+            raise ClozeMathError(
+                "model.attn_implementation=flex_attention cannot train on CPU (no backward there): use sdpa"
+            )
+        init_distributed(device)
+        config = with_zero_stage(config, model, device)
+        rank = dist.get_rank()
+        seed_everything(config.train.seed)
+        lengths = [len(row["input_ids"]) for row in rows]
+        layout = training_layout(config, model, lengths, device, compile_cache)
+        plan = layout.plan
+        if layout.compiled:
+            compile_decoder_layers(model, config.train.zero_stage)
+        if rank == 0:
+            console.phase(f"[{config.name}] training: {plan_line(layout, config.train)}")
+        shape = TrainingShape.of(model)  # before the engine: ZeRO-3 leaves a partitioned weight with no elements
+        row_flops = [sample_flops(shape, row, config.method.attention == "prefix_lm") for row in rows]
+        engine = build_engine(model, config.train, plan.total_steps, plan.warmup_steps)
+        step, next_micro_batch = load_checkpoint(engine, resume_from, plan) if resume_from is not None else (0, 0)
+        order_seed = config.train.seed * 1009 + rank
+        stream = micro_batch_rows(lengths, plan, config.train, layout.row_tokens, order_seed, next_micro_batch)
+        worker = _Worker(engine, model, rows, config, layout, specials, pad_id, rank, device, stream, row_flops)
+        if next_micro_batch:  # the tokens of the steps before the checkpoint: the stream is a function of the seed
+            before = tokens_before(lengths, plan, config.train, layout.row_tokens, order_seed, next_micro_batch)
+            worker.trained_tokens = int(all_ranks_sum([before], device)[0])
+        # after the first step, rank 0 tells the compile cache that it holds this shape's compiled step
+        # (`compile: auto`)
+        unmarked = (compile_cache, compiled_shape_key(config, layout.row_tokens, device)) if (
+            layout.compiled and layout.row_tokens is not None and compile_cache is not None and rank == 0) else None
+        engine.train()
+        while step < plan.total_steps:
+            if config.train.fail_at_step == step + 1 and resume_from is None and rank == 0:
+                raise InjectedFailure(f"train.fail_at_step={config.train.fail_at_step}: failing on purpose")
+            metrics = worker.step(step)
+            if unmarked is not None:
+                mark_compiled(*unmarked)
+                unmarked = None
+            step += 1
+            worker.report(metrics, report, scratch_dir)
+        return engine
 
 
 @dataclass
@@ -155,6 +171,8 @@ class _Worker:
     """Row indices of the micro-batches to come."""
     row_flops: Sequence[float]
     """Training FLOPs of each row (`clozemath.train.flops.sample_flops`), for the steps' MFU."""
+    trained_tokens: int = 0
+    """Real tokens of all ranks in the steps trained so far."""
 
     def __post_init__(self) -> None:
         self.noise_ids = torch.tensor(self.specials.ordinary_ids)
@@ -187,6 +205,8 @@ class _Worker:
         loss_sum, micro_batches, tokens, positions, flops = all_ranks_sum(
             [float(tally.loss), tally.micro_batches, tally.tokens, tally.positions, flops], device
         )
+        self.trained_tokens += int(tokens)
+        grad_norm = self.engine.get_global_grad_norm()  # the same on every rank
         seconds = time.perf_counter() - started
         peak = all_ranks_reduce(torch.cuda.max_memory_allocated(device), dist.ReduceOp.MAX, device) \
             if device.type == "cuda" else 0
@@ -197,11 +217,13 @@ class _Worker:
             loss=loss_sum / micro_batches,
             lr=lr,
             tokens=int(tokens),
+            trained_tokens=self.trained_tokens,
             tokens_per_s=tokens / seconds,
             pad_share=1.0 - tokens / positions,
             seconds=seconds,
             peak_memory_gib=peak / 2**30,
             mfu=flops / seconds / self.cards_peak_flops if self.cards_peak_flops else None,
+            grad_norm=None if grad_norm is None else float(grad_norm),
         )
 
     def report(self, metrics: StepMetrics, report: Report, scratch_dir: Path | None) -> None:
