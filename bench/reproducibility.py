@@ -111,7 +111,8 @@ def train_one(work: Path, name: str, deterministic: bool) -> None:
         train(loaded.model, data["rows"], config, specials=loaded.specials, pad_id=loaded.tokenizer.pad_token_id,
               report=report, scratch_dir=folder)
     seconds = time.perf_counter() - started
-    warned = Counter(str(w.message).split("\n")[0] for w in caught if NONDETERMINISTIC_HINT in str(w.message))
+    warned = Counter(str(w.message).split(NONDETERMINISTIC_HINT)[0].strip() for w in caught
+                     if NONDETERMINISTIC_HINT in str(w.message))  # the operation's name
     record = {"name": name, "deterministic": deterministic, "seconds": seconds, "steps": len(steps),
               "tokens": steps[-1].trained_tokens, "loss": [m.loss for m in steps],
               "grad_norm": [m.grad_norm for m in steps], "nondeterministic_ops": dict(warned)}
