@@ -8,12 +8,16 @@ no Ray (the workers' data order is a function of the seed and their rows, in a f
 checks that end to end on CPU). Each deterministic run also lists the operations torch warned have no deterministic
 implementation (`warn_only`): where what still differs comes from.
 
-    # one GPU (SmolLM2-135M, ClozeMath on 1,000 GSM8K problems, 150 packed rows of 4,096 tokens a run; ~4 minutes)
+    # one GPU (SmolLM2-135M, ClozeMath on 1,000 GSM8K problems, 120 packed rows of 4,096 tokens a run; about 4
+    # minutes on an H200 by estimate: ~15k tokens/s uncompiled, imports and model loads a run)
     python bench/reproducibility.py --out bench/results/reproducibility_h200 model.path=/tmp/m
     # a CPU smoke run of the same code
     python bench/reproducibility.py --out /tmp/repro model=tiny-llama data.limit=8 train.max_steps=3 \\
         train.pack_tokens=null
 
+On the project's GPU machine (torch, transformers and peft of its own; deepspeed, ray and liger-kernel from
+`../shared/tools/gpu-site`'s bundle unpacked into /tmp/site, the GGUF put in /tmp/m as `../shared/tools/gpu-smollm2`
+says): `export PYTHONPATH=/tmp/site:$PWD HF_HUB_OFFLINE=1 CLOZEMATH_DATA_DIR=$PWD/shared/data` first.
 Overrides (`key=value`) apply to `configs/experiments/quickstart.yaml` after the benchmark's own (`SETTINGS`).
 Writes `reproducibility.json` and `reproducibility.md` under `--out`; the runs' adapters stay in `--work`.
 """
@@ -49,11 +53,11 @@ from clozemath.records import ADAPTER_DIR  # noqa: E402
 
 BASE = ROOT / "configs" / "experiments" / "quickstart.yaml"
 SETTINGS = [
-    "name=reproducibility", "data.limit=1000", "train.max_steps=150", "train.pack_tokens=4096", "train.compile=false",
-    "train.lr=1.0e-3", "train.warmup_ratio=0.03", "train.checkpoint_every=150", "model.lora.dropout=0.05",
+    "name=reproducibility", "data.limit=1000", "train.max_steps=120", "train.pack_tokens=4096", "train.compile=false",
+    "train.lr=1.0e-3", "train.warmup_ratio=0.03", "train.checkpoint_every=120", "model.lora.dropout=0.05",
     "eval.sets=[]",
 ]
-"""quickstart_gpu's recipe (ClozeMath, its rate, packed rows, LoRA dropout), cut to 150 steps of ~600k tokens in all:
+"""quickstart_gpu's recipe (ClozeMath, its rate, packed rows, LoRA dropout), cut to 120 steps of ~490k tokens in all:
 enough for differences to grow, a few minutes for four runs on an H200. Uncompiled (compiling would take minutes)."""
 MODES = {"deterministic": True, "default": False}
 ADAPTER_FILE = "adapter_model.safetensors"
@@ -107,7 +111,8 @@ def train_one(work: Path, name: str, deterministic: bool) -> None:
         train(loaded.model, data["rows"], config, specials=loaded.specials, pad_id=loaded.tokenizer.pad_token_id,
               report=report, scratch_dir=folder)
     seconds = time.perf_counter() - started
-    warned = Counter(str(w.message).split("\n")[0] for w in caught if NONDETERMINISTIC_HINT in str(w.message))
+    warned = Counter(str(w.message).split(NONDETERMINISTIC_HINT)[0].strip() for w in caught
+                     if NONDETERMINISTIC_HINT in str(w.message))  # the operation's name
     record = {"name": name, "deterministic": deterministic, "seconds": seconds, "steps": len(steps),
               "tokens": steps[-1].trained_tokens, "loss": [m.loss for m in steps],
               "grad_norm": [m.grad_norm for m in steps], "nondeterministic_ops": dict(warned)}
