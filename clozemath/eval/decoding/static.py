@@ -169,8 +169,6 @@ class StaticBatch:
         keep its cache and the graph's memory pool until Python's cycle collector runs, past the next batch's
         allocation)."""
         self._output: torch.Tensor | None = None
-        self._chunk: torch.cuda.CUDAGraph | None = None
-        """With graphs: `sync_every` greedy steps captured as one graph (one launch per look)."""
         self._generated = (slots, 0)
         """Beam search: the slots that generated tokens may occupy, [first, end)."""
 
@@ -251,29 +249,12 @@ class StaticBatch:
         return self._replayed(self._forward)
 
     def advance(self, steps: int) -> None:
-        """`steps` (at most `sync_every`) greedy steps, their tokens and margins kept on the device. With graphs, a
-        full look's steps replay one graph, captured (not run: capture records) once a step has run. (Its launch and
-        capture may cost more than they save: bench/results/decode_flex_h200_2026-12-02/README.md.)"""
+        """`steps` (at most `sync_every`) greedy steps, their tokens and margins kept on the device, each a replay of
+        the step's graph. (A look's steps captured as one graph measured slower on an H200: 74.9 against 80.4
+        problems/s at 64 rows, 184.6 against 240.1 at 512; bench/results/decode_flex_h200_2026-12-02/chunk_ab/.)"""
         self._column.fill_(1)
-        if self._graph is not None and steps == self.sync_every:
-            if self._chunk is None:
-                self._chunk = self._captured_chunk()
-            self._chunk.replay()
-            return
         for _ in range(steps):
             self._replayed(self._choose)
-
-    def _captured_chunk(self) -> torch.cuda.CUDAGraph:
-        """`sync_every` greedy steps as one graph, in the step graph's memory pool (they never run at once)."""
-        assert self._graph is not None
-        chunk = torch.cuda.CUDAGraph()
-        stream = _capture_stream(self._tokens.device)
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.graph(chunk, pool=self._graph.pool(), stream=stream):
-            for _ in range(self.sync_every):
-                self._choose()
-        torch.cuda.current_stream().wait_stream(stream)
-        return chunk
 
     def read(self, steps: int) -> tuple[list[list[int]], list[list[float]] | None]:
         """For each row: its first token (if placed since the last look), then the tokens of the last `steps` steps;
