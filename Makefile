@@ -1,14 +1,15 @@
 # One command to set up and run the main job (on a CPU, on a GPU), one to set up and run the tests.
 #   make quickstart      install, then train + evaluate the quickstart experiment (local Ray, local MLflow): CPU sizes
 #   make quickstart-gpu  install, then ClozeMath against the base model on all of GSM8K, and their difference
-#   make test            install, then run the whole test suite (slow end-to-end tests included)
+#   make test            install, then run the whole test suite, every tier (what CI runs)
+#   make test-quick      the unit tier alone (plain `pytest`: no Ray, subprocess, DeepSpeed engine or real model)
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 DATA ?= $(abspath ../shared/data)
 export CLOZEMATH_DATA_DIR ?= $(DATA)
 
-.PHONY: install quickstart quickstart-gpu test
+.PHONY: install quickstart quickstart-gpu test test-quick
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -35,4 +36,7 @@ quickstart-gpu: install
 	$(BIN)/clozemath report --experiment quickstart-gpu --decoding greedy
 
 test: install
+	$(BIN)/python -m pytest -q --tier all
+
+test-quick: install
 	$(BIN)/python -m pytest -q

@@ -16,6 +16,15 @@ import pytest
 
 from clozemath.config import ExperimentConfig
 from clozemath.plan import load_config
+from tests.tiering import (  # noqa: F401  (pytest's hooks: the test tiers)
+    pytest_addoption,
+    pytest_collection_modifyitems,
+    pytest_configure,
+    pytest_fixture_setup,
+    pytest_runtest_logreport,
+    pytest_runtest_protocol,
+    pytest_sessionfinish,
+)
 
 if TYPE_CHECKING:
     from ray_jobs.preprocess import TokenizedSet
