@@ -220,11 +220,13 @@ def local_file(dataset: str, split: str, path: str | Path | None = None) -> Path
 
 
 def fingerprint(files: Iterable[Path]) -> str:
-    """A hash of the files' locations and bytes."""
+    """A hash of the files' locations and bytes, read a block at a time (a data file of gigabytes takes no more
+    memory than a small one)."""
     digest = hashlib.sha256()
     for file in files:
         digest.update(f"{file.resolve()}\0".encode())
-        digest.update(file.read_bytes())
+        with file.open("rb") as handle:
+            hashlib.file_digest(handle, lambda: digest)
     return digest.hexdigest()[:16]
 
 
