@@ -245,7 +245,8 @@ def answered(uri: str, call: Callable[[], T], busy_wait_s: float = BUSY_WAIT_S) 
             if _busy(exc):
                 raise ClozeMathError(
                     f"tracking store '{uri}': held by another writer for {busy_wait_s:.0f} s; what the run made "
-                    "stays in its folder under train.output_dir"
+                    "stays in its folder under train.output_dir: run the same command once the store is free to log "
+                    "it (nothing finished is trained or evaluated again)"
                 ) from None
             if _unanswered(exc):
                 tries = int(os.environ.get("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")) + 1

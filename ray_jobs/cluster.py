@@ -22,11 +22,6 @@ CARRIED_ENV_VARS = (
 )
 MIN_LOCAL_CPUS = 8
 """Logical CPUs of a local Ray: below about 8, Ray Data's operators and Ray Train's workers wait on each other."""
-LOCAL_OBJECT_STORE_SHARE, MIN_LOCAL_OBJECT_STORE_BYTES = 0.1, 2 << 30
-"""A local Ray's object store: a tenth of the machine's memory, at least 2 GiB. Ray's default (30%, its pages
-taken at once) left no room for a second command's Ray on one machine ("mmap failed ... Cannot allocate memory",
-then "The current node timed out during startup"); what a run puts there (token ids under `train.stream_above_mb`,
-Ray Data's blocks in flight) is far less, and Ray spills to disk beyond it."""
 TRAIN_POLL_ENV_VAR = "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S"
 TRAIN_POLL_S = "0.05"
 """How often Ray Train's controller collects what the workers report (Ray's default: every 2 s). A worker's
@@ -55,9 +50,7 @@ def init_ray() -> None:
         if address:
             _join(address, env)
         else:
-            store = max(MIN_LOCAL_OBJECT_STORE_BYTES, int(psutil.virtual_memory().total * LOCAL_OBJECT_STORE_SHARE))
-            ray.init(address="local", num_cpus=max(MIN_LOCAL_CPUS, os.cpu_count() or 1), object_store_memory=store,
-                     runtime_env=env)
+            ray.init(address="local", num_cpus=max(MIN_LOCAL_CPUS, os.cpu_count() or 1), runtime_env=env)
             interrupts.stuck_when(_local_ray_gone(psutil.Process().children()))
     except SystemExit as exc:  # ray.init's own SIGTERM handler, while Ray started: the command's instead
         if exc.code != signal.SIGTERM or not callable(on_sigterm):

@@ -32,7 +32,7 @@ from clozemath import console, interrupts, tracking
 from clozemath.config import ExperimentConfig, GridConfig, TrackingConfig, from_wire, to_wire
 from clozemath.errors import ClozeMathError
 from clozemath.eval.predictions import results_table
-from clozemath.files import remove_abandoned_staging
+from clozemath.files import remove_abandoned_staging, storage_fault_advice
 from clozemath.model.load import load_tokenizer
 from clozemath.plan import RunPlan, data_inputs, run_inputs, with_absolute_paths
 from clozemath.records import (
@@ -347,7 +347,7 @@ def user_error_line(error: BaseException) -> str:
         return str(found)
     lines = [line.strip() for line in str(error).strip().splitlines() if line.strip()]
     raised = [line for line in lines if _RAISED_LINE.match(line)]
-    return (raised or lines or [type(error).__name__])[-1]
+    return storage_fault_advice((raised or lines or [type(error).__name__])[-1])
 
 
 def print_grid_outcome(outcome: GridOutcome, logs: Path | None = None) -> None:

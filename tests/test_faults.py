@@ -190,19 +190,20 @@ def test_eval_of_a_run_writes_a_folder_of_its_own_and_leaves_the_run_as_it_was(s
     """The README's `clozemath eval CONFIG` of a trained run (its adapter): the run's folder byte for byte as it
     was; the predictions in `evals/` beside it."""
     from conftest import SMOKE_RUN
-    from test_hostile import cli
 
     runs = smoke_run.folder / "runs"
     before = _files(runs / "smoke")
     assert before
     store = [f"train.output_dir={runs}", f"tracking.uri=sqlite:///{smoke_run.folder / 'mlruns.db'}"]
-    ended = cli("eval", str(ROOT / SMOKE), *store, *SMOKE_RUN, timeout=600)
-    assert ended.code == 0, ended.err[-3000:]
+    env = {key: value for key, value in os.environ.items() if key != "RAY_ADDRESS"}
+    ended = subprocess.run([sys.executable, "-m", "clozemath_cli", "eval", SMOKE, *store, *SMOKE_RUN], cwd=ROOT,
+                           env=env, capture_output=True, text=True, timeout=600)
+    assert ended.returncode == 0, ended.stderr[-3000:]
     assert _files(runs / "smoke") == before
     (evaluation,) = (runs / "evals").iterdir()
     assert evaluation.name.startswith("smoke-")
     rows = (evaluation / "eval" / "predictions" / "gsm8k.jsonl").read_text().splitlines()
-    assert len(rows) == 4 and str(evaluation / "eval" / "predictions") in ended.out + ended.err
+    assert len(rows) == 4 and str(evaluation / "eval" / "predictions") in ended.stdout + ended.stderr
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -303,7 +304,7 @@ def test_a_failed_run_whose_newest_checkpoint_is_damaged_resumes_from_the_one_be
     code, lines = run_smoke(tmp_path / "failed", *failing)
     assert code == 2 and "1 of 1 trials failed" in lines[-1], lines[-10:]
     (first_run,) = (tmp_path / "failed" / "runs" / "smoke" / "ray").glob("train-*-1")
-    older, newest = sorted(first_run.glob("checkpoint_*"))
+    newest = sorted(first_run.glob("checkpoint_*"))[-1]
     largest = max((p for p in newest.rglob("*") if p.is_file()), key=lambda p: p.stat().st_size)
     largest.write_bytes(largest.read_bytes()[: largest.stat().st_size // 2])
     code, lines = run_smoke(tmp_path / "failed", *failing)
@@ -641,3 +642,64 @@ def test_sigkill_while_predictions_are_written_then_the_same_command_ends_with_t
     assert _ended(straight, 600) == 0, (tmp_path / "straight.log").read_text()[-3000:]
     assert _predictions(tmp_path / "killed") == _predictions(tmp_path / "straight")
     assert len(_predictions(tmp_path / "straight")) == 12
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Ray on a shared machine
+
+
+@pytest.mark.slow
+def test_two_runs_of_different_experiments_started_together_both_finish(smoke_samples: Path,
+                                                                         tmp_path: Path) -> None:
+    """Each starts a Ray of its own (the second joined the first's and died: "When connecting to an existing
+    cluster, num_cpus and num_gpus must not be provided"), and says so first."""
+    shutil.copytree(smoke_samples, tmp_path / "runs" / "cache")
+    logs = [tmp_path / "first.log", tmp_path / "second.log"]
+    runs = [_start_run(tmp_path, log, *LEARNS, f"name={name}") for log, name in zip(logs, ("first", "second"))]
+    codes = [_ended(run, 900) for run in runs]
+    consoles = [log.read_text() for log in logs]
+    assert codes == [0, 0], [console[-3000:] for console in consoles]
+    for console in consoles:
+        assert console.startswith("ray: started on this machine"), console[:500]
+    assert _statuses(tmp_path / "mlruns.db") == {"FINISHED"}
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Storage: full, read-only, in a loop
+
+
+def test_a_full_disk_under_logs_loses_neither_the_command_nor_its_error(tmp_path: Path) -> None:
+    """The command's log on a full disk (`/dev/full`): its error still reaches the console, in one line, after a
+    warning naming the log (it ended with exit 1 and no word)."""
+    (tmp_path / "logs").mkdir()
+    (tmp_path / "logs" / "driver.log").symlink_to("/dev/full")
+    code = ("import sys\nfrom pathlib import Path\nfrom clozemath.errors import ClozeMathError\n"
+            "from ray_jobs.logs import logged\n"
+            "try:\n    with logged(Path(sys.argv[1])):\n        print('x' * 100_000)\n"
+            "        raise ClozeMathError('the real error')\n"
+            "except ClozeMathError as exc:\n    print(f'clozemath: error: {exc}', file=sys.stderr)\n    sys.exit(2)\n")
+    ended = subprocess.run([sys.executable, "-c", code, str(tmp_path / "logs")], cwd=ROOT, capture_output=True,
+                           text=True, timeout=120, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert ended.returncode == 2, ended.stderr[-2000:]
+    assert f"warning: {tmp_path / 'logs' / 'driver.log'}: the log cannot be written (No space left on device)" in \
+        ended.stderr
+    assert ended.stderr.endswith("clozemath: error: the real error\n") and "Traceback" not in ended.stderr
+
+
+def test_a_symlink_loop_as_the_output_folder_is_one_line(tmp_path: Path, capsys) -> None:
+    (tmp_path / "loop").symlink_to(tmp_path / "loop")
+    error = refused(capsys, "run", str(ROOT / SMOKE), f"train.output_dir={tmp_path / 'loop'}",
+                    f"tracking.uri=sqlite:///{tmp_path / 'mlruns.db'}")
+    assert f"train.output_dir: cannot make the folder '{tmp_path / 'loop'}'" in error and "loop" in error
+
+
+def test_a_huge_data_file_of_one_line_is_refused_before_it_is_read_whole(tmp_path: Path) -> None:
+    """A 2 GB sparse file (no newline): refused at its first line's budget, in seconds and little memory (it was
+    read whole into memory to be hashed, 2.9 GB)."""
+    from test_hostile import cli
+
+    data = tmp_path / "train.jsonl"
+    with data.open("wb") as sparse:
+        sparse.truncate(2 << 30)
+    ended = cli("run", str(ROOT / SMOKE), *outputs(tmp_path), f"data.path={data}")
+    ended.one_line_error(f"{data}:1: a line longer than")

@@ -234,7 +234,10 @@ def data_identity(dataset: str, split: str, path: str | Path | None = None) -> s
     """Where a split is read from and what it holds (`<file> <hash of its bytes>`), or the hub dataset it comes from;
     a missing file is an error."""
     file = local_file(dataset, split, path)
-    return f"hub:{_hub(dataset)[0]}/{split_slice(split)[0]}" if file is None else f"{file.resolve()} {fingerprint([file])}"
+    if file is None:
+        return f"hub:{_hub(dataset)[0]}/{split_slice(split)[0]}"
+    next(read_jsonl(file), None)  # its first line within the budgets before all of it is read (a 2 GB line, say)
+    return f"{file.resolve()} {fingerprint([file])}"
 
 
 def _hub_rows(dataset: str, split: str) -> Iterator[tuple[str, dict[str, Any]]]:
