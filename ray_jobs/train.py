@@ -270,7 +270,7 @@ def resume_point(storage: Path, run_name: str, label: str) -> Checked | None:
     to train the trial afresh."""
     skipped = []
     for trial_run in reversed(trial_runs(storage, run_name)):
-        for folder in sorted(trial_run.glob("checkpoint_*"), reverse=True):
+        for folder in sorted((path for path in trial_run.glob("checkpoint_*") if path.is_dir()), reverse=True):
             checked = check_checkpoint(folder)
             if checked.problem is None:
                 for bad in skipped:
