@@ -148,9 +148,11 @@ def _locked_by_then(handle: TextIO, deadline: float) -> bool:
 STORAGE_FAULTS = ("No space left on device", "Read-only file system", "Disk quota exceeded")
 
 
-def storage_fault_advice(message: str) -> str:
-    """`message`, and where it tells of a full or read-only disk, what is kept and the way on."""
+def storage_fault_advice(message: str, where: Path | None = None) -> str:
+    """`message`, and where it tells of a full or read-only disk, the folder that was written (`where`, if the
+    message names no path), what is kept and the way on."""
     if not any(fault in message for fault in STORAGE_FAULTS):
         return message
-    return (f"{message}; what finished is kept (checkpoints, adapter, predictions written so far): free space or "
-            "make the folder writable, then run the same command to go on")
+    written = f" (writing under {where})" if where is not None and "/" not in message else ""
+    return (f"{message}{written}; what finished is kept (checkpoints, adapter, predictions written so far): free "
+            "space or make the folder writable, then run the same command to go on")

@@ -227,6 +227,8 @@ def _unanswered(exc: BaseException) -> bool:
 
 
 T = TypeVar("T")
+_unanswering: set[str] = set()
+"""The tracking servers that did not answer this process."""
 
 
 def answered(uri: str, call: Callable[[], T], busy_wait_s: float = BUSY_WAIT_S) -> T:
@@ -236,6 +238,8 @@ def answered(uri: str, call: Callable[[], T], busy_wait_s: float = BUSY_WAIT_S) 
     deadline, pause = time.monotonic() + busy_wait_s, 0.5
     while True:
         try:
+            if uri in _unanswering:  # once is enough: a run's last calls (ending it FAILED) do not wait again
+                raise ConnectionError(f"{uri}: Max retries exceeded before")
             return call()
         except Exception as exc:
             if _busy(exc) and time.monotonic() + pause < deadline:
@@ -249,6 +253,7 @@ def answered(uri: str, call: Callable[[], T], busy_wait_s: float = BUSY_WAIT_S) 
                     "it (nothing finished is trained or evaluated again)"
                 ) from None
             if _unanswered(exc):
+                _unanswering.add(uri)
                 tries = int(os.environ.get("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")) + 1
                 raise ClozeMathError(
                     f"tracking server '{uri}' stopped answering (no answer within "

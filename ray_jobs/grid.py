@@ -318,7 +318,7 @@ def _safe(name: str) -> str:
 def _trial_outcome(result: Any, headlines: dict[str, str], folders: dict[str, Path]) -> TrialOutcome:
     metrics = dict(result.metrics or {})
     name = result.config["trial"] if result.config else result.path
-    error = None if result.error is None else user_error_line(result.error)
+    error = None if result.error is None else storage_fault_advice(user_error_line(result.error), folders.get(name))
     status = "ERROR" if result.error is not None else "TERMINATED"
     error_file = Path(result.path) / TUNE_ERROR_FILE if result.error is not None else None
     return TrialOutcome(
@@ -347,7 +347,7 @@ def user_error_line(error: BaseException) -> str:
         return str(found)
     lines = [line.strip() for line in str(error).strip().splitlines() if line.strip()]
     raised = [line for line in lines if _RAISED_LINE.match(line)]
-    return storage_fault_advice((raised or lines or [type(error).__name__])[-1])
+    return (raised or lines or [type(error).__name__])[-1]
 
 
 def print_grid_outcome(outcome: GridOutcome, logs: Path | None = None) -> None:

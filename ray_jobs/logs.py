@@ -47,9 +47,8 @@ def logged(folder: Path) -> Iterator[None]:
                 if console.verbose() or isinstance(exc, ClozeMathError):
                     raise
                 traceback.print_exc()  # into the driver's log: the process's stderr is the log here
-                raise ClozeMathError(storage_fault_advice(
-                    f"{type(exc).__name__}: {_first_line(exc)} (the traceback is in {folder / DRIVER_LOG})"
-                )) from None
+                line = storage_fault_advice(f"{type(exc).__name__}: {_first_line(exc)}", folder.parent)
+                raise ClozeMathError(f"{line} (the traceback is in {folder / DRIVER_LOG})") from None
             finally:
                 _stop_routing()
     finally:

@@ -19,6 +19,7 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
+from contextlib import closing
 from pathlib import Path
 
 import psutil
@@ -463,6 +464,10 @@ def test_every_tracking_call_ends_within_its_bound_naming_the_server(silent_serv
                        r"within 1 s, 2 tries\); what the run made stays in its folder"):
         TrackedRun(silent_server, "0" * 32).log_metrics(1, {"train/loss": 1.0})
     assert time.monotonic() - started < SECONDS
+    started = time.monotonic()
+    with pytest.raises(ClozeMathError, match="stopped answering"):  # ending the run FAILED waits no more
+        TrackedRun(silent_server, "0" * 32).end(succeeded=False)
+    assert time.monotonic() - started < 1
 
 
 def test_a_busy_sqlite_store_is_waited_for(tmp_path: Path) -> None:
@@ -705,3 +710,43 @@ def test_a_huge_data_file_of_one_line_is_refused_before_it_is_read_whole(tmp_pat
         sparse.truncate(2 << 30)
     ended = cli("run", str(ROOT / SMOKE), *outputs(tmp_path), f"data.path={data}")
     ended.one_line_error(f"{data}:1: a line longer than")
+
+
+@pytest.fixture
+def small_disk(tmp_path: Path) -> Iterator[Path]:
+    """A file system of 3 MB (a tmpfs: needs the right to mount; skipped without it)."""
+    folder = tmp_path / "small"
+    folder.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=3m", "tmpfs", str(folder)], capture_output=True).returncode:
+        pytest.skip("cannot mount a tmpfs here")
+    try:
+        yield folder
+    finally:
+        subprocess.run(["umount", "-l", str(folder)], check=False)
+
+
+@pytest.mark.slow
+def test_a_full_disk_during_a_run_is_one_line_naming_where_and_what_was_kept(tmp_path: Path,
+                                                                            small_disk: Path) -> None:
+    """The run's folder on a disk too small for its data (the tokenizer's copy alone is 9 MB): one line saying the
+    disk is full, where, and that the same command goes on once there is room."""
+    from conftest import run_smoke
+
+    code, lines = run_smoke(tmp_path, f"train.output_dir={small_disk / 'runs'}")
+    assert code == 2 and "Traceback" not in "\n".join(lines), lines[-10:]
+    assert lines[-1].startswith("clozemath: error: 1 of 1 trials failed; smoke: "), lines[-5:]
+    assert "No space left on device" in lines[-1] and f"(writing under {small_disk / 'runs' / 'smoke'})" in lines[-1]
+    assert "what finished is kept" in lines[-1] and "run the same command to go on" in lines[-1]
+
+
+def test_a_tracking_store_in_a_read_only_folder_is_refused_before_work_by_report_and_run(tmp_path: Path, capsys,
+                                                                                     small_disk: Path) -> None:
+    """The store's folder read-only (it gave `OSError: [Errno 30]` from the store's lock file, a traceback)."""
+    with closing(sqlite3.connect(small_disk / "m.db")) as store:
+        store.execute("create table t (x)")
+    subprocess.run(["mount", "-o", "remount,ro", str(small_disk)], check=True)
+    uri = f"sqlite:///{small_disk / 'm.db'}"
+    error = refused(capsys, "report", "--experiment", "x", "--tracking-uri", uri, "--out", str(tmp_path / "r"))
+    assert f"--tracking-uri '{uri}': cannot write in '{small_disk}'" in error
+    error = refused(capsys, "run", str(ROOT / SMOKE), f"train.output_dir={tmp_path / 'runs'}", f"tracking.uri={uri}")
+    assert f"cannot write in '{small_disk}'" in error
