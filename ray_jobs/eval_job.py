@@ -3,8 +3,9 @@
 Every problem of every set goes into one dataset; `map_batches` sends batches to an actor pool holding one model per
 GPU (or a single actor on CPU), and each actor decodes a batch with every decoding of `eval.decodings` and grades it
 (`clozemath.eval.evaluate.evaluate_batch`). The driver streams the predictions back: they are appended to
-`<set>.partial.jsonl` as they arrive (a crash loses nothing that was decoded), and when a set is complete its
-predictions are written in order to `predictions/<set>.jsonl` and its metrics to `metrics.json`.
+`<set>.partial.jsonl` as they arrive (a crash loses nothing that was decoded: the next evaluation of the same takes
+them up, and skips the sets finished before), and when a set is complete its predictions are written in order to
+`predictions/<set>.jsonl` and its metrics to `metrics.json`.
 """
 
 from __future__ import annotations

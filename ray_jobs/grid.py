@@ -9,7 +9,8 @@ MLflow: the driver opens one parent run per grid; each trial logs into a child r
 training set and seed. Restore: the Tune experiment lives in `<train.output_dir>/tune/<grid>-<key>`, the key a hash
 of every trial's resolved config. `clozemath run` with the same config finds it and calls `Tuner.restore`:
 finished trials are not run again; an unfinished trial starts its function again, whose `TorchTrainer` (under a
-run name fixed by the trial's config) resumes from its latest checkpoint, and which logs on into its child run. A
+run name fixed by the trial's config, the data it reads and the code that makes its samples: `trial_key`) resumes
+from its newest whole checkpoint, and which logs on into its child run. A
 trial whose child run already finished (the driver died before Tune recorded it) only reports that run's metrics.
 """
 

@@ -3,8 +3,10 @@
 Each worker loads the model, takes its shard of the token ids (split in a fixed order so that a restarted worker
 gets the same rows: Ray Data's streaming split, or for a small set a share of one object, `train.stream_above_mb`)
 and runs the loop. Every step's metrics go through `ray.train.report`; a checkpoint (DeepSpeed state + step + data
-position) goes with them every `checkpoint_every` steps and at the end. After a failure Ray restarts the workers (up
-to `max_failures` times) and each resumes from `ray.train.get_checkpoint()`. The last checkpoint holds the adapter,
+position) goes with them every `checkpoint_every` steps and at the end, each rank's part marked complete first
+(`clozemath.train.checkpoint.mark_complete`). After a failure Ray restarts the workers (up to `max_failures` times)
+and each resumes from `ray.train.get_checkpoint()`; a trial started again resumes, in a Ray Train run of its own,
+from the newest whole checkpoint of its earlier runs (`resume_point`). The last checkpoint holds the adapter,
 which the driver copies into the run's output folder. The metrics reach MLflow through a callback on the Train
 controller, on the driver's node (`ray_jobs.reports`).
 """
