@@ -394,7 +394,16 @@ def _run_name(name: str) -> str:
         raise ValueError(
             f"'{name}' would leave train.output_dir or name an odd folder: use letters, digits, '-', '_', '.', '='"
         )
+    longest = max(len(part.encode()) for part in parts)
+    if longest > MAX_NAME_BYTES:
+        raise ValueError(f"'{name[:40]}...' is {longest} bytes long: a folder's name holds at most {MAX_NAME_BYTES}")
+    if "'" in name and '"' in name:
+        raise ValueError(f"'{name}' holds both quotes (' and \"): MLflow's search cannot find such a name")
     return name
+
+
+MAX_NAME_BYTES = 200
+"""A name's part is a folder's name: file systems hold 255 bytes, and folders beside it add a key or a prefix."""
 
 
 def folder_name(name: str) -> str:

@@ -249,6 +249,43 @@ def _terminal_copy(stream: TextIO, fd: int) -> TextIO:
                 errors="replace")
 
 
+class _LogStream(io.TextIOBase):
+    """The log as this process's `sys.stdout` and `sys.stderr`: a log that can no longer be written (a full disk)
+    is said once on the console, and the command goes on (its own line at the end included), never lost to it."""
+
+    def __init__(self, log: TextIO, path: Path) -> None:
+        self.log, self.path, self.failed = log, path, False
+
+    def write(self, text: str) -> int:
+        if not self.failed:
+            try:
+                self.log.write(text)
+            except OSError as exc:
+                self._failed(exc)
+        return len(text)
+
+    def flush(self) -> None:
+        if not self.failed:
+            try:
+                self.log.flush()
+            except OSError as exc:
+                self._failed(exc)
+
+    def fileno(self) -> int:
+        return self.log.fileno()
+
+    def isatty(self) -> bool:
+        return False
+
+    @property
+    def encoding(self) -> str:
+        return self.log.encoding
+
+    def _failed(self, exc: OSError) -> None:
+        self.failed = True
+        console().warn(f"{self.path}: the log cannot be written ({exc.strerror}); it stops here")
+
+
 @contextmanager
 def quiet_console(log_file: Path) -> Iterator[None]:
     """Everything this process prints, Python's and native code's alike (file descriptors 1 and 2), goes to
@@ -264,23 +301,28 @@ def quiet_console(log_file: Path) -> Iterator[None]:
     for stream in streams:
         stream.flush()
     saved = os.dup(1), os.dup(2)
-    with open(log_file, "a", buffering=1, encoding="utf-8", errors="replace") as log:
-        log.write(f"==== {time.strftime('%Y-%m-%d %H:%M:%S')} {' '.join(sys.argv)}\n")
-        log.flush()
-        os.dup2(log.fileno(), 1)
-        os.dup2(log.fileno(), 2)
-        sys.stdout = sys.stderr = log
+    log = open(log_file, "a", buffering=1, encoding="utf-8", errors="replace")
+    stream = _LogStream(log, log_file)
+    stream.write(f"==== {time.strftime('%Y-%m-%d %H:%M:%S')} {' '.join(sys.argv)}\n")
+    stream.flush()
+    os.dup2(log.fileno(), 1)
+    os.dup2(log.fileno(), 2)
+    sys.stdout = sys.stderr = stream
+    try:
+        yield
+    finally:
+        stream.flush()
+        sys.stdout, sys.stderr = streams
+        os.dup2(saved[0], 1)
+        os.dup2(saved[1], 2)
+        for fd in saved:
+            os.close(fd)
         try:
-            yield
-        finally:
-            log.flush()
-            sys.stdout, sys.stderr = streams
-            os.dup2(saved[0], 1)
-            os.dup2(saved[1], 2)
-            for fd in saved:
-                os.close(fd)
-            _console._end_drawn()
-            for copy, original in zip((_console.out, _console.err), streams):
-                if copy is not original:
-                    copy.close()
-            _console = previous
+            log.close()
+        except OSError:  # what it held back cannot be written: `stream` said so
+            pass
+        _console._end_drawn()
+        for copy, original in zip((_console.out, _console.err), streams):
+            if copy is not original:
+                copy.close()
+        _console = previous

@@ -71,7 +71,10 @@ def copy_folder_atomic(source: str | Path, target: str | Path) -> None:
 def check_writable_folder(path: str | Path, what: str) -> None:
     """Refuse, before anything starts, a folder that cannot be made or written: one under a file, or in a folder
     this user may not write."""
-    existing = Path(path).expanduser().resolve()
+    try:
+        existing = Path(path).expanduser().resolve()
+    except (RuntimeError, OSError) as exc:  # a symbolic link that leads to itself (RuntimeError before Python 3.13)
+        raise ClozeMathError(f"{what}: cannot make the folder '{path}': {exc}") from None
     while not existing.exists():
         existing = existing.parent
     if not existing.is_dir():
@@ -140,3 +143,16 @@ def _locked_by_then(handle: TextIO, deadline: float) -> bool:
             if time.monotonic() >= deadline:
                 return False
             time.sleep(0.1)
+
+
+STORAGE_FAULTS = ("No space left on device", "Read-only file system", "Disk quota exceeded")
+
+
+def storage_fault_advice(message: str, where: Path | None = None) -> str:
+    """`message`, and where it tells of a full or read-only disk, the folder that was written (`where`, if the
+    message names no path), what is kept and the way on."""
+    if not any(fault in message for fault in STORAGE_FAULTS):
+        return message
+    written = f" (writing under {where})" if where is not None and "/" not in message else ""
+    return (f"{message}{written}; what finished is kept (checkpoints, adapter, predictions written so far): free "
+            "space or make the folder writable, then run the same command to go on")

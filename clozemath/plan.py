@@ -33,9 +33,11 @@ from clozemath.data.objectives import get_objective
 from clozemath.data.training_sets import training_set
 from clozemath.errors import ClozeMathError
 from clozemath.eval.decoding import decoding_names
-from clozemath.records import grid_folder
+from clozemath.data.sources import data_identity, fingerprint
+from clozemath.records import RunInputs, grid_folder
 from clozemath.safe_yaml import NotYaml, parse_yaml, read_yaml
 from clozemath.tasks import get_task
+from clozemath.tracking import artifact_location, resolved_uri
 
 # --------------------------------------------------------------------------------------------------------------
 # YAML references and overrides
@@ -246,6 +248,70 @@ def load_plan(path: str | Path, overrides: list[str] = ()) -> RunPlan:
 def load_config(path: str | Path, overrides: list[str] = ()) -> ExperimentConfig | GridConfig:
     """The experiment, or the grid, of a YAML file with overrides applied (validated as `load_plan` does)."""
     return load_plan(path, overrides).config
+
+
+# --------------------------------------------------------------------------------------------------------------
+# What a run's results depend on besides its settings: where its paths lead, the data it reads, the code that makes
+# its samples
+
+
+def with_absolute_paths(config: ExperimentConfig) -> ExperimentConfig:
+    """Paths resolved against this process's folder: a trial runs in a folder of Tune's, maybe on another node, and
+    `./runs` and its absolute path are one folder."""
+    def absolute(path: str | None) -> str | None:
+        return None if path is None else str(Path(path).expanduser().resolve())
+
+    resolved = config.model_copy(deep=True)
+    resolved.train.output_dir = absolute(resolved.train.output_dir)
+    if resolved.train.storage is not None and "://" not in resolved.train.storage:
+        resolved.train.storage = absolute(resolved.train.storage)
+    resolved.train.compile_cache = absolute(resolved.train.compile_cache)
+    resolved.data.path = absolute(resolved.data.path)
+    resolved.eval.adapter = absolute(resolved.eval.adapter)
+    for set_cfg in resolved.eval.sets:
+        set_cfg.path = absolute(set_cfg.path)
+    if resolved.tracking.artifact_location is not None:  # else beside the store, whose URI is resolved here
+        resolved.tracking.artifact_location = artifact_location(resolved.tracking)
+    resolved.tracking.uri = resolved_uri(resolved.tracking.uri)
+    return resolved
+
+
+def data_inputs(experiments: list[ExperimentConfig], training: bool = True) -> dict[str, str]:
+    """Every file the experiments read problems from (`training`: their training sets too), by what it is
+    (`training set gsm8k/train`), as where it is and a hash of its bytes (or the hub dataset it comes from); a
+    missing file is an error."""
+    def at(path: str | None) -> str:
+        return "" if path is None else f" at {path}"
+
+    found = {}
+    for data in (e.data for e in experiments if training and e.method.trains):
+        found[f"training set {data.dataset}/{data.split}{at(data.path)}"] = data_identity(
+            data.dataset, data.split, data.path
+        )
+    for experiment in experiments:
+        for set_cfg in experiment.eval.sets:
+            found[f"evaluation set {set_cfg.dataset}/{set_cfg.split}{at(set_cfg.path)}"] = get_task(
+                set_cfg.dataset
+            ).identity(set_cfg)
+    return found
+
+
+def run_inputs(experiments: list[ExperimentConfig]) -> RunInputs:
+    """What the experiments' results depend on besides their settings: the data they read (`data_inputs`) and,
+    where one trains, the code that makes its samples (`clozemath.data.prepare.sample_code`)."""
+    from clozemath.data.prepare import sample_code  # transformers and torch: only once a run is about to start
+
+    trains = any(experiment.method.trains for experiment in experiments)
+    return RunInputs(data=data_inputs(experiments), code=sample_code() if trains else {})
+
+
+def evaluation_inputs(config: ExperimentConfig, adapter: Path | None) -> RunInputs:
+    """What `clozemath eval`'s results depend on besides its settings: the evaluation sets' data and the adapter's
+    files."""
+    data = data_inputs([config], training=False)
+    if adapter is not None:
+        data["adapter"] = f"{adapter.resolve()} {fingerprint(sorted(p for p in adapter.rglob('*') if p.is_file()))}"
+    return RunInputs(data=data, code={})
 
 
 # --------------------------------------------------------------------------------------------------------------

@@ -69,6 +69,19 @@ def compile_cache_folder(config: ExperimentConfig) -> Path:
     return Path(config.train.compile_cache or Path(config.train.output_dir) / COMPILE_CACHE_DIR)
 
 
+EVALS_DIR = "evals"
+"""Under `train.output_dir`: a folder per `clozemath eval` of a config, apart from its run's (`evaluation_folder`)."""
+
+
+def evaluation_folder(config: ExperimentConfig, inputs: RunInputs) -> Path:
+    """`<train.output_dir>/evals/<name>-<key>`: where `clozemath eval` of `config` writes (its predictions in `eval/`,
+    its logs), never in the run's own folder. The key hashes the config and its inputs (the adapter's files among
+    them): the same evaluation again finds its folder, another gets one of its own."""
+    record = run_record([config], inputs)
+    key = hashlib.sha256(json.dumps(record, sort_keys=True, default=str).encode()).hexdigest()[:10]
+    return Path(config.train.output_dir).resolve() / EVALS_DIR / f"{config.name}-{key}"
+
+
 def grid_folder(output_dir: str, grid: str) -> Path:
     """`<train.output_dir>/<grid>`: an experiment's run folder, or the folder of a grid's trials' run folders."""
     return Path(output_dir).resolve() / grid
@@ -91,11 +104,32 @@ def flatten(config: BaseModel | dict[str, Any], prefix: str = "") -> dict[str, A
 # Which config a run folder belongs to, and which command runs in it
 
 
-def run_record(experiments: Iterable[ExperimentConfig]) -> dict[str, object]:
-    """The fingerprint of a run's configs (every setting of every trial) and the settings themselves."""
+@dataclass(frozen=True)
+class RunInputs:
+    """What a run's results depend on besides its settings (`clozemath.plan.run_inputs`)."""
+
+    data: dict[str, str]
+    """Each file it reads problems from, by what it is (`training set gsm8k/train`): where it is and a hash of it."""
+    code: dict[str, str]
+    """A hash of each module that makes its training samples, by module (empty where nothing trains)."""
+
+    def changes(self, old: dict[str, Any]) -> list[str]:
+        """What differs from the inputs recorded as `old` (`{"data": ..., "code": ...}`), in words."""
+        found = [f"{what}: its data changed" for what in sorted(self.data) if old.get("data", {}).get(what,
+                 self.data[what]) != self.data[what]]
+        code = sorted(module for module in self.code if old.get("code", {}).get(module, self.code[module])
+                      != self.code[module])
+        if code:
+            found.append(f"the code that makes the training samples changed ({', '.join(code[:2])})")
+        return found
+
+
+def run_record(experiments: Iterable[ExperimentConfig], inputs: RunInputs) -> dict[str, object]:
+    """The fingerprint of a run's configs (every setting of every trial), the settings themselves and its inputs."""
     settings = {experiment.name: flatten(experiment) for experiment in experiments}
     text = json.dumps(settings, sort_keys=True, default=str)
-    return {"fingerprint": hashlib.sha256(text.encode()).hexdigest()[:16], "settings": settings}
+    fingerprint = hashlib.sha256(text.encode()).hexdigest()[:16]
+    return {"fingerprint": fingerprint, "settings": settings, "inputs": {"data": inputs.data, "code": inputs.code}}
 
 
 def _holds_work(folder: Path) -> bool:
@@ -104,71 +138,145 @@ def _holds_work(folder: Path) -> bool:
     return any((folder / name).exists() or any(folder.glob(f"*/{name}")) for name in outputs)
 
 
+def _as_path(value: object) -> Path | None:
+    """A setting that reads as a local path (or a local store's URI), resolved; else None."""
+    if not isinstance(value, str) or not value:
+        return None
+    for scheme in ("sqlite:///", "file://"):
+        if value.startswith(scheme):
+            value = value.removeprefix(scheme)
+    return None if "://" in value else Path(value).expanduser().resolve()
+
+
+def _same_setting(old: object, new: object) -> bool:
+    """Equal, or two spellings of one path (`./runs` and its absolute path)."""
+    return old == new or (_as_path(old) is not None and _as_path(old) == _as_path(new))
+
+
 def _changes(old: dict[str, dict[str, object]], new: dict[str, dict[str, object]]) -> str:
-    """The first few settings that differ between two runs' configs, as `key: old -> new`."""
+    """The first few settings that differ between two runs' configs, as `key: old -> new`; empty if none."""
     if old.keys() != new.keys():
         gone, added = sorted(old.keys() - new.keys()), sorted(new.keys() - old.keys())
         return "; ".join(part for part in (f"trials gone: {', '.join(gone[:2])}" if gone else "",
                                            f"trials added: {', '.join(added[:2])}" if added else "") if part)
     for name in new:
-        keys = sorted(key for key in old[name].keys() | new[name].keys() if old[name].get(key) != new[name].get(key))
+        keys = sorted(key for key in old[name].keys() | new[name].keys()
+                      if not _same_setting(old[name].get(key), new[name].get(key)))
         if keys:
             shown = ", ".join(f"{key}: {old[name].get(key)!r} -> {new[name].get(key)!r}" for key in keys[:3])
             return shown + (f" and {len(keys) - 3} more" if len(keys) > 3 else "")
-    return "its settings"
+    return ""
 
 
-def claim_run_folder(folder: Path, experiments: list[ExperimentConfig]) -> None:
-    """Record in `folder` the config its run belongs to; refuse a config that differs from the one recorded there
-    while the folder holds that run's work (adapter, checkpoints, predictions), so that it is never overwritten.
-    A folder of a run from before the record existed is taken as this config's."""
-    record = run_record(experiments)
+def _held_record(file: Path, folder: Path) -> dict[str, Any] | None:
+    """The record in `file` (None where there is none); a damaged one (not JSON, not a record, a folder in its
+    place) is an error naming it while the folder holds work, else it is replaced."""
+    if not file.exists() and not file.is_symlink():
+        return None
+    problem = None
+    try:
+        held = json.loads(file.read_text(encoding="utf-8"))
+        if not _is_record(held):
+            problem = "not a run record"
+    except IsADirectoryError:
+        problem = "a folder, not a file"
+    except UnicodeDecodeError:
+        problem = "not text"
+    except ValueError:
+        problem = "not JSON"
+    except OSError as exc:
+        problem = f"cannot be read ({exc.strerror})"
+    if problem is None:
+        return held
+    if _holds_work(folder) or file.is_dir():
+        raise ClozeMathError(
+            f"{file}: damaged ({problem}), so which config this folder's run belongs to is unknown: if it is this "
+            f"config's, remove {file} and run again (it is recorded afresh); else give this run a folder of its own "
+            "with name=<new name>"
+        )
+    return None
+
+
+def _is_record(held: object) -> bool:
+    """A dict of a run's settings by trial, and of its inputs (if recorded) by kind."""
+    if not isinstance(held, dict):
+        return False
+    settings, inputs = held.get("settings"), held.get("inputs") or {}
+    return (isinstance(settings, dict) and all(isinstance(trial, dict) for trial in settings.values())
+            and isinstance(inputs, dict) and all(isinstance(inputs.get(kind, {}), dict) for kind in ("data", "code")))
+
+
+def claim_run_folder(folder: Path, experiments: list[ExperimentConfig], inputs: RunInputs) -> None:
+    """Record in `folder` the config its run belongs to and its inputs (the data it reads, the code that makes its
+    samples); refuse a config or inputs that differ from the ones recorded there while the folder holds that run's
+    work (adapter, checkpoints, predictions), so that it is never overwritten, nor resumed on other data. Paths
+    compare resolved. A folder of a run from before the record existed is taken as this config's, one from before
+    inputs were recorded as made from these."""
+    record = run_record(experiments, inputs)
     file = folder / RUN_RECORD
-    if file.is_file():
-        try:
-            held = json.loads(file.read_text(encoding="utf-8"))
-        except (OSError, ValueError):
-            held = {}
-        if held.get("fingerprint") != record["fingerprint"] and _holds_work(folder):
-            settings = held.get("settings")
-            changed = _changes(settings, record["settings"]) if settings else "unreadable"
-            other_trials = bool(settings) and settings.keys() != record["settings"].keys()
+    held = _held_record(file, folder)
+    if held is not None and _holds_work(folder):
+        settings = held["settings"]
+        changed = _changes(settings, record["settings"])
+        changed_inputs = inputs.changes(held.get("inputs") or {})
+        if changed or changed_inputs:
+            other_trials = settings.keys() != record["settings"].keys()
             own_folder = ("give the new trials a folder of their own with train.output_dir=<folder> (`clozemath report "
                           "--parent` twice reports both grid runs as one)" if other_trials
                           else "give this one a folder of its own with name=<new name>")
-            raise ClozeMathError(f"{folder} holds the run of another config ({changed}): it is left as it is; "
-                                 f"{own_folder}, or run the config it holds")
+            if changed:
+                raise ClozeMathError(f"{folder} holds the run of another config ({changed}): it is left as it is; "
+                                     f"{own_folder}, or run the config it holds")
+            raise ClozeMathError(f"{folder} holds a run made from other inputs ({'; '.join(changed_inputs[:2])}): it is "
+                                 f"left as it is; {own_folder} to run on these")
     write_text_atomic(file, json.dumps(record, indent=1, sort_keys=True, default=str) + "\n")
 
 
 @contextmanager
 def run_lock(folder: Path) -> Iterator[None]:
     """Hold `folder` for this command: a second command on it is refused at once, naming the process that holds
-    it. The lock is the kernel's (`flock`): it ends with its process, however that ends, so a lock left by a killed
-    run is never in the way; the file names the holder (pid, host) while it is held."""
+    it. The lock is the kernel's (`flock`) on the folder itself, held through an open descriptor: it ends with its
+    process, however that ends (a lock left by a killed run is never in the way), and removing a file cannot lift
+    it. `run.lock` names the holder (pid, host) while it is held."""
     folder.mkdir(parents=True, exist_ok=True)
-    handle = open(folder / RUN_LOCK, "a+", encoding="utf-8")
+    descriptor = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
     try:
         try:
-            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            handle.seek(0)
-            holder = handle.read().strip() or "another process"
             raise ClozeMathError(
-                f"{folder}: another run is live in this folder ({holder}); wait for it to end, or give this one a "
-                f"folder of its own with name=<new name>"
+                f"{folder}: another run is live in this folder ({_lock_holder(folder)}); wait for it to end, or give "
+                "this one a folder of its own with name=<new name>"
             ) from None
-        handle.seek(0)
-        handle.truncate()
-        handle.write(f"pid {os.getpid()} on {socket.gethostname()}\n")
-        handle.flush()
+        holder = folder / RUN_LOCK
+        _name_holder(holder)
         try:
             yield
         finally:
-            handle.seek(0)
-            handle.truncate()
+            holder.unlink(missing_ok=True)
     finally:
-        handle.close()
+        os.close(descriptor)
+
+
+def _name_holder(file: Path) -> None:
+    """Write this process into `file` (who holds the lock); a folder or a file in its place that cannot be written
+    is an error naming it."""
+    try:
+        if file.is_dir():
+            raise IsADirectoryError(21, "a folder in its place")
+        write_text_atomic(file, f"pid {os.getpid()} on {socket.gethostname()}\n")
+    except OSError as exc:
+        raise ClozeMathError(f"{file}: cannot be written ({exc.strerror}): remove it and run again") from None
+
+
+def _lock_holder(folder: Path) -> str:
+    """Who holds the folder's lock, as `run.lock` names it (if it can be read)."""
+    try:
+        with open(folder / RUN_LOCK, encoding="utf-8", errors="replace") as file:
+            text = file.read(200).strip()
+    except OSError:
+        text = ""
+    return text if text.startswith("pid ") else "another process"
 
 
 def check_run_outputs(experiments: Iterable[ExperimentConfig]) -> None:

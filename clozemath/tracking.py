@@ -14,16 +14,17 @@ import socket
 import sqlite3
 import time
 import urllib.parse
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import closing, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from pydantic import BaseModel
 
 from clozemath.config import TRACKING_SCHEMES, TrackingConfig
 from clozemath.errors import ClozeMathError
+from clozemath.files import check_writable_folder
 from clozemath.records import CONFIG_ARTIFACT, PARENT_TAG, flatten
 from clozemath.safe_yaml import dump_yaml
 
@@ -81,7 +82,9 @@ def check_tracking_uri(uri: str, what: str = "tracking.uri") -> None:
         return
     if backend not in TRACKING_SCHEMES:
         raise ClozeMathError(f"{what} '{uri}': unknown scheme '{scheme}' (known: {', '.join(TRACKING_SCHEMES)})")
-    if backend in ("http", "https"):
+    if backend == "sqlite":
+        _check_sqlite(uri, what)
+    elif backend in ("http", "https"):
         try:
             parts = urllib.parse.urlsplit(uri)
             host, port = parts.hostname, parts.port or (443 if backend == "https" else 80)
@@ -90,8 +93,52 @@ def check_tracking_uri(uri: str, what: str = "tracking.uri") -> None:
         if not host:
             raise ClozeMathError(f"{what} '{uri}': no host in it (write http://host:port)")
         _probe(host, port, uri, what, "a tracking server (`mlflow server --port ...`)")
-    elif backend not in ("sqlite", "databricks"):
+        _check_answers(uri, what)
+    elif backend != "databricks":
         _check_database(uri, what)
+
+
+SQLITE_HEADER = b"SQLite format 3\x00"
+
+
+def _check_sqlite(uri: str, what: str) -> None:
+    """A SQLite store MLflow can open: a database file (or none yet) in a folder this user can write (SQLite keeps
+    its journal beside it, and the store's creation lock is there), not a folder or another kind of file."""
+    path = _sqlite_path(uri)
+    if path is None or path in ("", ":memory:"):
+        return
+    file = Path(path)
+    if file.is_dir():
+        raise ClozeMathError(f"{what} '{uri}': '{file}' is a folder, not a database file; name a file (.db) in it")
+    if file.exists():
+        try:
+            with file.open("rb") as handle:
+                head = handle.read(len(SQLITE_HEADER))
+        except OSError as exc:
+            raise ClozeMathError(f"{what} '{uri}': '{file}' cannot be read ({exc.strerror})") from None
+        if head and head != SQLITE_HEADER:
+            raise ClozeMathError(f"{what} '{uri}': '{file}' is not a SQLite database; point {what} at another file")
+    check_writable_folder(file.parent, f"{what} '{uri}'")
+
+
+ANSWER_TIMEOUT_S = 10.0
+"""How long a tracking server that accepts connections may take to answer a request when a command starts."""
+
+
+def _check_answers(uri: str, what: str) -> None:
+    """A tracking server that accepts connections answers a request in time (any answer: its health page, an error;
+    a TLS or proxy failure is MLflow's to report, with its own settings)."""
+    import requests
+
+    try:
+        requests.get(f"{uri.rstrip('/')}/health", timeout=ANSWER_TIMEOUT_S)
+    except requests.exceptions.Timeout:
+        raise ClozeMathError(
+            f"{what} '{uri}': the server accepts connections but gives no answer within {ANSWER_TIMEOUT_S:.0f} s: "
+            f"restart it or point {what} elsewhere"
+        ) from None
+    except requests.exceptions.RequestException:
+        pass
 
 
 def _check_database(uri: str, what: str) -> None:
@@ -140,13 +187,82 @@ def artifact_location(tracking: TrackingConfig) -> str | None:
     return None if path is None else (Path(path).parent / "mlartifacts").as_uri()
 
 
+HTTP_LIMITS = {"MLFLOW_HTTP_REQUEST_TIMEOUT": "12", "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "1",
+               "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1"}
+"""A request to a tracking server ends within about 25 s (12 s without an answer, one retry): MLflow's own defaults
+(120 s, 7 retries with a doubling backoff) waited on a server that accepts connections but never answers for far
+longer than a user does. Set the variables to override."""
+BUSY_WAIT_S = 600.0
+"""How long a call waits, retrying with a growing pause, for a SQLite store that another writer holds."""
+
+
 def client(uri: str) -> MlflowClient:
     """A client of the store, whose tables this process has made sure of first (`_store_ready`)."""
     from mlflow import MlflowClient
 
+    for name, value in HTTP_LIMITS.items():
+        os.environ.setdefault(name, value)
     resolved = resolved_uri(uri)
-    _store_ready(resolved)
+    answered(resolved, lambda: _store_ready(resolved))
     return MlflowClient(tracking_uri=resolved)
+
+
+def _chain(exc: BaseException) -> list[BaseException]:
+    found: list[BaseException] = []
+    while exc is not None and not any(exc is seen for seen in found):
+        found.append(exc)
+        exc = exc.__cause__ or exc.__context__
+    return found
+
+
+def _busy(exc: BaseException) -> bool:
+    """A SQLite store another writer holds."""
+    return any("database is locked" in str(error) or "database is busy" in str(error) for error in _chain(exc))
+
+
+def _unanswered(exc: BaseException) -> bool:
+    """A tracking server that did not answer (MLflow's retries spent)."""
+    import requests
+
+    return any(isinstance(error, requests.exceptions.RequestException) or "Max retries exceeded" in str(error)
+               or "timed out" in str(error).lower() for error in _chain(exc))
+
+
+T = TypeVar("T")
+_unanswering: set[str] = set()
+"""The tracking servers that did not answer this process."""
+
+
+def answered(uri: str, call: Callable[[], T], busy_wait_s: float = BUSY_WAIT_S) -> T:
+    """`call()` (an MLflow call to the store at `uri`), retried with a growing pause while a SQLite store is held by
+    another writer (up to `busy_wait_s`); a server that does not answer (`HTTP_LIMITS`) or a store busy beyond that
+    is one line naming it."""
+    deadline, pause = time.monotonic() + busy_wait_s, 0.5
+    while True:
+        try:
+            if uri in _unanswering:  # once is enough: a run's last calls (ending it FAILED) do not wait again
+                raise ConnectionError(f"{uri}: Max retries exceeded before")
+            return call()
+        except Exception as exc:
+            if _busy(exc) and time.monotonic() + pause < deadline:
+                time.sleep(pause)
+                pause = min(pause * 2, 15.0)
+                continue
+            if _busy(exc):
+                raise ClozeMathError(
+                    f"tracking store '{uri}': held by another writer for {busy_wait_s:.0f} s; what the run made "
+                    "stays in its folder under train.output_dir: run the same command once the store is free to log "
+                    "it (nothing finished is trained or evaluated again)"
+                ) from None
+            if _unanswered(exc):
+                _unanswering.add(uri)
+                tries = int(os.environ.get("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")) + 1
+                raise ClozeMathError(
+                    f"tracking server '{uri}' stopped answering (no answer within "
+                    f"{os.environ.get('MLFLOW_HTTP_REQUEST_TIMEOUT')} s, {tries} tries); what the run made stays in "
+                    "its folder under train.output_dir: start the server again and run the same command to log on"
+                ) from None
+            raise
 
 
 @functools.cache
@@ -163,15 +279,16 @@ def _store_ready(uri: str) -> None:
 def experiment_id(tracking: TrackingConfig) -> str:
     """The experiment's id, creating it (with an explicit artifact location) when it does not exist yet."""
     mlflow = client(tracking.uri)
-    found = mlflow.get_experiment_by_name(tracking.experiment)
+    found = answered(tracking.uri, lambda: mlflow.get_experiment_by_name(tracking.experiment))
     if found is not None:
         return found.experiment_id
     from mlflow.exceptions import MlflowException
 
     try:
-        return mlflow.create_experiment(tracking.experiment, artifact_location=artifact_location(tracking))
+        return answered(tracking.uri, lambda: mlflow.create_experiment(
+            tracking.experiment, artifact_location=artifact_location(tracking)))
     except MlflowException:  # created concurrently (grid trials start together)
-        return mlflow.get_experiment_by_name(tracking.experiment).experiment_id
+        return answered(tracking.uri, lambda: mlflow.get_experiment_by_name(tracking.experiment)).experiment_id
 
 
 @contextmanager
@@ -218,7 +335,7 @@ class TrackedRun:
         items = [Param(key, str(value)[:_MAX_PARAM_LENGTH]) for key, value in params.items()]
         mlflow = client(self.uri)
         for start in range(0, len(items), _BATCH):
-            mlflow.log_batch(self.run_id, params=items[start : start + _BATCH])
+            answered(self.uri, lambda: mlflow.log_batch(self.run_id, params=items[start : start + _BATCH]))
 
     def log_config(self, config: BaseModel) -> None:
         """The flattened config as params and the resolved config as `config.yaml`."""
@@ -230,24 +347,26 @@ class TrackedRun:
 
         now = int(time.time() * 1000)
         items = [Metric(key, float(value), now, step) for key, value in metrics.items()]
-        client(self.uri).log_batch(self.run_id, metrics=items)
+        answered(self.uri, lambda: client(self.uri).log_batch(self.run_id, metrics=items))
 
     def last_step(self, metric: str) -> int:
         """The last step at which the run logged `metric` (0 if never)."""
-        return max((m.step for m in client(self.uri).get_metric_history(self.run_id, metric)), default=0)
+        history = answered(self.uri, lambda: client(self.uri).get_metric_history(self.run_id, metric))
+        return max((m.step for m in history), default=0)
 
     def log_artifacts(self, folder: str | Path, artifact_path: str | None = None) -> None:
-        client(self.uri).log_artifacts(self.run_id, str(folder), artifact_path=artifact_path)
+        answered(self.uri, lambda: client(self.uri).log_artifacts(self.run_id, str(folder), artifact_path=artifact_path))
 
     def log_text(self, text: str, artifact_file: str) -> None:
-        client(self.uri).log_text(self.run_id, text, artifact_file)
+        answered(self.uri, lambda: client(self.uri).log_text(self.run_id, text, artifact_file))
 
     def end(self, succeeded: bool = True, status: str | None = None) -> None:
         """End the run FINISHED or FAILED (`succeeded`), or with the given `status` (KILLED: interrupted)."""
-        client(self.uri).set_terminated(self.run_id, status=status or ("FINISHED" if succeeded else "FAILED"))
+        final = status or ("FINISHED" if succeeded else "FAILED")
+        answered(self.uri, lambda: client(self.uri).set_terminated(self.run_id, status=final))
 
     def status(self) -> str:
-        return client(self.uri).get_run(self.run_id).info.status
+        return answered(self.uri, lambda: client(self.uri).get_run(self.run_id)).info.status
 
     @contextmanager
     def ended_on_exit(self) -> Iterator[TrackedRun]:
@@ -269,7 +388,8 @@ def start_run(
     all_tags = dict(tags or {})
     if parent_run_id is not None:
         all_tags[PARENT_TAG] = parent_run_id
-    run = client(tracking.uri).create_run(experiment_id(tracking), tags=all_tags, run_name=name)
+    experiment = experiment_id(tracking)
+    run = answered(tracking.uri, lambda: client(tracking.uri).create_run(experiment, tags=all_tags, run_name=name))
     return TrackedRun(resolved_uri(tracking.uri), run.info.run_id)
 
 
@@ -277,16 +397,26 @@ def reopen_run(uri: str, run_id: str) -> TrackedRun:
     """Mark a run running again (a trial resumed after its driver died logs on into the run it had)."""
     from mlflow.entities import RunStatus
 
-    client(uri).update_run(run_id, status=RunStatus.to_string(RunStatus.RUNNING))
+    answered(uri, lambda: client(uri).update_run(run_id, status=RunStatus.to_string(RunStatus.RUNNING)))
     return TrackedRun(resolved_uri(uri), run_id)
 
 
 def find_runs(tracking: TrackingConfig, tags: Mapping[str, str]) -> list[Run]:
     """The runs of the config's experiment carrying all these tags, newest first (none if it does not exist)."""
     mlflow = client(tracking.uri)
-    experiment = mlflow.get_experiment_by_name(tracking.experiment)
+    experiment = answered(tracking.uri, lambda: mlflow.get_experiment_by_name(tracking.experiment))
     if experiment is None:
         return []
-    query = " and ".join(f"tags.`{key}` = '{value}'" for key, value in tags.items())
+    query = " and ".join(f"tags.`{key}` = {_quoted(value)}" for key, value in tags.items())
     newest_first = ["attributes.start_time DESC"]
-    return list(mlflow.search_runs([experiment.experiment_id], filter_string=query, order_by=newest_first))
+    return list(answered(tracking.uri, lambda: mlflow.search_runs(
+        [experiment.experiment_id], filter_string=query, order_by=newest_first)))
+
+
+def _quoted(value: str) -> str:
+    """A value in MLflow's search syntax, quoted with a quote it does not hold (a name with an apostrophe,
+    `o'brien`, broke the search after Ray had started). MLflow's search cannot hold both quotes: names with both are
+    refused with the config (`clozemath.config`)."""
+    if "'" in value and '"' in value:
+        raise ClozeMathError(f"{value!r}: holds both quotes (' and \"), which MLflow's search cannot find")
+    return f'"{value}"' if "'" in value else f"'{value}'"

@@ -7,13 +7,11 @@ from __future__ import annotations
 import argparse
 import os
 import shlex
-import signal
 import sys
 from collections.abc import Callable, Sequence
-from types import FrameType
 from typing import TYPE_CHECKING
 
-from clozemath import console
+from clozemath import console, interrupts
 from clozemath.data.training_sets import training_set_names
 from clozemath.errors import ClozeMathError
 from clozemath.eval.decoding import decoding_names
@@ -95,7 +93,7 @@ def _check_before_work(experiments: Sequence[ExperimentConfig]) -> None:
 
 
 def _run(args: argparse.Namespace) -> int | None:
-    from clozemath.plan import load_plan
+    from clozemath.plan import load_plan, run_inputs, with_absolute_paths
     from clozemath.records import claim_run_folder, run_lock
 
     plan = load_plan(args.config, args.overrides)  # a mistake is reported in a second, before Ray is imported
@@ -104,16 +102,19 @@ def _run(args: argparse.Namespace) -> int | None:
     _check_before_work(plan.experiments)
     folder = plan.folder
     with run_lock(folder):  # a second run of it now is refused at once
-        claim_run_folder(folder, plan.experiments)  # as is a run of another config where this one's work lies
+        # as is a run of another config, or on other data, where this one's work lies
+        claim_run_folder(folder, [with_absolute_paths(e) for e in plan.experiments], run_inputs(plan.experiments))
 
         from ray_jobs.grid import run_command
 
+        resume = shlex.join(["clozemath", "run", args.config, *args.overrides])
+        interrupted = f"clozemath: interrupted; the grid resumes where it stopped with: {resume}"
+        interrupts.set_message(interrupted)
         try:
             run_command(plan)
         except KeyboardInterrupt:
-            resume = shlex.join(["clozemath", "run", args.config, *args.overrides])
-            print(f"clozemath: interrupted; the grid resumes where it stopped with: {resume}", file=sys.stderr)
-            return _interrupted_code()
+            interrupts.say(interrupted)
+            return interrupts.exit_code()
 
 
 def _dry_run(args: argparse.Namespace, plan: RunPlan) -> None:
@@ -168,13 +169,17 @@ def _eval(args: argparse.Namespace) -> None:
     _check_before_work([config])
     adapter = resolve_adapter(config)  # a missing adapter fails here, before Ray starts
 
-    from clozemath.records import LOGS_DIR, run_folder, run_lock
+    from clozemath.plan import evaluation_inputs, with_absolute_paths
+    from clozemath.records import EVAL_DIR, LOGS_DIR, claim_run_folder, evaluation_folder, run_lock
     from ray_jobs.eval_job import print_results, run_evaluation
     from ray_jobs.logs import logged
 
-    folder = run_folder(config).resolve()
-    with run_lock(folder), logged(folder / LOGS_DIR):  # its evaluation folder is the run's: never both at once
-        result = run_evaluation(config, adapter)
+    resolved, inputs = with_absolute_paths(config), evaluation_inputs(config, adapter)
+    folder = evaluation_folder(resolved, inputs)  # its own: a trained run's files are never touched
+    with run_lock(folder):
+        claim_run_folder(folder, [resolved], inputs)
+        with logged(folder / LOGS_DIR):
+            result = run_evaluation(config, adapter, folder=folder / EVAL_DIR)
     print_results(result, folder / LOGS_DIR, config.tracking.uri)
 
 
@@ -279,41 +284,18 @@ def parse_args(parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> a
     return args
 
 
-_terminated = False
-"""Whether this command was sent SIGTERM (which it takes as a Ctrl-C)."""
-
-
-def _sigterm_as_ctrl_c(signum: int, frame: FrameType | None) -> None:
-    """SIGTERM (Slurm's, Kubernetes', `docker stop`'s) does what Ctrl-C does: whatever handles SIGINT now (Tune
-    stopping its trials and saving its state, else a KeyboardInterrupt) handles it."""
-    global _terminated
-    _terminated = True
-    on_sigint = signal.getsignal(signal.SIGINT)
-    if not callable(on_sigint):
-        raise KeyboardInterrupt
-    on_sigint(signal.SIGINT, frame)
-
-
-def _interrupted_code() -> int:
-    """128 + the signal: 143 after SIGTERM, 130 after Ctrl-C."""
-    return 128 + (signal.SIGTERM if _terminated else signal.SIGINT)
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(build_parser(), argv)
     console.set_verbose(getattr(args, "verbose", False))
     handler: Handler = args.handler
-    global _terminated
-    _terminated = False
-    previous = signal.signal(signal.SIGTERM, _sigterm_as_ctrl_c)
-    try:
-        return int(handler(args) or 0)
-    except ClozeMathError as exc:
-        print(f"clozemath: error: {exc}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        print("clozemath: interrupted", file=sys.stderr)
-        return _interrupted_code()
-    finally:
-        signal.signal(signal.SIGTERM, previous)
+    interrupts.reset()
+    with interrupts.handled():  # SIGTERM and SIGHUP as Ctrl-C
+        try:
+            return int(handler(args) or 0)
+        except ClozeMathError as exc:
+            print(f"clozemath: error: {exc}", file=sys.stderr)
+            return 2
+        except KeyboardInterrupt:
+            interrupts.say("clozemath: interrupted")
+            return interrupts.exit_code()
 

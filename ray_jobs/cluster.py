@@ -6,12 +6,13 @@ import os
 import re
 import signal
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
+import psutil
 import ray
 
-from clozemath import console
+from clozemath import console, interrupts
 from clozemath.data.sources import LIMIT_ENV_VARS
 from clozemath.errors import ClozeMathError
 from ray_jobs import logs
@@ -36,23 +37,52 @@ def runtime_env() -> dict[str, dict[str, str]]:
 
 
 def init_ray() -> None:
-    """Nothing when Ray is already up (a test session, a Tune trial); else join RAY_ADDRESS or start locally."""
+    """Nothing when Ray is already up (a test session, a Tune trial); else join the cluster at RAY_ADDRESS, or start
+    a Ray of this command's own (`address="local"`: never another command's or a notebook's Ray that runs on this
+    machine, which `ray.init` would join); the line saying which is the command's first."""
     if ray.is_initialized():
         return
     env = runtime_env()
     env["env_vars"].update(logs.workers_env())
     address = os.environ.get("RAY_ADDRESS")
     on_sigterm = signal.getsignal(signal.SIGTERM)
-    if address:
-        _join(address, env)
-    else:
-        ray.init(num_cpus=max(MIN_LOCAL_CPUS, os.cpu_count() or 1), runtime_env=env)
-    if callable(on_sigterm) and threading.current_thread() is threading.main_thread():
-        signal.signal(signal.SIGTERM, on_sigterm)  # the command's own (SIGTERM as Ctrl-C), not ray.init's exit
+    try:
+        if address:
+            _join(address, env)
+        else:
+            ray.init(address="local", num_cpus=max(MIN_LOCAL_CPUS, os.cpu_count() or 1), runtime_env=env)
+            interrupts.stuck_when(_local_ray_gone(psutil.Process().children()))
+    except SystemExit as exc:  # ray.init's own SIGTERM handler, while Ray started: the command's instead
+        if exc.code != signal.SIGTERM or not callable(on_sigterm):
+            raise
+        on_sigterm(signal.SIGTERM, None)
+        raise
+    finally:
+        if callable(on_sigterm) and threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGTERM, on_sigterm)  # the command's own (SIGTERM as Ctrl-C), not ray.init's exit
     logs.route_worker_output()
     resources = ray.cluster_resources()
     where = f"joined the cluster at {address}" if address else "started on this machine"
     console.phase(f"ray: {where} ({resources.get('CPU', 0):.0f} CPUs, {resources.get('GPU', 0):.0f} GPUs)")
+
+
+def _local_ray_gone(children: list[psutil.Process]) -> Callable[[], bool]:
+    """Whether the Ray this command started is gone without it (its GCS ended: a signal to the command's process
+    group ends it too), while the command still holds it."""
+    gcs = []
+    for child in children:
+        try:
+            if child.name().startswith("gcs_server"):
+                gcs.append(child)
+        except psutil.Error:  # ended meanwhile
+            pass
+
+    def gone() -> bool:
+        return ray.is_initialized() and any(
+            not process.is_running() or process.status() == psutil.STATUS_ZOMBIE for process in gcs
+        )
+
+    return gone
 
 
 def _join(address: str, env: dict[str, dict[str, str]]) -> None:

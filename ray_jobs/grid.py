@@ -9,7 +9,8 @@ MLflow: the driver opens one parent run per grid; each trial logs into a child r
 training set and seed. Restore: the Tune experiment lives in `<train.output_dir>/tune/<grid>-<key>`, the key a hash
 of every trial's resolved config. `clozemath run` with the same config finds it and calls `Tuner.restore`:
 finished trials are not run again; an unfinished trial starts its function again, whose `TorchTrainer` (under a
-run name fixed by the trial's config) resumes from its latest checkpoint, and which logs on into its child run. A
+run name fixed by the trial's config, the data it reads and the code that makes its samples: `trial_key`) resumes
+from its newest whole checkpoint, and which logs on into its child run. A
 trial whose child run already finished (the driver died before Tune recorded it) only reports that run's metrics.
 """
 
@@ -28,15 +29,13 @@ from typing import Any
 import ray
 from ray import tune
 
-from clozemath import console, tracking
+from clozemath import console, interrupts, tracking
 from clozemath.config import ExperimentConfig, GridConfig, TrackingConfig, from_wire, to_wire
-from clozemath.data.sources import data_identity
 from clozemath.errors import ClozeMathError
-from clozemath.eval.evaluate import eval_set_identity
 from clozemath.eval.predictions import results_table
-from clozemath.files import remove_abandoned_staging
+from clozemath.files import remove_abandoned_staging, storage_fault_advice
 from clozemath.model.load import load_tokenizer
-from clozemath.plan import RunPlan
+from clozemath.plan import RunPlan, data_inputs, run_inputs, with_absolute_paths
 from clozemath.records import (
     ADAPTER_DIR,
     CACHE_DIR,
@@ -146,11 +145,11 @@ class GridOutcome:
 def run_command(plan: RunPlan) -> None:
     """`clozemath run`: an experiment (a grid of one) or a grid, on Ray Tune; an interrupted grid resumes."""
     logs = plan.folder / LOGS_DIR
+    cache = Path(plan.experiments[0].train.output_dir).resolve() / CACHE_DIR
     try:
-        with logged(logs):
+        with interrupts.on_stuck(lambda: remove_abandoned_staging(cache, wait_s=1.0)), logged(logs):
             outcome = run_grid(plan)
     except KeyboardInterrupt:  # Ray is down by now: the trials that were preparing data have ended
-        cache = Path(plan.experiments[0].train.output_dir).resolve() / CACHE_DIR
         remove_abandoned_staging(cache, wait_s=STAGING_WAIT_S)
         raise
     print_grid_outcome(outcome, logs)
@@ -162,11 +161,11 @@ def run_grid(plan: RunPlan) -> GridOutcome:
     grid = plan.grid
     experiments = [with_absolute_paths(experiment) for experiment in plan.experiments]
     check_models(experiments)
+    init_ray()  # before preparing data (`with_budgets`): the console's first line says which Ray the command runs on
     experiments = with_budgets(experiments, plan.root)
     key = grid_key(experiments)
     tracking_cfg = experiments[0].tracking
     path = Path(experiments[0].train.output_dir) / TUNE_DIR / f"{_safe(grid.name)}-{key}"
-    init_ray()
     warn_local_store_on_a_cluster(tracking_cfg.uri)
     parent = parent_run(grid, tracking_cfg, key, len(experiments))
     restored = tune.Tuner.can_restore(str(path))
@@ -196,6 +195,8 @@ def run_grid(plan: RunPlan) -> GridOutcome:
             ),
         )
     with ExitStack() as stack:
+        # a signal to the whole process group ends Ray too: the grid's runs are marked KILLED all the same
+        stack.enter_context(interrupts.on_stuck(lambda: end_interrupted(tracking_cfg, parent, settle_s=0)))
         if console.verbose():  # else the driver's log keeps the traceback, and the console shows none anyway
             quiet, tune_log = QuietUserErrors(), logging.getLogger(TUNE_CONTROLLER_LOGGER)
             tune_log.addFilter(quiet)
@@ -205,10 +206,10 @@ def run_grid(plan: RunPlan) -> GridOutcome:
         except KeyboardInterrupt:  # a second Ctrl-C, while Tune was saving its state
             end_interrupted(tracking_cfg, parent)
             raise
-    stopped = any(result.error is None and RUN_ID_KEY not in (result.metrics or {}) for result in results)
-    if stopped:  # a trial that neither failed nor made its final report: Tune stopped it on Ctrl-C (TERMINATED)
-        end_interrupted(tracking_cfg, parent)
-        raise KeyboardInterrupt
+        stopped = any(result.error is None and RUN_ID_KEY not in (result.metrics or {}) for result in results)
+        if stopped:  # a trial that neither failed nor made its final report: Tune stopped it on Ctrl-C (TERMINATED)
+            end_interrupted(tracking_cfg, parent)
+            raise KeyboardInterrupt
     folders = {e.name: run_folder(e) for e in experiments}
     outcomes = [
         _with_run_id(_trial_outcome(result, headlines, folders), tracking_cfg, parent.run_id) for result in results
@@ -248,25 +249,6 @@ def end_interrupted(tracking_cfg: TrackingConfig, parent: TrackedRun, settle_s: 
         time.sleep(0.5)
 
 
-def with_absolute_paths(config: ExperimentConfig) -> ExperimentConfig:
-    """Paths resolved against the driver's folder: a trial runs in a folder of Tune's, maybe on another node."""
-    def absolute(path: str | None) -> str | None:
-        return None if path is None else str(Path(path).expanduser().resolve())
-
-    resolved = config.model_copy(deep=True)
-    resolved.train.output_dir = absolute(resolved.train.output_dir)
-    if resolved.train.storage is not None and "://" not in resolved.train.storage:
-        resolved.train.storage = absolute(resolved.train.storage)
-    resolved.train.compile_cache = absolute(resolved.train.compile_cache)
-    resolved.data.path = absolute(resolved.data.path)
-    resolved.eval.adapter = absolute(resolved.eval.adapter)
-    for set_cfg in resolved.eval.sets:
-        set_cfg.path = absolute(set_cfg.path)
-    resolved.tracking.artifact_location = tracking.artifact_location(resolved.tracking)
-    resolved.tracking.uri = tracking.resolved_uri(resolved.tracking.uri)
-    return resolved
-
-
 def check_models(experiments: list[ExperimentConfig]) -> None:
     """Every model's tokenizer loads: a wrong path or hub id is refused before any trial starts."""
     seen = set()
@@ -284,15 +266,21 @@ def config_key(*configs: ExperimentConfig) -> str:
 
 def data_identities(experiments: list[ExperimentConfig]) -> list[str]:
     """Every file the grid reads problems from, with a hash of its content (a missing one is an error)."""
-    train = {(e.data.dataset, e.data.split, e.data.path) for e in experiments if e.method.trains}
-    sets = {s.model_dump_json(include={"dataset", "split", "path", "generate"}): s for e in experiments for s in e.eval.sets}
-    return sorted({data_identity(*source) for source in train} | {eval_set_identity(s) for s in sets.values()})
+    return sorted(set(data_inputs(experiments).values()))
 
 
 def grid_key(experiments: list[ExperimentConfig]) -> str:
     """Names the grid's Tune experiment: the same configs reading the same data resume it; any change to either (a
     data folder pointed elsewhere, a file edited) starts another."""
     text = json.dumps([config_key(*experiments), data_identities(experiments)])
+    return hashlib.sha256(text.encode()).hexdigest()[:10]
+
+
+def trial_key(config: ExperimentConfig) -> str:
+    """Names a trial's Ray Train run (`train-<key>`), whose checkpoints it resumes from: its config, the data it reads
+    and the code that makes its samples, so that a checkpoint is never resumed on other data or samples."""
+    inputs = run_inputs([config])
+    text = json.dumps([config_key(config), inputs.data, inputs.code], sort_keys=True)
     return hashlib.sha256(text.encode()).hexdigest()[:10]
 
 
@@ -331,7 +319,7 @@ def _safe(name: str) -> str:
 def _trial_outcome(result: Any, headlines: dict[str, str], folders: dict[str, Path]) -> TrialOutcome:
     metrics = dict(result.metrics or {})
     name = result.config["trial"] if result.config else result.path
-    error = None if result.error is None else user_error_line(result.error)
+    error = None if result.error is None else storage_fault_advice(user_error_line(result.error), folders.get(name))
     status = "ERROR" if result.error is not None else "TERMINATED"
     error_file = Path(result.path) / TUNE_ERROR_FILE if result.error is not None else None
     return TrialOutcome(
@@ -423,7 +411,7 @@ def run_trial(settings: dict[str, Any], trials: dict[str, dict[str, Any]], grid:
         parent_run_id,
         trial_tags(config, grid),
         run_id=earlier[0].info.run_id if earlier else None,
-        train_run_name=f"train-{config_key(config)}",
+        train_run_name=f"train-{trial_key(config)}",
         train_callbacks=[TuneProgress()],
     )
     tune.report({**outcome.eval_metrics, RUN_ID_KEY: outcome.run_id})

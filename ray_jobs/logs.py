@@ -15,6 +15,7 @@ from typing import Any, TextIO
 
 from clozemath import console
 from clozemath.errors import ClozeMathError
+from clozemath.files import storage_fault_advice
 from clozemath.records import DRIVER_LOG, WORKERS_LOG
 
 QUIET_WORKERS_ENV = {"RAY_DATA_DISABLE_PROGRESS_BARS": "1", "HF_HUB_DISABLE_PROGRESS_BARS": "1", "TQDM_DISABLE": "1"}
@@ -46,9 +47,8 @@ def logged(folder: Path) -> Iterator[None]:
                 if console.verbose() or isinstance(exc, ClozeMathError):
                     raise
                 traceback.print_exc()  # into the driver's log: the process's stderr is the log here
-                raise ClozeMathError(
-                    f"{type(exc).__name__}: {_first_line(exc)} (the traceback is in {folder / DRIVER_LOG})"
-                ) from None
+                line = storage_fault_advice(f"{type(exc).__name__}: {_first_line(exc)}", folder.parent)
+                raise ClozeMathError(f"{line} (the traceback is in {folder / DRIVER_LOG})") from None
             finally:
                 _stop_routing()
     finally:

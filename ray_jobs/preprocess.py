@@ -33,12 +33,12 @@ import ray.data
 from filelock import FileLock
 
 from clozemath.config import ExperimentConfig, MethodConfig, ModelConfig
-from clozemath.data import objectives, prepare, samples, segment, sources, tokenize
 from clozemath.data.objectives import TokenOffsets, lm_repeats, needs_offsets, sample_inputs
-from clozemath.data.prepare import SENTINELS, SampleEncoder, balanced_copies, problem_samples
+from clozemath.data.prepare import SENTINELS, SampleEncoder, balanced_copies, problem_samples, sample_modules
 from clozemath.data.samples import Sample
 from clozemath.data.sources import Problem, load_problems
 from clozemath.data.tokenize import token_offsets
+from clozemath.errors import ClozeMathError
 from clozemath.files import remove_abandoned_staging, staging_folder
 from ray_jobs.cluster import init_ray
 
@@ -93,11 +93,8 @@ def _sha256(*parts: str | bytes) -> str:
 
 
 def code_version() -> str:
-    """The source of every module that decides what a sample's token ids are."""
-    modules = (
-        sources, segment, samples, *objectives.source_modules(), tokenize, prepare, inspect.getmodule(code_version)
-    )
-    return _sha256(*(inspect.getsource(module) for module in modules))
+    """The source of every module that decides what a sample's token ids are, this one's steps included."""
+    return _sha256(*(inspect.getsource(module) for module in (*sample_modules(), inspect.getmodule(code_version))))
 
 
 def tokenizer_settings(model: ModelConfig) -> dict[str, Any]:
@@ -264,6 +261,32 @@ def preprocess(config: ExperimentConfig, cache_root: Path) -> TokenizedSet:
     data = config.data
     problems = load_problems(data.dataset, data.split, data.path, data.limit)
     folder = cache_root / cache_key(config, problems)
-    from_cache = (folder / META_FILE).is_file() or not _build_once(config, problems, folder)
-    meta = json.loads((folder / META_FILE).read_text())
-    return TokenizedSet(folder=folder, from_cache=from_cache, **meta)
+    from_cache = (folder / META_FILE).exists() or not _build_once(config, problems, folder)
+    return TokenizedSet(folder=folder, from_cache=from_cache, **_cached(folder))
+
+
+_META_TYPES = {"num_rows": int, "num_sentinels": int, "kinds": dict, "dropped_for_length": int, "num_tokens": int}
+
+
+def _cached(folder: Path) -> dict[str, Any]:
+    """A cached set's metadata, checked against its rows (their files' footers: as many rows as it says); a damaged
+    one (a crash or a stray write) is an error naming it and the way out."""
+    def damaged(problem: str) -> ClozeMathError:
+        return ClozeMathError(f"{folder}: a damaged preprocessing cache ({problem}): remove it and run again (the "
+                              "set is prepared afresh)")
+
+    try:
+        meta = json.loads((folder / META_FILE).read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise damaged(f"{META_FILE} cannot be read: {getattr(exc, 'strerror', None) or 'not JSON'}") from None
+    if not isinstance(meta, dict) or meta.keys() != _META_TYPES.keys() or not all(
+            isinstance(meta[key], kind) for key, kind in _META_TYPES.items()):
+        raise damaged(f"{META_FILE} is not what preprocessing writes")
+    files = sorted((folder / ROWS_DIR).glob("*.parquet"))
+    try:
+        rows = sum(pq.read_metadata(file).num_rows for file in files)
+    except (OSError, pa.ArrowException) as exc:
+        raise damaged(f"its rows cannot be read: {str(exc).splitlines()[0][:200]}") from None
+    if rows != meta["num_rows"]:
+        raise damaged(f"{rows} rows in {ROWS_DIR}/, {meta['num_rows']} in {META_FILE}")
+    return meta

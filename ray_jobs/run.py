@@ -79,7 +79,7 @@ def run_experiment(
                 trained = fit(config, prepared, run_folder(config).resolve(), run, train_run_name, train_callbacks)
             adapter, steps = trained.adapter, trained.steps
             run.log_params({PLANNED_STEPS: trained.planned_steps, TRAINED_STEPS: trained.steps,
-                            TRAINED_TOKENS: trained.tokens})
+                            **({} if trained.tokens is None else {TRAINED_TOKENS: trained.tokens})})
             run.log_artifacts(adapter, ADAPTER_DIR)
         eval_metrics = {}
         if config.eval.sets:

@@ -3,8 +3,10 @@
 Each worker loads the model, takes its shard of the token ids (split in a fixed order so that a restarted worker
 gets the same rows: Ray Data's streaming split, or for a small set a share of one object, `train.stream_above_mb`)
 and runs the loop. Every step's metrics go through `ray.train.report`; a checkpoint (DeepSpeed state + step + data
-position) goes with them every `checkpoint_every` steps and at the end. After a failure Ray restarts the workers (up
-to `max_failures` times) and each resumes from `ray.train.get_checkpoint()`. The last checkpoint holds the adapter,
+position) goes with them every `checkpoint_every` steps and at the end, each rank's part marked complete first
+(`clozemath.train.checkpoint.mark_complete`). After a failure Ray restarts the workers (up to `max_failures` times)
+and each resumes from `ray.train.get_checkpoint()`; a trial started again resumes, in a Ray Train run of its own,
+from the newest whole checkpoint of its earlier runs (`resume_point`). The last checkpoint holds the adapter,
 which the driver copies into the run's output folder. The metrics reach MLflow through a callback on the Train
 controller, on the driver's node (`ray_jobs.reports`).
 """
@@ -12,6 +14,7 @@ controller, on the driver's node (`ray_jobs.reports`).
 from __future__ import annotations
 
 import os
+import shutil
 import time
 import warnings
 from collections.abc import Sequence
@@ -44,14 +47,16 @@ from clozemath.eval.during_training import evaluate_step, step_evaluation
 from clozemath.records import ADAPTER_DIR, RAY_TRAIN_DIR, compile_cache_folder, is_curve_metric, train_metric
 from clozemath.tracking import TrackedRun
 from clozemath.train.compilation import eager_inference
+from clozemath.train.checkpoint import Checked, check_checkpoint, mark_complete
 from clozemath.train.distributed import all_ranks_sum
 from clozemath.train.layout import plan_steps
 from clozemath.train.loop import StepMetrics
 from ray_jobs.preprocess import TokenizedSet
 from ray_jobs.reports import STEPS_KEY, ForwardMetrics
 
-KEEP_CHECKPOINTS = 1
-"""The latest is all a restart needs (and the last one holds the adapter)."""
+KEEP_CHECKPOINTS = 2
+"""The latest and the one before it: a restart whose latest was damaged (a crash or a full disk during its write)
+resumes from the one before (the last one holds the adapter)."""
 
 
 def usable_cores() -> int:
@@ -142,6 +147,9 @@ def train_worker(settings: dict[str, Any]) -> None:
                 )
         pending.append(values)
         due = metrics.step % config.train.report_every == 0 or metrics.step == metrics.total_steps
+        if checkpoint is not None:  # whole once written: a resume can tell it from one a crash cut short
+            mark_complete(checkpoint, context.get_world_rank(), context.get_world_size(), metrics.step,
+                          metrics.total_steps, metrics.trained_tokens)
         if checkpoint is not None or due or any(map(is_curve_metric, values)):
             ray.train.report(
                 {**values, STEPS_KEY: list(pending)},
@@ -149,8 +157,8 @@ def train_worker(settings: dict[str, Any]) -> None:
             )
             pending.clear()
 
-    latest = ray.train.get_checkpoint()
-    with latest.as_directory() if latest is not None else nullcontext(None) as resume_from:
+    latest = ray.train.get_checkpoint()  # this run's latest (its workers restarted), else the one `fit` chose
+    with latest.as_directory() if latest is not None else nullcontext(settings["resume_from"]) as resume_from:
         train(
             loaded.model,
             rows,
@@ -196,8 +204,9 @@ class Trained:
     planned_steps: int
     steps: int
     """The optimizer steps trained (all of the plan's: a resumed run ends there too)."""
-    tokens: int
-    """The real (non-padding) tokens those steps trained on, all workers' (`StepMetrics.trained_tokens`)."""
+    tokens: int | None
+    """The real (non-padding) tokens those steps trained on, all workers' (`StepMetrics.trained_tokens`); None for a
+    training that had ended before whose checkpoint predates that record."""
 
 
 def fit(
@@ -210,10 +219,20 @@ def fit(
 ) -> Trained:
     """Train on Ray; returns the adapter folder (`<run_folder>/adapter`) and what the training did.
 
-    `run_name`: Ray Train's run (under `<run_folder>/ray`); a run started again under the same name resumes from its
-    latest checkpoint (a grid trial restarted after its driver died). Default: a new, time-stamped one.
+    `run_name`: names the trial's Ray Train runs (`<run_name>-<n>` under `<run_folder>/ray` or `train.storage`); a
+    trial started again under it resumes from the newest whole checkpoint of its runs (`resume_point`), in a run of
+    its own (a grid trial restarted after its driver died). Default: a new, time-stamped one.
     `callbacks`: more Train callbacks (a Tune trial's `TuneReportCallback`)."""
     check_plan(config, prepared)
+    storage = config.train.storage or str(run_folder / RAY_TRAIN_DIR)
+    local = run_name is not None and "://" not in storage  # elsewhere Ray's own latest checkpoint is resumed
+    resume = resume_point(Path(storage), run_name, config.name) if local else None
+    adapter = run_folder / ADAPTER_DIR
+    if resume is not None and (resume.folder / ADAPTER_DIR).is_dir():  # its training had ended
+        console.phase(f"[{config.name}] training: finished before, at step {resume.step} ({resume.folder})")
+        copy_folder_atomic(resume.folder / ADAPTER_DIR, adapter)
+        step = int(resume.step or 0)
+        return Trained(adapter, resume.total_steps or step, step, resume.trained_tokens)
     gpu = use_gpu(config)
     streamed = streams(config, prepared)
     table = None if streamed else ray.put(prepared.table())
@@ -221,17 +240,20 @@ def fit(
     zero = "ZeRO auto (2 where the model fits a card)" if stage == "auto" else f"ZeRO-{stage}"
     console.phase(
         f"[{config.name}] training: starting {config.train.num_workers} {'GPU' if gpu else 'CPU'} worker(s), {zero}"
+        + (f", from the checkpoint of step {resume.step}" if resume is not None else "")
     )
+    name = next_run(Path(storage), run_name) if local else run_name or time.strftime("train-%Y%m%d-%H%M%S")
     trainer = TorchTrainer(
         train_worker,
-        train_loop_config={"experiment": to_wire(config), "num_sentinels": prepared.num_sentinels, "rows": table},
+        train_loop_config={"experiment": to_wire(config), "num_sentinels": prepared.num_sentinels, "rows": table,
+                           "resume_from": None if resume is None else str(resume.folder)},
         scaling_config=ScalingConfig(
             num_workers=config.train.num_workers, use_gpu=gpu,
             resources_per_worker={"GPU": config.train.gpu_share} if gpu else None,
         ),
         run_config=RunConfig(
-            name=run_name or time.strftime("train-%Y%m%d-%H%M%S"),
-            storage_path=config.train.storage or str(run_folder / RAY_TRAIN_DIR),
+            name=name,
+            storage_path=storage,
             failure_config=FailureConfig(max_failures=config.train.max_failures),
             checkpoint_config=CheckpointConfig(num_to_keep=KEEP_CHECKPOINTS),
             callbacks=[ForwardMetrics(run, config.name), *callbacks],
@@ -241,8 +263,54 @@ def fit(
         dataset_config=DataConfig(execution_options=ExecutionOptions(preserve_order=True)),
     )
     result = trainer.fit()
-    adapter = run_folder / ADAPTER_DIR
     with result.checkpoint.as_directory() as final:
         copy_folder_atomic(Path(final) / ADAPTER_DIR, adapter)  # a failed copy leaves an earlier adapter whole
+    if local:
+        remove_earlier_runs(Path(storage), run_name, name)
     last = result.metrics
     return Trained(adapter, int(last["total_steps"]), int(last["step"]), int(last[train_metric("trained_tokens")]))
+
+
+def trial_runs(storage: Path, run_name: str) -> list[Path]:
+    """The Ray Train runs of a trial (`<run_name>-<n>`), oldest first."""
+    numbered = []
+    for path in storage.glob(f"{run_name}-*"):
+        number = path.name.removeprefix(f"{run_name}-")
+        if number.isdigit() and path.is_dir():
+            numbered.append((int(number), path))
+    return [path for _, path in sorted(numbered)]
+
+
+def next_run(storage: Path, run_name: str) -> str:
+    """The name of the trial's next Ray Train run."""
+    runs = trial_runs(storage, run_name)
+    return f"{run_name}-{int(runs[-1].name.rsplit('-', 1)[1]) + 1 if runs else 1}"
+
+
+def resume_point(storage: Path, run_name: str, label: str) -> Checked | None:
+    """The newest whole checkpoint of the trial's runs (`check_checkpoint`), saying which newer ones it skipped and
+    why; None where there is no checkpoint. Checkpoints none of which is whole are an error naming them and the way
+    to train the trial afresh."""
+    skipped = []
+    for trial_run in reversed(trial_runs(storage, run_name)):
+        for folder in sorted((path for path in trial_run.glob("checkpoint_*") if path.is_dir()), reverse=True):
+            checked = check_checkpoint(folder)
+            if checked.problem is None:
+                for bad in skipped:
+                    console.warn(f"[{label}] skipped the checkpoint {bad.folder}: {bad.problem}")
+                return checked
+            skipped.append(checked)
+    if skipped:
+        first = skipped[0]
+        raise ClozeMathError(
+            f"{storage}: no whole checkpoint of this trial to resume from ({len(skipped)} damaged; the newest, "
+            f"{first.folder.relative_to(storage)}: {first.problem}): remove {storage / run_name}-* to train it afresh"
+        )
+    return None
+
+
+def remove_earlier_runs(storage: Path, run_name: str, kept: str) -> None:
+    """After a run that trained to the end, the trial's earlier runs and their checkpoints are spent."""
+    for trial_run in trial_runs(storage, run_name):
+        if trial_run.name != kept:
+            shutil.rmtree(trial_run, ignore_errors=True)

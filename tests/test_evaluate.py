@@ -331,7 +331,7 @@ def test_clozemath_eval_runs_on_ray_data_and_logs_to_mlflow(ray_session, adapter
     out = capsys.readouterr().out
     assert "| gsm8k | cot |" in out and "| gsm_p1 | greedy |" in out
 
-    folder = tmp_path / "runs" / "smoke" / "eval"
+    (folder,) = (tmp_path / "runs" / "evals").glob("smoke-*/eval")  # a folder of its own, never the run's
     gsm8k = read_predictions(folder / "predictions" / "gsm8k.jsonl")
     gsm_p1 = read_predictions(folder / "predictions" / "gsm_p1.jsonl")
     assert [p.decoding for p in gsm8k] == ["greedy"] * 4 + ["cot"] * 4 and len(gsm_p1) == 6

@@ -37,7 +37,7 @@ from clozemath.data.sources import MAX_LINE_BYTES_ENV, load_problems
 from clozemath.errors import ClozeMathError
 from clozemath.files import remove_abandoned_staging, staging_folder
 from clozemath.plan import load_plan
-from clozemath.records import RUN_LOCK, claim_run_folder, run_lock
+from clozemath.records import RUN_LOCK, RunInputs, claim_run_folder, run_lock
 from clozemath.safe_yaml import MAX_CONFIG_VALUES
 from conftest import LEARNS, ROOT, SMOKE, SMOKE_RUN, SmokeRun
 
@@ -465,19 +465,23 @@ def test_a_second_live_run_on_a_folder_is_refused_at_once_and_a_dead_ones_lock_i
     assert (folder / RUN_LOCK).read_text().startswith(f"pid {holder.pid}")  # the dead holder's words remain ...
     with run_lock(folder):  # ... but its lock ended with it
         assert (folder / RUN_LOCK).read_text() == f"pid {os.getpid()} on {socket.gethostname()}\n"
-    assert [path.name for path in folder.iterdir()] == [RUN_LOCK]  # the refused run wrote nothing
+    assert list(folder.iterdir()) == []  # the refused run wrote nothing; the lock's file goes with its lock
+
+
+SAME_INPUTS = RunInputs(data={"training set gsm8k/train": "/data/train.jsonl 0123"}, code={"clozemath.data.segment": "ab"})
+"""The inputs of the runs of a test about their settings."""
 
 
 def test_a_run_folder_refuses_another_config_only_while_it_holds_work(tmp_path: Path) -> None:
     first = load_plan(ROOT / SMOKE, outputs(tmp_path)).experiments
     changed = load_plan(ROOT / SMOKE, [*outputs(tmp_path), "train.lr=5e-3"]).experiments
     folder = tmp_path / "runs" / "smoke"
-    claim_run_folder(folder, first)
-    claim_run_folder(folder, changed)  # nothing of the first run's there yet: a failed start, say
+    claim_run_folder(folder, first, SAME_INPUTS)
+    claim_run_folder(folder, changed, SAME_INPUTS)  # nothing of the first run's there yet: a failed start, say
     (folder / "adapter").mkdir()
-    claim_run_folder(folder, changed)  # the same config again: a resume
+    claim_run_folder(folder, changed, SAME_INPUTS)  # the same config again: a resume
     with pytest.raises(ClozeMathError, match=r"holds the run of another config \(train.lr: 0.005 -> 0.01\).*name="):
-        claim_run_folder(folder, first)
+        claim_run_folder(folder, first, SAME_INPUTS)
 
 
 def test_a_grid_folder_given_more_seeds_points_to_a_folder_of_their_own(tmp_path: Path) -> None:
@@ -487,12 +491,12 @@ def test_a_grid_folder_given_more_seeds_points_to_a_folder_of_their_own(tmp_path
     first = load_plan(ROOT / "configs/grids/smoke.yaml", narrow).experiments
     more = load_plan(ROOT / "configs/grids/smoke.yaml", [*narrow, "axes.train.seed=[0,1]"]).experiments
     folder = tmp_path / "runs" / "smoke-grid"
-    claim_run_folder(folder, first)
+    claim_run_folder(folder, first, SAME_INPUTS)
     (folder / "adapter").mkdir()
     with pytest.raises(ClozeMathError, match=r"\(trials added: .*,seed=1\): it is left as it is; give "
                        r"the new trials a folder of their own with train.output_dir=<folder> \(`clozemath report "
                        r"--parent` twice"):
-        claim_run_folder(folder, more)
+        claim_run_folder(folder, more, SAME_INPUTS)
 
 
 def test_staging_left_by_a_killed_process_is_removed_and_a_live_one_kept(tmp_path: Path) -> None:

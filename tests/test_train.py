@@ -438,6 +438,7 @@ def test_an_identical_set_prepared_at_once_is_built_once(
             both_building.wait()
         time.sleep(0.3)
         (folder / "rows").mkdir()
+        pq.write_table(pa.table({"input_ids": [[0]] * len(problems)}), folder / "rows" / "0.parquet")  # as many rows
         return {"num_rows": len(problems), "num_sentinels": 0, "kinds": {"lm": len(problems)},
                 "dropped_for_length": 0, "num_tokens": 0}
 

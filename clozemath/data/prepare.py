@@ -3,17 +3,21 @@
 
 from __future__ import annotations
 
+import hashlib
+import inspect
 import itertools
 import json
 import sys
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass
+from types import ModuleType
 from typing import Any, Literal, TextIO
 
 from transformers import PreTrainedTokenizerBase
 
 from clozemath.config import DataConfig, ExperimentConfig, MethodConfig
+from clozemath.data import objectives, samples, segment, sources, tokenize
 from clozemath.data.objectives import TokenOffsets, balance, build_samples, lm_repeats, needs_offsets
 from clozemath.data.samples import Sample
 from clozemath.data.sources import Problem, load_problems
@@ -26,6 +30,19 @@ from clozemath.data.tokenize import (
     token_offsets,
 )
 from clozemath.errors import ClozeMathError
+
+def sample_modules() -> list[ModuleType]:
+    """Every module that decides what a sample's token ids are: the problems' reading, segmentation, the objectives
+    (registered ones included), tokenization and these steps."""
+    return [sources, segment, samples, *objectives.source_modules(), tokenize, sys.modules[__name__]]
+
+
+def sample_code() -> dict[str, str]:
+    """A hash of each `sample_modules` module's source, by module: part of a run's identity (`clozemath.records`),
+    so that a change names the module."""
+    return {module.__name__: hashlib.sha256(inspect.getsource(module).encode()).hexdigest()[:16]
+            for module in sample_modules()}
+
 
 # --------------------------------------------------------------------------------------------------------------
 # The steps: `ray_jobs.preprocess` maps them over Ray Data, `prepare_data` runs them here, so what `clozemath

@@ -1,10 +1,14 @@
 """Checkpoints of a training run: the engine state with the step and the data position (exact resume), and the
-trained adapter in the last one."""
+trained adapter in the last one; each rank's part marked complete (its files' sizes and hashes), so that a resume
+tells a whole checkpoint from one a crash, a full disk or a stray write damaged."""
 
 from __future__ import annotations
 
+import hashlib
+import json
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from tempfile import TemporaryDirectory
 from typing import Any
@@ -13,6 +17,7 @@ import torch.distributed as dist
 
 from clozemath.data.tokenize import SpecialTokens
 from clozemath.errors import ClozeMathError
+from clozemath.files import write_text_atomic
 from clozemath.model.load import save_adapter
 from clozemath.train.layout import Plan
 
@@ -68,3 +73,88 @@ def export_adapter(engine: Any, folder: Path, specials: SpecialTokens) -> None:
             save_adapter(engine.module.model, folder, specials)
     if dist.get_world_size() > 1:
         dist.barrier()
+
+
+MARK_PREFIX = "complete.rank"
+"""`complete.rank<k>.json` in a checkpoint: rank k's part is whole (written last, after its files)."""
+
+
+def _digest(file: Path) -> str:
+    with file.open("rb") as handle:
+        return hashlib.file_digest(handle, "sha256").hexdigest()
+
+
+def mark_complete(folder: Path, rank: int, world_size: int, step: int, total_steps: int | None = None,
+                  trained_tokens: int | None = None) -> None:
+    """Mark this rank's part of the checkpoint in `folder` whole: the size and hash of each file it wrote there
+    (the other ranks' marks left out), the step and how many ranks wrote parts; the run's planned steps and the
+    tokens trained so far, so that a trial whose training had ended reports them without training again."""
+    files = {str(path.relative_to(folder)): [path.stat().st_size, _digest(path)]
+             for path in sorted(folder.rglob("*")) if path.is_file() and not path.name.startswith(MARK_PREFIX)}
+    mark = {"rank": rank, "world_size": world_size, "step": step, "files": files, "total_steps": total_steps,
+            "trained_tokens": trained_tokens}
+    write_text_atomic(folder / f"{MARK_PREFIX}{rank}.json", json.dumps(mark, indent=1, sort_keys=True) + "\n")
+
+
+@dataclass(frozen=True)
+class Checked:
+    """A checkpoint as `check_checkpoint` found it."""
+
+    folder: Path
+    step: int | None
+    """The step it was taken at (None where its marks cannot say)."""
+    problem: str | None
+    """Why it cannot be resumed from; None: it is whole."""
+    total_steps: int | None = None
+    trained_tokens: int | None = None
+    """The run's planned steps and the real tokens of its steps 1 to `step`, as its marks say (None in marks from
+    before they recorded them)."""
+
+
+def _read_mark(file: Path) -> dict | None:
+    try:
+        mark = json.loads(file.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    valid = isinstance(mark, dict) and isinstance(mark.get("files"), dict) and all(
+        isinstance(mark.get(key), int) for key in ("rank", "world_size", "step"))
+    return mark if valid else None
+
+
+def _file_problem(folder: Path, name: str, expected: object) -> str | None:
+    """What is wrong with one file of a checkpoint against its mark (`[size, sha256]`), or None."""
+    file = folder / name
+    if not isinstance(expected, list) or len(expected) != 2:
+        return f"its mark of {name} is damaged"
+    size, digest = expected
+    if not file.is_file():
+        return f"{name} is missing"
+    actual = file.stat().st_size
+    if actual != size:
+        return f"{name} holds {actual:,} of its {size:,} bytes"
+    if _digest(file) != digest:
+        return f"{name} is not the file written (its bytes changed)"
+    return None
+
+
+def check_checkpoint(folder: Path) -> Checked:
+    """Whether the checkpoint in `folder` is whole: every rank's mark there, and every file as its mark says."""
+    if not folder.is_dir():
+        return Checked(folder, None, "it is gone")
+    marks = [_read_mark(file) for file in sorted(folder.glob(f"{MARK_PREFIX}*.json"))]
+    if not marks:
+        return Checked(folder, None, "no mark of completeness: its write did not finish")
+    if any(mark is None for mark in marks):
+        return Checked(folder, None, "a mark of completeness is damaged")
+    step, world_size = marks[0]["step"], marks[0]["world_size"]
+    ranks = {mark["rank"] for mark in marks}
+    missing = sorted(set(range(world_size)) - ranks)
+    if missing or any(mark["step"] != step for mark in marks):
+        return Checked(folder, step, f"rank {missing[0] if missing else '?'}'s part did not finish")
+    for mark in marks:
+        for name, expected in mark["files"].items():
+            problem = _file_problem(folder, name, expected)
+            if problem is not None:
+                return Checked(folder, step, problem)
+    counts = [marks[0].get(key) for key in ("total_steps", "trained_tokens")]
+    return Checked(folder, step, None, *(count if isinstance(count, int) else None for count in counts))

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import torch
 
+from clozemath import console
 from clozemath.config import ExperimentConfig
 
 
@@ -57,15 +58,22 @@ def compiled_shape_key(config: ExperimentConfig, row_tokens: int, device: torch.
 
 
 def compiled_before(folder: Path, key: str) -> bool:
-    """Whether a compiled run of this shape got past its first step with `folder` as its compile cache."""
-    return (folder / COMPILED_MARKS / key).exists()
+    """Whether a compiled run of this shape got past its first step with `folder` as its compile cache (a mark that
+    cannot be read counts as none: the run decides as on a cold cache)."""
+    return (folder / COMPILED_MARKS / key).is_file()
 
 
 def mark_compiled(folder: Path, key: str) -> None:
-    """Record that the compile cache in `folder` now holds this shape's compiled step (for `compile: auto`)."""
+    """Record that the compile cache in `folder` now holds this shape's compiled step (for `compile: auto`). A mark
+    that cannot be written (something else in its place, a read-only or full disk) costs later runs only the choice
+    of compiling: a warning naming it, never the run."""
     marks = folder / COMPILED_MARKS
-    marks.mkdir(parents=True, exist_ok=True)
-    (marks / key).touch()
+    try:
+        marks.mkdir(parents=True, exist_ok=True)
+        (marks / key).touch()
+    except OSError as exc:
+        console.warn(f"{marks / key}: the compile cache's mark cannot be written ({exc.strerror}); later runs of this "
+                     f"shape decide to compile as on a cold cache (remove {marks} if it is not a folder)")
 
 
 def compile_decoder_layers(model: torch.nn.Module, zero_stage: int) -> None:

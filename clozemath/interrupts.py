@@ -1,0 +1,145 @@
+"""Signals that end a command: SIGTERM (what Slurm, Kubernetes, `docker stop` and `timeout` send) and SIGHUP (a
+closed terminal) are taken as Ctrl-C, and a command that cannot unwind is ended all the same.
+
+Ctrl-C reaches a command's process group, and Ray's processes block it; SIGTERM or SIGHUP sent to the whole group
+also end the Ray the command started, and its calls then wait on a Ray that is gone (its driver gave up after 60 s,
+exit 1, its MLflow runs left RUNNING). So the first of them also starts a watchdog: once the command's Ray is gone
+(`stuck_when`) or after `UNWIND_S`, it runs what was registered to end (`on_stuck`: the grid marks its MLflow runs
+KILLED), prints the command's one line, ends the processes it started and exits 128 + the signal.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from types import FrameType
+
+from clozemath import console
+
+ENDING_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
+UNWIND_S = 25.0
+"""How long a command may take to unwind after a signal before the watchdog ends it (an interrupted grid takes a
+few seconds: Tune saves its state, the runs are marked KILLED)."""
+
+_received: int | None = None
+_said = False
+_message = "clozemath: interrupted"
+_cleanups: list[Callable[[], None]] = []
+_stuck_checks: list[Callable[[], bool]] = []
+
+
+def received() -> int | None:
+    """The signal that is ending this command (None: none, or Ctrl-C)."""
+    return _received
+
+
+def exit_code() -> int:
+    """128 + the signal: 143 after SIGTERM, 129 after SIGHUP, 130 after Ctrl-C."""
+    return 128 + (_received or signal.SIGINT)
+
+
+def say(message: str) -> None:
+    """The command's last line when interrupted (`message`; default: `clozemath: interrupted`), printed once."""
+    global _said
+    if not _said:
+        _said = True
+        try:
+            console.console().line(message)  # on the terminal, also while the process's output goes to its log
+        except (OSError, ValueError):  # a terminal closed (SIGHUP): nothing to print on
+            pass
+
+
+def set_message(message: str) -> None:
+    """What `say` prints if the watchdog ends the command (the command's own line: how to resume)."""
+    global _message
+    _message = message
+
+
+@contextmanager
+def on_stuck(cleanup: Callable[[], None]) -> Iterator[None]:
+    """While the block runs, `cleanup` is what the watchdog runs before it ends a command that cannot unwind."""
+    _cleanups.append(cleanup)
+    try:
+        yield
+    finally:
+        _cleanups.remove(cleanup)
+
+
+def stuck_when(check: Callable[[], bool]) -> None:
+    """`check()` true after a signal: the command cannot unwind (its Ray is gone); the watchdog ends it at once."""
+    _stuck_checks.append(check)
+
+
+def reset() -> None:
+    """A new command in this process (tests call `main` again)."""
+    global _received, _said, _message
+    _received, _said, _message = None, False, "clozemath: interrupted"
+    _stuck_checks.clear()
+
+
+def handle(signum: int, frame: FrameType | None) -> None:
+    """The handler of `ENDING_SIGNALS`: what Ctrl-C does (whatever handles SIGINT now: Tune stopping its trials and
+    saving its state, else a KeyboardInterrupt), and the watchdog."""
+    global _received
+    first = _received is None
+    _received = signum
+    if first:
+        threading.Thread(target=_watch, args=(signum,), name="clozemath-signal-watchdog", daemon=True).start()
+    on_sigint = signal.getsignal(signal.SIGINT)
+    if not callable(on_sigint):
+        raise KeyboardInterrupt
+    on_sigint(signal.SIGINT, frame)
+
+
+@contextmanager
+def handled() -> Iterator[None]:
+    """`handle` installed for `ENDING_SIGNALS` while the block runs (the command)."""
+    previous = {number: signal.signal(number, handle) for number in ENDING_SIGNALS}
+    try:
+        yield
+    finally:
+        for number, handler in previous.items():
+            signal.signal(number, handler)
+
+
+def _stuck() -> bool:
+    for check in list(_stuck_checks):
+        try:
+            if check():
+                return True
+        except Exception:  # noqa: BLE001 - a check that fails says nothing
+            pass
+    return False
+
+
+def _watch(signum: int) -> None:
+    deadline = time.monotonic() + UNWIND_S
+    while time.monotonic() < deadline and not _stuck():
+        time.sleep(0.2)
+    for cleanup in list(_cleanups):
+        try:
+            cleanup()
+        except Exception:  # noqa: BLE001 - the command ends all the same
+            pass
+    say(_message)
+    _end_children()
+    os._exit(128 + signum)
+
+
+def _end_children() -> None:
+    """Kill what this process started and is left (Ray's processes that outlived the signal)."""
+    try:
+        import psutil  # DeepSpeed's and Ray's dependency
+
+        children = psutil.Process().children(recursive=True)
+    except Exception:  # noqa: BLE001 - nothing to end then
+        return
+    for child in children:
+        try:
+            child.kill()
+        except psutil.Error:
+            pass
