@@ -9,11 +9,14 @@ in `clozemath.records`.
 from __future__ import annotations
 
 import functools
+import hashlib
 import os
 import socket
 import sqlite3
+import tempfile
 import time
 import urllib.parse
+import urllib.request
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import closing, contextmanager
 from dataclasses import dataclass
@@ -231,6 +234,47 @@ def _unanswered(exc: BaseException) -> bool:
 T = TypeVar("T")
 _unanswering: set[str] = set()
 """The tracking servers that did not answer this process."""
+UNANSWERED_MEMORY_S = 600.0
+"""How long a server that did not answer one process (a trial) is checked quickly by the others (the grid's driver,
+the next trials), instead of each waiting out `HTTP_LIMITS` again."""
+HEALTH_TIMEOUT_S = 3.0
+
+
+def _unanswered_mark(uri: str) -> Path:
+    """Where processes on this machine leave word that the server at `uri` did not answer."""
+    return Path(tempfile.gettempdir()) / "clozemath-tracking" / hashlib.sha256(uri.encode()).hexdigest()[:16]
+
+
+def _remember_unanswered(uri: str) -> None:
+    _unanswering.add(uri)
+    mark = _unanswered_mark(uri)
+    try:
+        mark.parent.mkdir(parents=True, exist_ok=True)
+        mark.write_text(uri)
+    except OSError:
+        pass  # only a shortcut for the other processes
+
+
+def _known_unanswering(uri: str) -> bool:
+    """This process found the server silent, or another did lately and its health check still gets no answer in
+    `HEALTH_TIMEOUT_S` (a server that answers again clears the mark)."""
+    if uri in _unanswering:
+        return True
+    mark = _unanswered_mark(uri)
+    try:
+        recent = time.time() - mark.stat().st_mtime < UNANSWERED_MEMORY_S
+    except OSError:
+        return False
+    if not recent:
+        return False
+    try:
+        with urllib.request.urlopen(f"{uri.rstrip('/')}/health", timeout=HEALTH_TIMEOUT_S):
+            pass
+    except (OSError, ValueError):  # no answer, or no HTTP server to ask
+        _unanswering.add(uri)
+        return True
+    mark.unlink(missing_ok=True)
+    return False
 
 
 def answered(uri: str, call: Callable[[], T], busy_wait_s: float = BUSY_WAIT_S) -> T:
@@ -240,7 +284,7 @@ def answered(uri: str, call: Callable[[], T], busy_wait_s: float = BUSY_WAIT_S) 
     deadline, pause = time.monotonic() + busy_wait_s, 0.5
     while True:
         try:
-            if uri in _unanswering:  # once is enough: a run's last calls (ending it FAILED) do not wait again
+            if _known_unanswering(uri):  # once is enough: a run's last calls, the driver's after a trial's, wait no more
                 raise ConnectionError(f"{uri}: Max retries exceeded before")
             return call()
         except Exception as exc:
@@ -255,7 +299,7 @@ def answered(uri: str, call: Callable[[], T], busy_wait_s: float = BUSY_WAIT_S) 
                     "it (nothing finished is trained or evaluated again)"
                 ) from None
             if _unanswered(exc):
-                _unanswering.add(uri)
+                _remember_unanswered(uri)
                 tries = int(os.environ.get("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")) + 1
                 raise ClozeMathError(
                     f"tracking server '{uri}' stopped answering (no answer within "

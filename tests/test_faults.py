@@ -470,6 +470,61 @@ def test_every_tracking_call_ends_within_its_bound_naming_the_server(silent_serv
     assert time.monotonic() - started < 1
 
 
+def test_a_server_one_process_found_silent_costs_the_next_seconds_not_its_bound(
+        silent_server: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """A trial found the server silent (its calls waited out `HTTP_LIMITS`): the grid's driver, another process on
+    the machine, checks the server's health in `HEALTH_TIMEOUT_S` and gives up at once, so the whole run ends within
+    about 30 s; once the server answers its health check again, the word is cleared and calls go through."""
+    from clozemath import tracking
+
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    monkeypatch.setattr(tracking.tempfile, "tempdir", None)
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_TIMEOUT", "1")
+    with pytest.raises(ClozeMathError, match="stopped answering"):
+        tracking.TrackedRun(silent_server, "0" * 32).log_metrics(1, {"train/loss": 1.0})
+    assert tracking._unanswered_mark(silent_server).is_file()
+    monkeypatch.setattr(tracking, "_unanswering", set())  # as the driver, which has not called the server yet
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_TIMEOUT", "30")  # its own bound would be far longer
+    started = time.monotonic()
+    with pytest.raises(ClozeMathError, match="stopped answering"):
+        tracking.TrackedRun(silent_server, "0" * 32).end(succeeded=False)
+    assert time.monotonic() - started < tracking.HEALTH_TIMEOUT_S + 2
+
+    monkeypatch.setattr(tracking, "_unanswering", set())
+    healthy = _HealthyServer()
+    try:
+        marked = tracking._unanswered_mark(healthy.url)
+        marked.write_text(healthy.url)
+        assert not tracking._known_unanswering(healthy.url) and not marked.exists()
+    finally:
+        healthy.close()
+
+
+class _HealthyServer:
+    """A server that answers `/health` with 200."""
+
+    def __init__(self) -> None:
+        import http.server
+
+        class Health(http.server.BaseHTTPRequestHandler):
+            def do_GET(self) -> None:  # noqa: N802 (the standard library's name)
+                self.send_response(200)
+                self.end_headers()
+                self.wfile.write(b"OK")
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.server = http.server.HTTPServer(("127.0.0.1", 0), Health)
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
 def test_a_busy_sqlite_store_is_waited_for(tmp_path: Path) -> None:
     """Another writer holds the store (an open exclusive transaction) for seconds: the call waits for it and
     logs, rather than fail a trial."""
