@@ -3,7 +3,7 @@
 # own, with its folder, store and report under $WORK/<slice>; the slices named run one after another on one Ray
 # cluster, detached from the call that starts them (a call lasts at most 10 minutes, a session 30).
 #
-#   bash bench/ship_qwen.sh receive                     # once a session, over ~26 calls: the packages, data, model
+#   python3 bench/ship_model.py receive                 # once a session, over ~25 calls: packages, data, model
 #   bash bench/slice_lease.sh start rates-1 rates-2      # returns at once
 #   bash bench/slice_lease.sh wait 480                   # progress, and (with $OUT set) collects; call again at
 #                                                        # once, within the machine's 30 s, until "chain: done"
@@ -18,7 +18,7 @@
 # (driver.log, report.log, the grid's driver and workers logs) and its MLflow store (mlruns.db.gz).
 #
 # Needs the project importable by `python3` (PYTHON=...) with its dependencies, `ray` on PATH, CLOZEMATH_DATA_DIR
-# and HF_HUB_OFFLINE=1. MODEL_CHUNKS: the folder of the model's chunk files (bench/ship_qwen.sh; empty: the
+# and HF_HUB_OFFLINE=1. MODEL_CHUNKS: the folder of the model's chunk files (bench/ship_model.py; empty: the
 # installed chunk packages). DRY_RUN=1 prints the chain's commands instead of running them.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -53,7 +53,9 @@ report() {  # report EXPERIMENT STORE DECODING OUT: the slice's report, its pred
     local args=(-m clozemath_cli report --experiment "$experiment" --tracking-uri "$store" --decoding "$decoding"
                 --out "$out")
     run "$PY" "${args[@]}" --export-predictions full
-    if [ -z "${DRY_RUN:-}" ] && [ "$(stat -c %s "$out/predictions.jsonl.gz" 2>/dev/null || echo 0)" -gt $((FILE_LIMIT / 2)) ]; then
+    local size
+    size=$(stat -c %s "$out/predictions.jsonl.gz" 2> /dev/null || echo 0)
+    if [ -z "${DRY_RUN:-}" ] && [ "$size" -gt $((FILE_LIMIT / 2)) ]; then  # half a tarball: the store, logs beside
         run "$PY" "${args[@]}" --export-predictions compact
     fi
 }

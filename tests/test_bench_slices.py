@@ -75,7 +75,8 @@ def test_what_is_left_runs_as_the_product_of_its_values_and_names_the_finished_t
                            name.format("tiny-llama-b", "clozemath"): GSM8K_SETS})
     found = described(plan, "b")
     assert found["todo"] == ["2"] and found["override"] == ["axes.method=[mft,clozemath]", "axes.dataset=[gsm8k]"]
-    assert sorted(found["rerun"]) == sorted([name.format("tiny-llama", "mft"), name.format("tiny-llama-b", "clozemath")])
+    finished = [name.format("tiny-llama", "mft"), name.format("tiny-llama-b", "clozemath")]
+    assert sorted(found["rerun"]) == sorted(finished)
     commit(tmp_path, "b-2", {name.format("tiny-llama-b", "mft"): GSM8K_SETS,
                              name.format("tiny-llama", "clozemath"): GSM8K_SETS})
     assert described(plan, "b")["todo"] == ["0"] and "override" not in described(plan, "b")
@@ -105,7 +106,8 @@ def test_slices_are_packed_into_sessions_in_the_plans_order_the_reserve_apart(tm
     assert window == pytest.approx(21.5 * 60)
     assert [[e.piece.name for e in group] for group in packed] == [["a", "b"], ["c"], ["d"], ["e"]]
     text = slices.estimate_text(plan, [estimate("a", 8), estimate("d", 25), estimate("r", 5, reserve=True)])
-    assert "| d | smoke.yaml | 3 | 25.0 (over a session) | 2 |" in text and "| r | smoke.yaml | 3 | 5.0 | reserve |" in text
+    assert "| d | smoke.yaml | 3 | 25.0 (over a session) | 2 |" in text
+    assert "| r | smoke.yaml | 3 | 5.0 | reserve |" in text
     assert "Sessions: 2 " in text
 
 
