@@ -3,7 +3,7 @@
 A slice is some trials of one grid, picked by overrides that narrow its axes (`set`), run as a grid run of its own by
 `bench/slice_lease.sh`. Its report (`clozemath report`: trials.json, steps.json.gz, predictions) is committed under
 the plan's `results` folder. A trial is finished once a trials.json there holds its accuracy on every set and
-decoding it evaluates; a slice is done when all of its trials are. What is left of a slice runs again with its axes
+decoding it evaluates, at its learning rate; a slice is done when all of its trials are. What is left of a slice runs again with its axes
 narrowed to the values its unfinished trials take (a finished trial inside that product reruns too, and is named).
 
     python bench/slices.py [--plan FILE] list                 # every slice: its grid, trials and what is done
@@ -67,7 +67,8 @@ def read_plan(path: Path) -> Plan:
                   for name, entry in raw["slices"].items()}
         return Plan(ROOT / raw["results"], raw["card"], dict(raw["session"]), slices)
     except (KeyError, TypeError) as exc:
-        raise ClozeMathError(f"{path}: not a plan of slices (results, card, session, slices: grid, set): {exc}") from None
+        raise ClozeMathError(f"{path}: not a plan of slices (results, card, session, slices: grid, set): {exc}") \
+            from None
 
 
 def expected_metrics(config: ExperimentConfig) -> set[str]:
@@ -75,17 +76,26 @@ def expected_metrics(config: ExperimentConfig) -> set[str]:
     return {eval_metric(s.dataset, d, ACCURACY) for s in config.eval.sets for d in config.eval.decodings_of(s)}
 
 
-def committed_metrics(results: Path) -> dict[str, set[str]]:
-    """Every trial in the trials.json files under `results`, by name, with the metrics it has (over all of them)."""
-    found: dict[str, set[str]] = {}
+def committed_metrics(results: Path) -> dict[tuple[str, str | None], set[str]]:
+    """Every trial in the trials.json files under `results`, by name and learning rate, with the metrics it has (over
+    all of them)."""
+    found: dict[tuple[str, str | None], set[str]] = {}
     for path in sorted(results.rglob(TRIALS_FILE)) if results.is_dir() else []:
         try:
             rows = json.loads(path.read_text(encoding="utf-8"))
         except ValueError as exc:
             raise ClozeMathError(f"{path}: not a trials.json file ({exc})") from None
         for row in rows:
-            found.setdefault(row["run_name"], set()).update(row["metrics"])
+            rate = row["params"].get("train.lr")
+            found.setdefault((row["run_name"], None if rate is None else repr(float(rate))), set()).update(
+                row["metrics"])
     return found
+
+
+def finished(config: ExperimentConfig, committed: dict[tuple[str, str | None], set[str]]) -> bool:
+    """Whether the committed results hold every accuracy of this trial, trained at its rate (a grid's rates are
+    chosen after its slices are planned: a trial run at another rate is not this one)."""
+    return expected_metrics(config) <= committed.get((config.name, repr(float(config.train.lr))), set())
 
 
 @dataclass(frozen=True)
@@ -106,8 +116,7 @@ def slice_trials(plan: Plan, piece: Slice) -> SliceTrials:
     run_plan = load_plan(piece.grid, piece.overrides)
     points = grid_points(run_plan.grid, piece.grid)
     committed = committed_metrics(plan.results)
-    finished = [expected_metrics(config) <= committed.get(config.name, set()) for config in run_plan.experiments]
-    return SliceTrials(run_plan, points, finished)
+    return SliceTrials(run_plan, points, [finished(config, committed) for config in run_plan.experiments])
 
 
 def flow(values: list[Any]) -> str:

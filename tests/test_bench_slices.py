@@ -33,9 +33,13 @@ def write_plan(tmp_path: Path, entries: dict[str, dict]) -> Path:
     return path
 
 
-def commit(tmp_path: Path, folder: str, trials: dict[str, list[tuple[str, str]]]) -> None:
-    """A slice's report as committed: a trials.json holding each trial's accuracy on the (set, decoding)s given."""
-    rows = [{"run_id": name, "run_name": name, "tags": {}, "params": {},
+SMOKE_LR = load_plan(ROOT / SMOKE).experiments[0].train.lr
+
+
+def commit(tmp_path: Path, folder: str, trials: dict[str, list[tuple[str, str]]], lr: float = SMOKE_LR) -> None:
+    """A slice's report as committed: a trials.json holding each trial, trained at `lr`, with its accuracy on the
+    (set, decoding)s given."""
+    rows = [{"run_id": name, "run_name": name, "tags": {}, "params": {"train.lr": str(lr)},
              "metrics": {f"eval/{s}/{d}/accuracy": 0.5 for s, d in sets}} for name, sets in trials.items()]
     (tmp_path / "results" / folder / "report").mkdir(parents=True)
     (tmp_path / "results" / folder / "report" / "trials.json").write_text(json.dumps(rows))
@@ -80,6 +84,17 @@ def test_what_is_left_runs_as_the_product_of_its_values_and_names_the_finished_t
     commit(tmp_path, "b-2", {name.format("tiny-llama-b", "mft"): GSM8K_SETS,
                              name.format("tiny-llama", "clozemath"): GSM8K_SETS})
     assert described(plan, "b")["todo"] == ["0"] and "override" not in described(plan, "b")
+
+
+def test_a_trial_committed_at_another_rate_is_not_finished(tmp_path: Path) -> None:
+    """The rates are written into the grids after their slices are planned: a trial of the same name run at the
+    placeholder rate before is not the trial the grid now holds."""
+    plan = write_plan(tmp_path, {"c": {"grid": SMOKE, "set": ["axes.model=[tiny-llama]", "axes.method=[mft]",
+                                                              "axes.dataset=[gsm8k]"]}})
+    commit(tmp_path, "c", {"smoke-grid/model=tiny-llama,method=mft,dataset=gsm8k,seed=0": GSM8K_SETS}, lr=SMOKE_LR * 3)
+    assert described(plan, "c")["todo"] == ["1"]
+    commit(tmp_path, "c-2", {"smoke-grid/model=tiny-llama,method=mft,dataset=gsm8k,seed=0": GSM8K_SETS})
+    assert described(plan, "c")["todo"] == ["0"]
 
 
 def test_rates_narrowed_from_what_is_left_read_back_as_numbers() -> None:
