@@ -28,6 +28,9 @@ PY=${PYTHON:-python3}
 PLAN=${PLAN:-bench/slices_qwen1.5b.yaml}
 MODEL_CHUNKS=${MODEL_CHUNKS-/tmp/qwen}
 STARTUP_S=${STARTUP_S:-300}               # a driver failing sooner is started once more (it resumes its grid)
+RAY_PORT=${RAY_PORT:-6379}                # RAY_CPUS: the head's CPUs (default: Ray's count of the machine's)
+RAY_START_ARGS=${RAY_START_ARGS:-}        # more of `ray start`'s options (a shared machine: other ports; and
+                                          # RAY_STOP=0 there, then stop the head's processes by their ids)
 FILE_LIMIT=$((15 * 1024 * 1024))          # below what comes back (16 MiB a file)
 
 run() {  # a command of the chain, timed into its log
@@ -100,19 +103,31 @@ chain() {  # every slice named, in order, on one Ray cluster
     mkdir -p "$WORK"
     local started=$SECONDS
     if [ -z "${DRY_RUN:-}" ]; then
-        nvidia-smi --query-gpu=timestamp,index,utilization.gpu,memory.used --format=csv -l 5 >> "$WORK/gpu.csv" &
+        nvidia-smi --query-gpu=timestamp,index,utilization.gpu,memory.used --format=csv -l 5 >> "$WORK/gpu.csv" \
+            2> /dev/null &
         GPU_LOG=$!
         export RAY_AUTH_MODE=token  # as `ray start` makes the cluster (Ray >= 2.59), for every driver that joins it
         ray get-auth-token --generate > /dev/null  # ~/.ray/auth_token, unless there is one
     fi
-    run ray start --head --port=6379 --num-gpus="$(nvidia-smi -L 2>/dev/null | wc -l)" --disable-usage-stats
-    export RAY_ADDRESS=127.0.0.1:6379
+    if ! run ray start --head --port="$RAY_PORT" --num-gpus="$(nvidia-smi -L 2>/dev/null | wc -l)" \
+            ${RAY_CPUS:+--num-cpus=$RAY_CPUS} $RAY_START_ARGS --disable-usage-stats; then
+        echo "chain: ray start failed; stopping"
+        finish "$started"
+        return 1
+    fi
+    export RAY_ADDRESS=127.0.0.1:$RAY_PORT
     for name in "$@"; do
         echo "chain: [$(date +%T)] slice $name"
         slice_run "$name" || echo "chain: slice $name failed"
     done
-    echo "chain: done in $((SECONDS - started)) s"
-    [ -n "${DRY_RUN:-}" ] || { ray stop > /dev/null 2>&1; kill "${GPU_LOG:-}" 2> /dev/null; }
+    finish "$started"
+}
+
+finish() {
+    echo "chain: done in $((SECONDS - $1)) s"
+    [ -n "${DRY_RUN:-}" ] || kill "${GPU_LOG:-}" 2> /dev/null
+    # `ray stop` ends every Ray process of the machine: right on the lease's own GPU machine, wrong on a shared one
+    [ -n "${DRY_RUN:-}" ] || [ "${RAY_STOP:-1}" = 0 ] || ray stop > /dev/null 2>&1
     touch "$WORK/done"
 }
 
