@@ -3,10 +3,13 @@ accuracy on the problems the sweep held out, written into the grids that train a
 
     python bench/choose_lrs.py --experiment replication-matched-lr \
         --grids configs/grids/replication_matched.yaml configs/grids/table4.yaml [--tracking-uri sqlite:///mlruns.db]
+    python bench/choose_lrs.py --trials bench/results/<slices>/rates-*/trials.json --grids ...
 
-It reads the sweep's latest grid run (`clozemath.report.grid_runs`): per trial its method (tag), rate (param
-`train.lr`) and held-out accuracy (`--metric`, default the sweep's `eval/gsm8k/greedy/accuracy`). Per method it takes
-the best rate; a tie goes to the lower rate. In each grid the rule `- {when: {method: M}, set: {train.lr: ...}}` gets
+It reads the sweep's latest grid run (`clozemath.report.grid_runs`), or the `trials.json` files that `clozemath
+report` wrote for its parts (a sweep run in slices, each a grid run of its own): per trial its method (tag), rate
+(param `train.lr`) and held-out accuracy (`--metric`, default the sweep's `eval/gsm8k/greedy/accuracy`). A rate's
+accuracy is the mean over the seeds that trained it. Per method it takes the best rate; a tie goes to the lower rate.
+In each grid the rule `- {when: {method: M}, set: {train.lr: ...}}` gets
 that rate and a comment with the sweep's accuracies (the grids then record the rates they ran at: commit them); a
 rule for a method the sweep lacks is an error, and nothing is written. It prints the choices as a markdown table
 (also to `--out`), with a warning where the best rate is the sweep's highest or lowest.
@@ -15,7 +18,9 @@ rule for a method the sweep lacks is an error, and nothing is written. It prints
 from __future__ import annotations
 
 import argparse
+import json
 import re
+import statistics
 import sys
 from collections import defaultdict
 from pathlib import Path
@@ -33,8 +38,8 @@ RATE_RULE = re.compile(
 )
 """A grid's one-line rule setting one method's rate (how the replication's grids write them)."""
 
-Sweep = dict[str, dict[float, float]]
-"""Method -> rate -> held-out accuracy."""
+Sweep = dict[str, dict[float, list[float]]]
+"""Method -> rate -> held-out accuracy of each seed."""
 
 
 def rate_text(rate: float) -> str:
@@ -44,24 +49,50 @@ def rate_text(rate: float) -> str:
     return f"{mantissa}{'0' if mantissa.endswith('.') else ''}e{int(exponent)}"
 
 
+Trial = tuple[dict[str, str], dict[str, str], dict[str, float]]
+"""A trial's tags, params and metrics."""
+
+
+def sweep_of(trials: list[Trial], metric: str, where: str) -> Sweep:
+    """The accuracies of the trials that have a rate and `metric`, by method and rate."""
+    sweep: Sweep = defaultdict(lambda: defaultdict(list))
+    for tags, params, metrics in trials:
+        if metric in metrics and "train.lr" in params:
+            sweep[tags[METHOD_TAG]][float(params["train.lr"])].append(metrics[metric])
+    if not sweep:
+        raise ClozeMathError(f"{where}: no trial has a rate and '{metric}'")
+    return {method: dict(rates) for method, rates in sweep.items()}
+
+
 def read_sweep(tracking_uri: str, experiment: str, metric: str) -> Sweep:
     _, trials = grid_runs(tracking_uri, experiment)
-    sweep: Sweep = defaultdict(dict)
-    for trial in trials:
-        if metric in trial.metrics and "train.lr" in trial.params:
-            sweep[trial.tags[METHOD_TAG]][float(trial.params["train.lr"])] = trial.metrics[metric]
-    if not sweep:
-        raise ClozeMathError(f"experiment '{experiment}': no trial has a rate and '{metric}'")
-    return dict(sweep)
+    return sweep_of([(t.tags, t.params, t.metrics) for t in trials], metric, f"experiment '{experiment}'")
 
 
-def best_rate(accuracies: dict[float, float]) -> float:
-    """The rate of the best accuracy; of equal ones, the lowest rate."""
-    return min(accuracies, key=lambda rate: (-accuracies[rate], rate))
+def read_trials_files(paths: list[Path], metric: str) -> Sweep:
+    """The trials of `clozemath report`'s trials.json files (a trial in two of them counts once)."""
+    trials: dict[str, Trial] = {}
+    for path in paths:
+        try:
+            rows = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError) as exc:
+            raise ClozeMathError(f"{path}: not a trials.json file ({exc})") from None
+        for row in rows:
+            trials[row["run_name"]] = (row["tags"], row["params"], row["metrics"])
+    return sweep_of(list(trials.values()), metric, ", ".join(map(str, paths)))
 
 
-def _accuracies(accuracies: dict[float, float]) -> str:
-    return ", ".join(f"{rate_text(rate)} {100 * accuracies[rate]:.1f}%" for rate in sorted(accuracies))
+def best_rate(accuracies: dict[float, list[float]]) -> float:
+    """The rate of the best mean accuracy over its seeds; of equal ones, the lowest rate."""
+    return min(accuracies, key=lambda rate: (-statistics.fmean(accuracies[rate]), rate))
+
+
+def _accuracies(accuracies: dict[float, list[float]]) -> str:
+    def one(rate: float) -> str:
+        seeds = accuracies[rate]
+        return f"{rate_text(rate)} {100 * statistics.fmean(seeds):.1f}%" + (f" (mean of {len(seeds)})" if len(seeds) > 1 else "")
+
+    return ", ".join(one(rate) for rate in sorted(accuracies))
 
 
 def rewritten(text: str, sweep: Sweep, where: str) -> tuple[str, list[str]]:
@@ -96,14 +127,17 @@ def choices_table(sweep: Sweep) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--experiment", required=True, help="the sweep's MLflow experiment")
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument("--experiment", help="the sweep's MLflow experiment (its latest grid run)")
+    source.add_argument("--trials", nargs="+", type=Path, help="the sweep's trials.json files (`clozemath report`)")
     parser.add_argument("--grids", nargs="+", required=True, type=Path, help="grid YAML files to write the rates into")
     parser.add_argument("--tracking-uri", default="sqlite:///mlruns.db")
     parser.add_argument("--metric", default=eval_metric("gsm8k", "greedy", "accuracy"))
     parser.add_argument("--out", type=Path, help="also write the choices (markdown) here")
     args = parser.parse_args(argv)
     try:
-        sweep = read_sweep(args.tracking_uri, args.experiment, args.metric)
+        sweep = (read_trials_files(args.trials, args.metric) if args.trials
+                 else read_sweep(args.tracking_uri, args.experiment, args.metric))
         texts = {}
         for grid in args.grids:
             if not grid.is_file():

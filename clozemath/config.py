@@ -8,6 +8,7 @@ one before anything runs.
 
 from __future__ import annotations
 
+import math
 import os
 from typing import Annotated, Any, Literal
 
@@ -363,6 +364,32 @@ class EvalConfig(_Strict):
             return None
         first = self.sets[0]
         return first, self.decodings_of(first)[0]
+
+    def during_training(self) -> tuple[EvalSetConfig, str] | None:
+        """The evaluation during training: the first set cut to `during_training_limit` problems (its own limit where
+        smaller), with its first decoding; None when neither `every_steps` nor `every_share` is set, or without sets."""
+        first = self.first_evaluation()
+        if (self.every_steps is None and self.every_share is None) or first is None:
+            return None
+        set_cfg, decoding = first
+        limit = min(set_cfg.limit or self.during_training_limit, self.during_training_limit)
+        return set_cfg.model_copy(update={"limit": limit}), decoding
+
+    def during_training_steps(self, total_steps: int) -> list[int]:
+        """The steps of a run of `total_steps` that evaluate during training, in order: every `every_steps` steps, or
+        `every_share`, 2 x `every_share`, ... of the steps (each rounded to the nearest step, halves up; at least
+        step 1); and the last; none without an evaluation during training. The one rule for the workers' evaluator
+        (`clozemath.eval.during_training`) and the dry-run's estimate (`clozemath.cost.trials`)."""
+        if not self.sets or total_steps < 1:
+            return []
+        if self.every_share is not None:
+            count = math.floor(1 / self.every_share + 1e-9)
+            steps = {max(1, math.floor(k * self.every_share * total_steps + 0.5)) for k in range(1, count + 1)}
+        elif self.every_steps is not None:
+            steps = set(range(self.every_steps, total_steps + 1, self.every_steps))
+        else:
+            return []
+        return sorted(steps | {total_steps})
 
 
 TRACKING_SCHEMES = ("sqlite", "file", "http", "https", "postgresql", "mysql", "mssql", "databricks")

@@ -227,3 +227,30 @@ def test_the_qwen_grid_is_the_matched_replication_but_for_its_model_seeds_share_
         assert e.model.lora == twin.model.lora
         assert [(s.dataset, s.limit, e.eval.decodings_of(s)) for s in e.eval.sets] == [
             (s.dataset, s.limit, twin.eval.decodings_of(s)) for s in twin.eval.sets]
+
+
+def test_a_sweep_in_slices_is_read_from_its_trials_files_and_each_rate_takes_its_seeds_mean(
+        grids: list[Path], tmp_path: Path, capsys) -> None:
+    """Two seeds a rate, in two files as two slices' reports wrote them: seed 0 alone would pick 1e-4 for IT (0.62
+    against 0.60), the mean of both picks 3e-4 (0.61 against 0.57); a trial listed in both files counts once."""
+    import json
+
+    def trial(method: str, rate: float, seed: int, accuracy: float) -> dict:
+        name = f"sweep/method={method},lr={rate},seed={seed}"
+        return {"run_id": name, "run_name": name, "tags": {"method": method, "seed": str(seed)},
+                "params": {"train.lr": str(rate)}, "metrics": {"eval/gsm8k/greedy/accuracy": accuracy}}
+
+    seed0 = [trial("it", 1e-4, 0, 0.62), trial("it", 3e-4, 0, 0.60), trial("mft", 1e-4, 0, 0.50),
+             trial("clozemath", 3e-4, 0, 0.40)]
+    seed1 = [trial("it", 1e-4, 1, 0.52), trial("it", 3e-4, 1, 0.62), trial("mft", 1e-4, 1, 0.54), seed0[0]]
+    files = [tmp_path / "rates-1.json", tmp_path / "rates-2.json"]
+    for path, rows in zip(files, [seed0, seed1]):
+        path.write_text(json.dumps(rows))
+    sweep = choose.read_trials_files(files, "eval/gsm8k/greedy/accuracy")
+    assert sweep["it"] == {1e-4: [0.62, 0.52], 3e-4: [0.60, 0.62]}
+    assert choose.main(["--trials", *map(str, files), "--grids", str(grids[0])]) == 0
+    rates = {e.method.name: e.train.lr for e in load_plan(grids[0]).experiments if e.method.trains}
+    assert rates == {"it": 3e-4, "mft": 1e-4, "clozemath": 3e-4}
+    assert ("  - {when: {method: it}, set: {train.lr: 3.0e-4}}  # held out: 1.0e-4 57.0% (mean of 2), "
+            "3.0e-4 61.0% (mean of 2) (bench/choose_lrs.py)\n") in grids[0].read_text()
+    assert "| it | 3.0e-4 (the sweep's edge" in capsys.readouterr().out

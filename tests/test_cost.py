@@ -165,3 +165,51 @@ def test_zero3_takes_its_compiled_scaling_where_the_table_has_it_apart() -> None
     assert table.scaling_factor(3, 4, compiled=False).value == 0.82  # the nearest listed below 4
     assert table.scaling_factor(2, 4, compiled=True).value == table.scaling_factor(2, 4, compiled=False).value == 0.99
     assert table.scaling_factor(3, 1, compiled=True).value == 1.0
+
+
+@pytest.mark.slow  # reads SmolLM2's tokenizer from its GGUF file
+def test_the_matched_grids_estimate_rises_by_its_curve_evaluations() -> None:
+    """replication_matched.yaml evaluates 200 GSM8K test problems greedy at every tenth of the steps on seeds 0-2
+    (`eval.every_share: 0.1`): ten evaluations during training, each 200 problems at the eager engine's rate of a
+    fifth of the card (its trials take turns on it), where seed 3 and the base model evaluate only after training."""
+    from clozemath.cost import estimate
+    from clozemath.cost.throughput import Throughput
+    from clozemath.cost.trials import Estimator
+
+    narrow = ["axes.method=[mft,base]", "axes.train.seed=[0,3]"]
+    grid = ROOT / "configs" / "grids" / "replication_matched.yaml"
+    with_curves = {s.trial.name: s.trial for s in estimate(load_plan(grid, narrow), 1, "H200").scheduled}
+    without = {s.trial.name: s.trial for s in
+               estimate(load_plan(grid, [*narrow, "eval.every_share=null"]), 1, "H200").scheduled}
+    table = Throughput(ROOT / "configs")
+    estimator = Estimator(table, table.card("H200"), 1)
+    smollm2 = table.model_config("smollm2-135m")
+    greedy_eager = estimator.eval_rate(smollm2, estimator.shape(smollm2)[0], "greedy", "eager").value
+    length = 256 / 256  # the grid's max_new_tokens over the figures' new tokens
+    curve_s = 10 * 200 * length / (greedy_eager * 0.2)
+    rises = {name: with_curves[name].eval_s - without[name].eval_s for name in with_curves}
+    assert rises == pytest.approx({"replication-matched/method=mft,seed=0": curve_s,
+                                   "replication-matched/method=mft,seed=3": 0.0,
+                                   "replication-matched/method=base,seed=0": 0.0})
+    assert curve_s > 60  # minutes a trial, no rounding error
+
+
+def test_the_estimator_counts_the_evaluations_during_training_that_the_workers_make() -> None:
+    """For every trial of every committed grid and runs of several lengths: the dry-run's count of evaluations during
+    training and of the problems each decodes equals what the workers' evaluator does (`step_evaluation`, asked at
+    every step as `ray_jobs.train` asks it)."""
+    from clozemath.cost.trials import curve_evaluations
+    from clozemath.eval.during_training import step_evaluation
+
+    evaluated = 0
+    for grid in sorted((ROOT / "configs" / "grids").glob("*.yaml")):
+        for config in load_plan(grid, []).experiments:
+            if not config.method.trains:
+                continue
+            evaluation = step_evaluation(config)
+            for total in (1, 3, 10, 199, 200, 290, 685, 1001):
+                worker = (0, 0) if evaluation is None else (
+                    sum(evaluation.due(step, total) for step in range(1, total + 1)), len(evaluation.problems))
+                assert curve_evaluations(config, total) == worker, (config.name, total)
+                evaluated += worker[0] > 1
+    assert evaluated  # some grids' trials do evaluate during training

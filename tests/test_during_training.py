@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from clozemath.errors import ClozeMathError
-from clozemath.eval.during_training import evaluate_step, shared_steps, step_evaluation
+from clozemath.eval.during_training import evaluate_step, step_evaluation
 from clozemath.eval.evaluate import eval_problems
 from clozemath.model.load import load_model
 from clozemath.plan import load_config
@@ -41,8 +41,10 @@ def test_shares_of_the_budget_put_every_run_at_the_same_points_of_its_steps(conf
     shares = config.eval.model_copy(update={"every_steps": None, "every_share": 0.25})
     evaluation = step_evaluation(config.model_copy(update={"eval": shares}))
     assert [step for step in range(1, 11) if evaluation.due(step, total_steps=10)] == [3, 5, 8, 10]
-    assert sorted(shared_steps(685, 0.1)) == [69, 137, 206, 274, 343, 411, 480, 548, 617, 685]
-    assert shared_steps(2, 0.25) == {1, 2} and shared_steps(7, 0.3) == {2, 4, 6, 7}
+    tenths = shares.model_copy(update={"every_share": 0.1})
+    assert tenths.during_training_steps(685) == [69, 137, 206, 274, 343, 411, 480, 548, 617, 685]
+    assert shares.during_training_steps(2) == [1, 2]
+    assert shares.model_copy(update={"every_share": 0.3}).during_training_steps(7) == [2, 4, 6, 7]
     with pytest.raises(ClozeMathError, match="`every_steps` and `every_share` both say when"):
         load_config(SMOKE, ["eval.every_steps=3", "eval.every_share=0.1"])
     with pytest.raises(ClozeMathError, match="every_share"):

@@ -380,13 +380,23 @@ class Estimator:
                 rate = self.shared_rate(config.model, self.eval_rate(config.model, shape, decoding, "graphs"),
                                         gpus, f"eval_{decoding}")
                 seconds += problems * length / rate
-        if trained is not None and config.eval.every_steps and config.eval.sets:
+        evaluated = config.eval.during_training()
+        if trained is not None and evaluated is not None:
             layout, stage = trained
-            total = layout.plan.total_steps
-            points = total // config.eval.every_steps + (1 if total % config.eval.every_steps else 0)
-            first, decoding = config.eval.first_evaluation()
-            limit = min(first.limit or config.eval.during_training_limit, config.eval.during_training_limit)
-            share = 1 if stage == 3 else config.train.num_workers  # ZeRO-3's ranks decode every problem in step
-            rate = self.eval_rate(config.model, shape, decoding, "eager").value * share
-            seconds += points * limit * length / rate
+            points, problems = curve_evaluations(config, layout.plan.total_steps)
+            decoding = evaluated[1]
+            alone = self.eval_rate(config.model, shape, decoding, "eager")
+            ranks = 1 if stage == 3 else config.train.num_workers  # ZeRO-3's ranks decode every problem in step
+            rate = self.shared_rate(config.model, alone, config.train.gpu_share, f"eval_{decoding}_eager") * ranks
+            seconds += points * problems * length / rate
         return seconds
+
+
+def curve_evaluations(config: ExperimentConfig, total_steps: int) -> tuple[int, int]:
+    """The evaluations during training of a run of `total_steps` (`EvalConfig.during_training_steps`, as the workers
+    evaluate) and the problems each decodes (the subset's limit: the set is taken to hold that many)."""
+    evaluated = config.eval.during_training()
+    if evaluated is None:
+        return 0, 0
+    subset, _ = evaluated
+    return len(config.eval.during_training_steps(total_steps)), subset.limit or 0

