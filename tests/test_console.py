@@ -184,7 +184,9 @@ def test_the_smoke_run_console_is_short_ordered_and_summarised_with_the_rest_in_
     (run,) = tracking.find_runs(TrackingConfig(uri=f"sqlite:///{tmp_path / 'mlruns.db'}", experiment="smoke"),
                                 {"role": "trial"})
     assert (run.info.run_id, run.info.status) == (run_id, "FINISHED")
-    assert summary_value(shown, "browse") == f"mlflow ui --backend-store-uri sqlite:///{tmp_path / 'mlruns.db'}"
+    assert summary_value(shown, "browse") == (  # the runs table, on the view of the trials (tests/test_mlflow_view.py)
+        f"mlflow ui --backend-store-uri sqlite:///{tmp_path / 'mlruns.db'}, then open http://127.0.0.1:5000/"
+        "#/experiments/1/runs?workflowType=machine_learning&viewStateShareKey=clozemath-smoke")
 
     logs = tmp_path / "runs" / "smoke" / "logs"
     assert summary_value(shown, "logs").startswith(str(logs))
