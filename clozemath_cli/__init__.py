@@ -89,9 +89,13 @@ def _add_run(commands: argparse._SubParsersAction) -> None:
         help="start nothing: print each trial's samples, tokens and steps and the estimated GPU-hours and wall time "
         "(from configs/throughput.yaml)",
     )
-    run.add_argument("--gpus", type=float, help="--dry-run: GPUs of the cluster (default: the GPUs this machine sees)")
+    run.add_argument("--gpus", type=float, help="--dry-run: GPUs of the cluster (default: the GPUs this machine "
+                     f"sees; on a machine without one, 1 {DEFAULT_CARD})")
     run.add_argument("--nodes", type=int, default=1, help="--dry-run: nodes the GPUs are spread over (default: 1)")
-    run.add_argument("--card", help="--dry-run: the GPU's name in configs/throughput.yaml (default: this machine's)")
+    run.add_argument("--card", help="--dry-run: the GPU's name in configs/throughput.yaml (default: this machine's, "
+                     f"else {DEFAULT_CARD})")
+    run.add_argument("--details", action="store_true",
+                     help="--dry-run: also every trial's samples, tokens, steps, layout and start, and the figures used")
     run.set_defaults(handler=_run)
 
 
@@ -130,22 +134,37 @@ def _run(args: argparse.Namespace) -> int | None:
             return interrupts.exit_code()
 
 
+DEFAULT_CARD = "H100"
+"""The card `--dry-run` estimates for on a machine without a GPU, unless `--card` names another."""
+
+
 def _dry_run(args: argparse.Namespace, plan: RunPlan) -> None:
-    """`clozemath run CONFIG --dry-run`: the cost estimate, on the GPUs this machine sees or those the flags name."""
+    """`clozemath run CONFIG --dry-run`: the cost estimate, on the GPUs this machine sees or those the flags name (a
+    machine without a GPU: one `DEFAULT_CARD`, said so). The libraries' warnings (transformers' deprecations while the
+    shapes are built) are not the user's to act on: they are left out."""
+    import warnings
+
     os.environ["HF_HUB_OFFLINE"] = "1"  # before transformers reads it: a tokenizer not here is estimated, never fetched
-    import torch
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        import torch
 
-    from clozemath.cost import estimate, estimate_text
+        from clozemath.cost import estimate, estimate_text
 
-    seen = torch.cuda.device_count()
-    gpus = args.gpus if args.gpus is not None else seen
-    if not gpus:
-        raise ClozeMathError("--dry-run: this machine sees no GPU; say which cluster to estimate for: --gpus N "
-                             "[--nodes K] [--card H100]")
-    if args.nodes < 1 or gpus < args.nodes:
-        raise ClozeMathError(f"--dry-run: --nodes {args.nodes} must be between 1 and the GPUs ({gpus:g})")
-    card = args.card or (torch.cuda.get_device_name(0) if seen else "H100")
-    print(estimate_text(estimate(plan, gpus, card, args.nodes)))
+        seen = torch.cuda.device_count()
+        gpus = args.gpus if args.gpus is not None else (seen or 1)
+        said = ""
+        if not seen and args.gpus is None:
+            said = (f"This machine sees no GPU: estimated for one {args.card or DEFAULT_CARD} (--gpus N [--nodes K] "
+                    "[--card NAME] for a cluster).")
+        if gpus <= 0 or args.nodes < 1 or gpus < args.nodes:
+            raise ClozeMathError(f"--dry-run: --nodes {args.nodes} must be between 1 and the GPUs ({gpus:g})")
+        card = args.card or (torch.cuda.get_device_name(0) if seen else DEFAULT_CARD)
+        console.phase(f"[{plan.grid.name}] estimating {len(plan.experiments)} trial(s): counting the samples of each "
+                      "training set (a minute or two for a large grid)")
+        result = estimate(plan, gpus, card, args.nodes)
+    print(estimate_text(result, args.details, said))
 
 
 def _add_score(commands: argparse._SubParsersAction) -> None:
