@@ -152,9 +152,11 @@ def test_a_model_shipped_in_chunks_is_estimated_before_its_chunks_are_installed(
                    f"model.gguf_chunks.files={tmp_path}/part*.bin", "axes.method=[it]", "axes.train.seed=[0]",
                    "--dry-run", "--gpus", "1", "--card", "H100", "--details")
     assert done.returncode == 0, done.stderr[-2000:]
-    brief = " ".join(done.stdout.split("| trial | GPUs | samples")[0].split())  # said before the details, wrapped
+    brief = " ".join(done.stdout.split("| trial | GPUs | samples")[0].split())  # before the details, wrapped
+    assert ("The tokens of qwen2.5-coder-1.5b-instruct are estimated with a stand-in tokenizer (theirs is not on this "
+            "machine).") in brief
     assert "tokens estimated with llama-3.2-1b-random's tokenizer (qwen2.5-coder-1.5b-instruct's is not on this " \
-           "machine)" in brief
+           "machine)" in done.stdout
     assert "the GGUF model(s) parsed once" in done.stdout and "ray imported: False" in done.stdout
     from clozemath.cost.throughput import Throughput
     from clozemath.cost.trials import Estimator

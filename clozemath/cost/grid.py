@@ -76,6 +76,8 @@ class GridEstimate:
     counts: list[str]
     short_names: dict[str, str]
     """Each trial by what varies between the grid's points (`clozemath · seed 0`: `records.trial_run_names`)."""
+    stand_ins: list[str]
+    """The models whose tokens were counted with a stand-in tokenizer."""
 
     @property
     def wall_s(self) -> float:
@@ -98,7 +100,7 @@ def estimate(plan: RunPlan, gpus: float, card_name: str, nodes: int = 1) -> Grid
     labels = trial_labels(plan.grid)
     short_names = dict(zip(labels, trial_run_names(list(labels.values()), plan.grid.name)))
     return GridEstimate(plan.grid.name, card, nodes, gpus / nodes, scheduled, estimator.overhead_s("ray_start"),
-                        parse_s, estimator.notes, estimator.counted(), short_names)
+                        parse_s, estimator.notes, estimator.counted(), short_names, sorted(estimator.stand_ins))
 
 
 def _duration(seconds: float) -> str:
@@ -125,7 +127,8 @@ def estimate_text(result: GridEstimate, details: bool = False, said: str = "") -
         f"{_duration(result.wall_s)} of wall time on {cluster} (an estimate: nothing was started)",
         *([said] if said else []),
         *textwrap.wrap(COUNTED, WIDTH),
-        *(textwrap.wrap("Training sets counted: " + "; ".join(result.counts), WIDTH) if result.counts else []),
+        *(textwrap.wrap(f"The tokens of {', '.join(result.stand_ins)} are estimated with a stand-in tokenizer (theirs "
+                        "is not on this machine).", WIDTH) if result.stand_ins else []),
         "",
         *_trials_table(result),
     ]
@@ -180,6 +183,7 @@ def _details(result: GridEstimate, cluster: str) -> list[str]:
         f"(Ray's start {result.ray_start_s:.0f} s, "
         + (f"the GGUF model(s) parsed once {result.gguf_parse_s:.0f} s, " if result.gguf_parse_s else "")
         + "then the trials in order, each as soon as its GPUs are free).",
+        *(["Training sets counted: " + "; ".join(result.counts)] if result.counts else []),
         "Figures (configs/throughput.yaml):",
         *(f"- {what}: {how}" for what, how in result.notes.items()),
         "A compiled trial's first step is cold once per model, row size and stage, warm after (the compile cache that "
