@@ -330,13 +330,13 @@ def describe_experiment(tracking: TrackingConfig, grid_run: TrackedRun, grid: st
     experiment = experiment_id(tracking)
     run = answered(tracking.uri, lambda: client(tracking.uri).get_run(grid_run.run_id))
     folder = f"#/experiments/{experiment}/runs/{grid_run.run_id}/artifacts"
-    files = ", ".join(f"[{name}]({folder}/{REPORT_DIR}/{name})" for name in report_files)
+    files = ", ".join(f"[{name}]({folder}/{REPORT_DIR}/{name}?{MODEL_TRAINING_PAGE})" for name in report_files)
     note = (
         f"**clozemath grid `{grid}`**: [its trials side by side]({view}) (the view "
         f"'{_view_name(grid)}'), each named by what varies between them, with its headline accuracy in percent "
         f"(`{HEADLINE_PERCENT}`, of `{HEADLINE_TAG}`) and its `{ABLATION_TAG}` (the paper's row), `{METHOD_TAG}`, "
         f"`{SEED_TAG}`, `{LR_TAG}`, `{MODEL_TAG}` and `{TRAIN_SET_TAG}`. The report is among the artifacts of the grid "
-        f"run [{run.info.run_name}]({folder}) (`{grid_run.run_id}`), in `{REPORT_DIR}/`: {files}. Made again, or "
+        f"run [{run.info.run_name}]({folder}?{MODEL_TRAINING_PAGE}) (`{grid_run.run_id}`), in `{REPORT_DIR}/`: {files}. Made again, or "
         f"with other grids: `clozemath report --experiment {tracking.experiment} --tracking-uri "
         f"{resolved_uri(tracking.uri)}`."
     )
@@ -353,8 +353,11 @@ the URL (or the user's last choice) says otherwise, whatever the experiment's ki
 VIEW_COLUMNS = (f"metrics.`{HEADLINE_PERCENT}`", *(f"tags.`{tag}`" for tag in (
     ABLATION_TAG, METHOD_TAG, SEED_TAG, LR_TAG, MODEL_TAG, TRAIN_SET_TAG, HEADLINE_TAG)))
 """The columns a trial is compared by (the UI's column ids: `metrics.`, `tags.`, then the name in backquotes)."""
-VIEW_WIDTHS = {"tags.`mlflow.runName`": 300, f"tags.`{METHOD_TAG}`": 150, f"tags.`{ABLATION_TAG}`": 240}
-"""Pixels: run names and methods whole (`clozemath_causal · seed 0`), the paper's longest row name too."""
+VIEW_WIDTHS = {"tags.`mlflow.runName`": 240, f"metrics.`{HEADLINE_PERCENT}`": 110, f"tags.`{ABLATION_TAG}`": 230,
+               f"tags.`{METHOD_TAG}`": 130, f"tags.`{SEED_TAG}`": 55, f"tags.`{LR_TAG}`": 60,
+               f"tags.`{MODEL_TAG}`": 100, f"tags.`{TRAIN_SET_TAG}`": 85, f"tags.`{HEADLINE_TAG}`": 115}
+"""Pixels: every column whole in a 1600-pixel window beside MLflow's own (run names such as `clozemath_causal · seed
+0`, the paper's longest row name)."""
 
 
 def _view_key(grid: str) -> str:

@@ -255,7 +255,10 @@ def _add_report(commands: argparse._SubParsersAction) -> None:
                         help="the MLflow experiment (the grid's tracking.experiment); repeated: several grids reported "
                         "as one (e.g. Table 4's ablations beside the main grid's runs); left out, the --predictions "
                         "exports alone are reported (no tracking store needed)")
-    report.add_argument("--tracking-uri", default="sqlite:///mlruns.db", help="default: sqlite:///mlruns.db")
+    from clozemath.config import TrackingConfig
+
+    store = TrackingConfig.model_fields["uri"].default
+    report.add_argument("--tracking-uri", default=store, help=f"default: {store} (a config's default store)")
     report.add_argument("--parent", metavar="RUN_ID", action="append", default=[],
                         help="the grid's MLflow run (default: the latest); repeated: grid runs of one experiment "
                         "reported as one (e.g. a seed added later by a grid of its own)")

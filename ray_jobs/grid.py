@@ -407,7 +407,9 @@ def print_grid_outcome(outcome: GridOutcome, logs: Path | None = None) -> None:
     lines.append(f"browse:       mlflow ui --backend-store-uri {outcome.tracking_uri}, then open "
                  f"{MLFLOW_UI}/{outcome.view}")
     if len(outcome.trials) > 1:
-        lines.append(f"tables:       clozemath report --experiment {outcome.experiment}")
+        default = TrackingConfig.model_fields["uri"].default  # `clozemath report`'s too
+        store = "" if outcome.tracking_uri == default else f" --tracking-uri {outcome.tracking_uri}"
+        lines.append(f"tables:       clozemath report --experiment {outcome.experiment}{store}")
     console.result("\n".join(lines))
     if outcome.failed:
         first = outcome.failed[0]

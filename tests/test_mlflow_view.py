@@ -130,7 +130,7 @@ def test_the_grid_run_holds_the_report_and_the_experiment_points_at_it(ablation_
 
     note = experiment.tags["mlflow.note.content"]
     eid, run_id = experiment.experiment_id, grid_run.info.run_id
-    assert f"(#/experiments/{eid}/runs/{run_id}/artifacts/report/tables.md)" in note
+    assert f"(#/experiments/{eid}/runs/{run_id}/artifacts/report/tables.md?workflowType=machine_learning)" in note
     view = f"#/experiments/{eid}/runs?workflowType=machine_learning&viewStateShareKey=clozemath-smoke-grid"
     assert f"({view})" in note
     assert f"[smoke-grid] report: {report} (also the grid run's artifacts, report/)" in lines
