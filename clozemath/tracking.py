@@ -453,6 +453,11 @@ class TrackedRun:
         history = answered(self.uri, lambda: client(self.uri).get_metric_history(self.run_id, metric))
         return max((m.step for m in history), default=0)
 
+    def history(self, metric: str) -> list[float]:
+        """The run's values of `metric`, by step."""
+        logged = answered(self.uri, lambda: client(self.uri).get_metric_history(self.run_id, metric))
+        return [m.value for m in sorted(logged, key=lambda m: (m.step, m.timestamp))]
+
     def log_artifacts(self, folder: str | Path, artifact_path: str | None = None) -> None:
         answered(self.uri, lambda: client(self.uri).log_artifacts(self.run_id, str(folder), artifact_path=artifact_path))
 

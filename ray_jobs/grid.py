@@ -32,7 +32,7 @@ from ray import tune
 from clozemath import console, interrupts, tracking
 from clozemath.config import ExperimentConfig, GridConfig, TrackingConfig, from_wire, to_wire
 from clozemath.errors import ClozeMathError
-from clozemath.eval.predictions import results_table
+from clozemath.eval.predictions import read_predictions, results_table
 from clozemath.files import remove_abandoned_staging, storage_fault_advice
 from clozemath.model.load import load_tokenizer
 from clozemath.plan import RunPlan, data_inputs, run_inputs, trial_labels, with_absolute_paths
@@ -55,6 +55,7 @@ from clozemath.records import (
     is_eval_metric,
     parse_eval_metric,
     run_folder,
+    train_metric,
     trial_run_names,
     trial_tags,
 )
@@ -397,7 +398,7 @@ def print_grid_outcome(outcome: GridOutcome, logs: Path | None = None) -> None:
         headline = headline_text(trial.headline, trial.metrics).strip()
         lines.append(f"  {trial.name:<{width}}  {state:<10}  {headline:<24}  run {trial.run_id or '-'}")
     if len(outcome.trials) == 1:
-        lines += _experiment_summary(outcome.trials[0], outcome.experiment)
+        lines += _experiment_summary(outcome.trials[0], outcome.experiment, outcome.tracking_uri)
     else:
         lines.append(f"MLflow:       grid run {outcome.parent_run_id} (experiment '{outcome.experiment}')")
     if logs is not None:
@@ -417,17 +418,57 @@ def print_grid_outcome(outcome: GridOutcome, logs: Path | None = None) -> None:
         raise ClozeMathError(f"{failed}; {first.name}: {first.error}")
 
 
-def _experiment_summary(trial: TrialOutcome, experiment: str) -> list[str]:
-    """A single experiment's results table, adapter, predictions and MLflow run."""
+def _experiment_summary(trial: TrialOutcome, experiment: str, tracking_uri: str) -> list[str]:
+    """A single experiment's results table, what shows it worked (its loss, an answer it gave), its adapter,
+    predictions and MLflow run, and what one run cannot show."""
     lines = []
     if any(map(is_eval_metric, trial.metrics)):
         lines.append(results_table(trial.metrics))
+    if trial.run_id is not None and trial.folder is not None and (trial.folder / ADAPTER_DIR).is_dir():
+        lines += loss_line(tracking_uri, trial.run_id)
+    if trial.folder is not None:
+        lines += sample_line(trial.folder / PREDICTIONS_ARTIFACTS)
     if trial.folder is not None and (trial.folder / ADAPTER_DIR).is_dir():
         lines.append(f"adapter:      {trial.folder / ADAPTER_DIR}")
     if trial.folder is not None and (trial.folder / PREDICTIONS_ARTIFACTS).is_dir():
         lines.append(f"predictions:  {trial.folder / PREDICTIONS_ARTIFACTS}")
     lines.append(f"MLflow:       run {trial.run_id or '-'} (experiment '{experiment}')")
+    if trial.error is None:
+        lines.append("note:         one run shows the pipeline working, not a method's gain: a grid of methods and seeds "
+                     "(configs/grids/) and `clozemath report` compare them, with intervals")
     return lines
+
+
+def loss_line(tracking_uri: str, run_id: str) -> list[str]:
+    """`loss:` the training loss over the run's first and last fifth of steps (each a mean: one step is noisy), and
+    whether it fell; none for a run that logged fewer than two steps."""
+    losses = TrackedRun(tracking_uri, run_id).history(train_metric("loss"))
+    if len(losses) < 2:
+        return []
+    k = max(1, len(losses) // 5)
+    first, last = sum(losses[:k]) / k, sum(losses[-k:]) / k
+    trend = "falling" if last < first else "not falling (every step: train/loss in MLflow)"
+    return [f"loss:         {first:.3f} -> {last:.3f}, {trend} (the mean of its first and of its last {k} of "
+            f"{len(losses)} steps)"]
+
+
+def sample_line(folder: Path) -> list[str]:
+    """`sample:` the first prediction of the run's first evaluation set: the start of the model's answer, the answer
+    found in it, the gold one, its verdict; none without predictions."""
+    files = sorted(path for path in folder.glob("*.jsonl") if not path.name.endswith(".partial.jsonl"))
+    if not files:
+        return []
+    first = read_predictions(files[0])[0]
+    text = " ".join(first.generation.split())
+    shown = text if len(text) <= SAMPLE_CHARS else text[:SAMPLE_CHARS] + "…"
+    cut = ", cut at eval.max_new_tokens" if first.finish_reason == "length" else ""
+    verdict = "right" if first.correct else "wrong"
+    return [f'sample:       {first.dataset} {first.id} ({first.decoding}): "{shown}" -> {first.extracted or "no answer"}'
+            f" (gold {first.gold}): {verdict}{cut}"]
+
+
+SAMPLE_CHARS = 100
+"""How much of a sample answer the closing summary shows."""
 
 
 # --------------------------------------------------------------------------------------------------------------

@@ -163,8 +163,8 @@ def test_other_stray_arguments_are_still_refused(argv: list[str], capsys) -> Non
 # `clozemath run` end to end, its console as a person reads it (slow)
 
 OURS = re.compile(
-    r"(ray: |\[smoke\] |== smoke: |  smoke  |\| |(adapter|predictions|MLflow|logs|traceback|tune|browse): "
-    r"|clozemath: error: |warning: )"
+    r"(ray: |\[smoke\] |== smoke: |  smoke  |\| "
+    r"|(loss|sample|adapter|predictions|MLflow|note|logs|traceback|tune|browse): |clozemath: error: |warning: )"
 )
 """How every line of ours starts: phases and bars, the summary block, our warnings, the one-line error."""
 BAR = re.compile(r"^(\[smoke\] (?:training|eval \w+)) (\d+)/(\d+) \[[#.]{20}\]")
@@ -205,12 +205,16 @@ def test_the_smoke_run_console_is_short_ordered_and_summarised_with_the_rest_in_
     milestones = ["ray: started on this machine", "[smoke] preparing data: gsm8k/train", "[smoke] data: ",
                   "[smoke] loading the model (tiny-llama) on cpu", "[smoke] training 8/8 ", "[smoke] evaluating: gsm8k",
                   "[smoke] eval gsm8k 4/4 ", "== smoke: 1 of 1 trials finished ==", "| gsm8k | greedy |",
-                  "adapter:", "MLflow:", "logs:", "browse: "]
+                  "loss:", "sample:", "adapter:", "MLflow:", "note:", "logs:", "browse: "]
     found = [next((i for i, line in enumerate(shown) if line.startswith(m)), None) for m in milestones]
     assert None not in found and found == sorted(found), list(zip(milestones, found))
     assert len([line for line in shown if line.startswith("[smoke] loading the model (tiny-llama) on cpu")]) == 2
     assert "from the cache" in next(line for line in shown if line.startswith("[smoke] data: "))
 
+    loss = re.fullmatch(r"([\d.]+) -> ([\d.]+), falling \(the mean of its first and of its last 1 of 8 steps\)",
+                        summary_value(shown, "loss"))  # the smoke run learns (`LEARNS`)
+    assert loss and float(loss.group(2)) < float(loss.group(1))
+    assert re.fullmatch(r'gsm8k \S+ \(greedy\): ".*" -> .* \(gold \S+\): (right|wrong).*', summary_value(shown, "sample"))
     adapter = Path(summary_value(shown, "adapter"))
     assert (adapter / "adapter_config.json").is_file() and adapter == tmp_path / "runs" / "smoke" / "adapter"
     run_id = re.fullmatch(r"run (\w+) \(experiment 'smoke'\)", summary_value(shown, "MLflow")).group(1)
