@@ -323,16 +323,24 @@ def set_experiment_tags(uri: str, experiment: str, tags: Mapping[str, str]) -> N
         answered(uri, lambda: mlflow.set_experiment_tag(experiment, key, value))
 
 
+NOTE_START = "**clozemath grid "
+"""How the experiment descriptions clozemath writes begin (and the only ones it writes over)."""
+
+
 def describe_experiment(tracking: TrackingConfig, grid_run: TrackedRun, grid: str, report_files: list[str],
                         view: str) -> None:
     """The experiment's description (`NOTE_TAG`, shown above its runs table): where the grid's trials are compared
-    (`view`, `trials_view`'s) and which grid run holds the report among its artifacts."""
+    (`view`, `trials_view`'s) and which grid run holds the report among its artifacts. A description a person wrote
+    (one that is not ours) is left as it is."""
     experiment = experiment_id(tracking)
+    held = answered(tracking.uri, lambda: client(tracking.uri).get_experiment(experiment)).tags.get(NOTE_TAG)
+    if held and not held.startswith(NOTE_START):
+        return
     run = answered(tracking.uri, lambda: client(tracking.uri).get_run(grid_run.run_id))
     folder = f"#/experiments/{experiment}/runs/{grid_run.run_id}/artifacts"
     files = ", ".join(f"[{name}]({folder}/{REPORT_DIR}/{name}?{MODEL_TRAINING_PAGE})" for name in report_files)
     note = (
-        f"**clozemath grid `{grid}`**: [its trials side by side]({view}) (the view "
+        f"{NOTE_START}`{grid}`**: [its trials side by side]({view}) (the view "
         f"'{_view_name(grid)}'), each named by what varies between them, with its headline accuracy in percent "
         f"(`{HEADLINE_PERCENT}`, of `{HEADLINE_TAG}`) and its `{ABLATION_TAG}` (the paper's row), `{METHOD_TAG}`, "
         f"`{SEED_TAG}`, `{LR_TAG}`, `{MODEL_TAG}` and `{TRAIN_SET_TAG}`. The report is among the artifacts of the grid "

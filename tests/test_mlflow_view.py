@@ -169,3 +169,22 @@ def test_report_without_the_artifacts_names_the_predictions_export(
     finally:
         away.rename(artifacts)
     assert (tmp_path / "b" / "tables.md").read_text() == (tmp_path / "full" / "tables.md").read_text()
+
+
+def test_an_experiment_made_elsewhere_becomes_a_model_training_one_and_keeps_a_description_written_by_hand(
+    tmp_path: Path
+) -> None:
+    config = TrackingConfig(uri=f"sqlite:///{tmp_path / 'mlruns.db'}", experiment="mine")
+    client = tracking.client(config.uri)
+    made = client.create_experiment("mine")  # by hand, or by an older clozemath: no kind
+    client.set_experiment_tag(made, "mlflow.note.content", "My notes on these runs.")
+    grid_run = tracking.start_run(config, "g", tags={"role": "grid"})
+    assert client.get_experiment(made).tags["mlflow.experimentKind"] == "custom_model_development"
+    tracking.describe_experiment(config, grid_run, "g", ["tables.md"], tracking.trials_view(config, "g"))
+    assert client.get_experiment(made).tags["mlflow.note.content"] == "My notes on these runs."
+    client.delete_experiment_tag(made, "mlflow.note.content")
+    tracking.describe_experiment(config, grid_run, "g", ["tables.md"], "#/view")
+    note = client.get_experiment(made).tags["mlflow.note.content"]
+    assert note.startswith("**clozemath grid `g`**: [its trials side by side](#/view)")
+    tracking.describe_experiment(config, grid_run, "g2", ["tables.md"], "#/view2")  # ours: written over
+    assert client.get_experiment(made).tags["mlflow.note.content"].startswith("**clozemath grid `g2`**")
