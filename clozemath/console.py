@@ -27,6 +27,8 @@ MARKER = "::clozemath-console::"
 BAR_WIDTH = 20
 SPARSE_STEPS = 10
 """Off a terminal (a log, a captured console) a bar prints a line each time it passes another tenth of its total."""
+SPARSE_EVERY_S = 30.0
+"""... and when it moved and this long has passed since its last line (a tenth of a long run takes minutes)."""
 
 
 @dataclass
@@ -34,6 +36,8 @@ class _Bar:
     started: float
     first_done: int
     printed_step: int = -1
+    printed_at: float = 0.0
+    printed_done: int = -1
 
 
 def _duration(seconds: float) -> str:
@@ -103,8 +107,9 @@ class Console:
             self.err.flush()
         else:
             step = SPARSE_STEPS if finished else math.floor(SPARSE_STEPS * done / max(total, 1))
-            if step > bar.printed_step:
-                bar.printed_step = step
+            overdue = done > bar.printed_done and now - bar.printed_at >= SPARSE_EVERY_S
+            if step > bar.printed_step or overdue:
+                bar.printed_step, bar.printed_at, bar.printed_done = max(step, bar.printed_step), now, done
                 print(text, file=self.err, flush=True)
         if finished:
             del self.bars[key]

@@ -42,6 +42,21 @@ def write_text_atomic(path: str | Path, text: str) -> None:
         handle.write(text)
 
 
+@contextmanager
+def atomic_folder(target: str | Path) -> Iterator[Path]:
+    """A fresh folder beside `target` to fill; renamed to `target` (which must not exist) when the block succeeds,
+    removed when it fails."""
+    target = Path(target)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    staging = target.with_name(f".{uuid.uuid4().hex[:8]}.{target.name}")
+    staging.mkdir()
+    try:
+        yield staging
+        os.rename(staging, target)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+
+
 def copy_folder_atomic(source: str | Path, target: str | Path) -> None:
     """Copy the folder `source` to `target`, replacing what was there only once the copy is whole.
 

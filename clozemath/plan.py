@@ -425,12 +425,22 @@ def _check_method_lr(grid: GridConfig, point: GridPoint, root: Path, where: str,
         )
 
 
+def trial_name(grid: GridConfig, point: GridPoint) -> str:
+    """`<grid>/<point>` (`smoke-grid/model=tiny-llama,method=clozemath,...`); a grid without axes: its name."""
+    return f"{grid.name}/{point.label()}" if point.labels else grid.name
+
+
+def trial_labels(grid: GridConfig) -> dict[str, dict[str, Any]]:
+    """Each trial of the grid by name (as `expand_grid` names it): the value or bundle label it takes on each axis."""
+    return {trial_name(grid, point): point.labels for point in grid_points(grid)}
+
+
 def expand_grid(grid: GridConfig, root: Path | None = None, source: Path | str = "grid") -> list[ExperimentConfig]:
     """One validated experiment per point of the grid, named `<grid>/<point>`, all tracked alike."""
     root = root or configs_root()
     experiments = []
     for point in grid_points(grid, source):
-        name = f"{grid.name}/{point.label()}" if point.labels else grid.name
+        name = trial_name(grid, point)
         where = f"{source} (point {point.label()})"
         if grid.require_method_lr:
             _check_method_lr(grid, point, root, where, name)

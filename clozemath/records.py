@@ -47,6 +47,8 @@ COMPILE_CACHE_DIR = "compile_cache"
 `train.compile_cache`)."""
 PREDICTIONS_ARTIFACTS = f"{EVAL_DIR}/{PREDICTIONS_DIR}"
 """Where a run's predictions files are among its MLflow artifacts."""
+REPORT_DIR = "report"
+"""In a grid's folder, and among its grid run's MLflow artifacts: `clozemath report` of the grid, made as it ends."""
 CONFIG_ARTIFACT = "config.yaml"
 GRID_ARTIFACT = "grid.yaml"
 RUN_RECORD = "run.json"
@@ -97,6 +99,41 @@ def flatten(config: BaseModel | dict[str, Any], prefix: str = "") -> dict[str, A
             flat.update(flatten(value, f"{dotted}."))
         else:
             flat[dotted] = value if isinstance(value, (int, float, str, bool, type(None))) else str(value)
+    return flat
+
+
+def readable_params(config: BaseModel) -> dict[str, str]:
+    """A config's MLflow params, as a person reads them in the UI's columns and compare view: dotted keys, scalars as
+    `flatten` writes them (`True`, `None`, `0.001`), lists of plain values as `beam, cot`, a list of settings
+    (`eval.sets`) as the names it holds (`gsm8k, gsm_p1`) with each one's settings under its name
+    (`eval.sets.gsm8k.limit`) or, unnamed, its position (`method.shapes.0.length`). No Python reprs."""
+    return _readable(config.model_dump(), "")
+
+
+_NAME_KEYS = ("dataset", "name")
+"""The field that names an item of a list of settings (an evaluation set by its dataset)."""
+
+
+def _readable(data: dict[str, Any], prefix: str) -> dict[str, str]:
+    flat: dict[str, str] = {}
+    for key, value in data.items():
+        dotted = f"{prefix}{key}"
+        if isinstance(value, dict):
+            flat.update(_readable(value, f"{dotted}."))
+        elif isinstance(value, list) and value and all(isinstance(item, dict) for item in value):
+            name_key = next((k for k in _NAME_KEYS if all(isinstance(item.get(k), str) for item in value)), None)
+            names = [item[name_key] for item in value] if name_key else []
+            if name_key and len(set(names)) == len(names):
+                flat[dotted] = ", ".join(names)
+                for name, item in zip(names, value):
+                    flat.update(_readable({k: v for k, v in item.items() if k != name_key}, f"{dotted}.{name}."))
+            else:
+                for index, item in enumerate(value):
+                    flat.update(_readable(item, f"{dotted}.{index}."))
+        elif isinstance(value, (list, tuple)):
+            flat[dotted] = ", ".join(map(str, value)) or "(none)"
+        else:
+            flat[dotted] = str(value)
     return flat
 
 
@@ -404,27 +441,90 @@ def headline_metric(config: ExperimentConfig) -> str | None:
     return None if first is None else eval_metric(first[0].dataset, first[1], ACCURACY)
 
 
+HEADLINE_PERCENT = "accuracy_pct"
+"""A trial's headline accuracy (`headline_metric`) in percent, under a name short enough for the MLflow UI's column
+header; the run's `HEADLINE_TAG` says what it measured (`gsm8k/beam`)."""
+
+
+def headline_percent(config: ExperimentConfig, metrics: dict[str, float]) -> dict[str, float]:
+    """`{HEADLINE_PERCENT: 41.2}` from the run's evaluation metrics (empty when it measured no headline)."""
+    key = headline_metric(config)
+    return {HEADLINE_PERCENT: 100 * metrics[key]} if key in metrics else {}
+
+
 # --------------------------------------------------------------------------------------------------------------
 # MLflow tags
 
 PARENT_TAG = "mlflow.parentRunId"
+NOTE_TAG = "mlflow.note.content"
+"""A run's or an experiment's description, as the MLflow UI shows and edits it (markdown)."""
+EXPERIMENT_KIND_TAG, MODEL_TRAINING = "mlflow.experimentKind", "custom_model_development"
+"""An experiment's kind as the MLflow UI reads it (3.x: `custom_model_development` or `genai_development`): ours are
+model-training experiments, whose page is the runs table."""
 ROLE_TAG = "role"
 GRID_ROLE, TRIAL_ROLE = "grid", "trial"
 GRID_TAG, GRID_KEY_TAG, TRIAL_TAG = "grid", "grid_key", "trial"
 MODEL_TAG, METHOD_TAG, TRAIN_SET_TAG, SEED_TAG = "model", "method", "train_set", "seed"
+ABLATION_TAG, LR_TAG, HEADLINE_TAG = "ablation", "lr", "accuracy_of"
+"""A trial's row in the paper's tables (`ClozeMath`, `W/o PrefixLM`), its learning rate (trained methods only), and
+what its `HEADLINE_PERCENT` measured: labels for the MLflow UI's columns, which `clozemath report` does not read."""
 
 
 def trial_tags(config: ExperimentConfig, grid: str) -> dict[str, str]:
-    """A grid trial's run: which grid, which point, and the labels `clozemath report` groups by."""
+    """A grid trial's run: which grid, which point, the labels `clozemath report` groups by, and those a person
+    compares trials by in the MLflow UI."""
+    from clozemath.report.names import METHOD_NAMES  # the paper's row names: the report's, one home
+
+    method = config.method.name
+    headline = parse_eval_metric(headline_metric(config) or "")
     return {
         GRID_TAG: grid,
         TRIAL_TAG: config.name,
         ROLE_TAG: TRIAL_ROLE,
         MODEL_TAG: config.model.name,
-        METHOD_TAG: config.method.name,
+        METHOD_TAG: method,
         TRAIN_SET_TAG: config.data.dataset,
         SEED_TAG: str(config.train.seed),
+        ABLATION_TAG: METHOD_NAMES.get(method, method),
+        **({LR_TAG: short_number(config.train.lr)} if config.method.trains else {}),
+        **({HEADLINE_TAG: headline.measured} if headline is not None else {}),
     }
+
+
+def short_number(value: float) -> str:
+    """`3e-4`, `5e-5`, `0.1`, `2`: a rate as a person writes it."""
+    if value != 0 and abs(value) < 1e-2:
+        mantissa, exponent = f"{value:.2e}".split("e")
+        return f"{mantissa.rstrip('0').rstrip('.')}e{int(exponent)}"
+    return f"{value:g}"
+
+
+RUN_NAME_SEPARATOR = " · "
+SPELLED_AXES = ("model", "method", "dataset")
+"""Axes whose values name themselves in a run's name (`clozemath`); any other axis is written `lr 3e-4`."""
+
+
+def trial_run_names(points: list[dict[str, Any]], grid: str) -> list[str]:
+    """Each trial's MLflow run name, by what varies between the grid's points (`points`: each one's axis -> value,
+    `plan.grid_points`' labels): the method first, then the other axes whose values differ, the seed last, e.g.
+    `clozemath · seed 0`, `it · lr 3e-4 · seed 1`. Short enough for the UI's name column; the full trial name stays
+    in the `trial` tag. A grid of one is named by the grid."""
+    axes = list(points[0]) if points else []
+    varying = [axis for axis in axes if len({repr(point[axis]) for point in points}) > 1]
+    short = {axis: axis.split(".")[-1] for axis in axes}
+    first = [axis for axis in axes if short[axis] == "method"]
+    last = [axis for axis in axes if short[axis] == "seed"]
+    shown = first + [axis for axis in varying if axis not in first + last] + last
+    names = []
+    for point in points:
+        parts = [_axis_value(short[axis], point[axis]) for axis in shown]
+        names.append(RUN_NAME_SEPARATOR.join(parts) or grid)
+    return names
+
+
+def _axis_value(axis: str, value: Any) -> str:
+    text = short_number(value) if isinstance(value, float) else str(value)
+    return text if axis in SPELLED_AXES else f"{axis} {text}"
 
 
 def grid_tags(grid: str, key: str) -> dict[str, str]:

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import json
 import os
+import re
 import socket
 import sqlite3
 import tempfile
@@ -28,7 +30,26 @@ from pydantic import BaseModel
 from clozemath.config import TRACKING_SCHEMES, TrackingConfig
 from clozemath.errors import ClozeMathError
 from clozemath.files import check_writable_folder
-from clozemath.records import CONFIG_ARTIFACT, PARENT_TAG, flatten
+from clozemath.records import (
+    ABLATION_TAG,
+    CONFIG_ARTIFACT,
+    EXPERIMENT_KIND_TAG,
+    HEADLINE_PERCENT,
+    HEADLINE_TAG,
+    LR_TAG,
+    METHOD_TAG,
+    MODEL_TAG,
+    MODEL_TRAINING,
+    NOTE_TAG,
+    GRID_TAG,
+    PARENT_TAG,
+    REPORT_DIR,
+    ROLE_TAG,
+    SEED_TAG,
+    TRAIN_SET_TAG,
+    TRIAL_ROLE,
+    readable_params,
+)
 from clozemath.safe_yaml import dump_yaml
 
 if TYPE_CHECKING:  # MLflow is imported where it is used: checking a store's URI needs none of it
@@ -321,18 +342,99 @@ def _store_ready(uri: str) -> None:
 
 
 def experiment_id(tracking: TrackingConfig) -> str:
-    """The experiment's id, creating it (with an explicit artifact location) when it does not exist yet."""
+    """The experiment's id, creating it (with an explicit artifact location) when it does not exist yet; either way a
+    model-training experiment (`EXPERIMENT_KIND_TAG`), so that the MLflow UI opens it on its runs table."""
     mlflow = client(tracking.uri)
     found = answered(tracking.uri, lambda: mlflow.get_experiment_by_name(tracking.experiment))
     if found is not None:
+        if found.tags.get(EXPERIMENT_KIND_TAG) != MODEL_TRAINING:  # one made before the tag, or by hand
+            set_experiment_tags(tracking.uri, found.experiment_id, {EXPERIMENT_KIND_TAG: MODEL_TRAINING})
         return found.experiment_id
     from mlflow.exceptions import MlflowException
 
     try:
         return answered(tracking.uri, lambda: mlflow.create_experiment(
-            tracking.experiment, artifact_location=artifact_location(tracking)))
+            tracking.experiment, artifact_location=artifact_location(tracking),
+            tags={EXPERIMENT_KIND_TAG: MODEL_TRAINING}))
     except MlflowException:  # created concurrently (grid trials start together)
         return answered(tracking.uri, lambda: mlflow.get_experiment_by_name(tracking.experiment)).experiment_id
+
+
+def set_experiment_tags(uri: str, experiment: str, tags: Mapping[str, str]) -> None:
+    """Set tags of the experiment (by id): its kind, its description (`NOTE_TAG`), a saved view of its runs table."""
+    mlflow = client(uri)
+    for key, value in tags.items():
+        answered(uri, lambda: mlflow.set_experiment_tag(experiment, key, value))
+
+
+NOTE_START = "**clozemath grid "
+"""How the experiment descriptions clozemath writes begin (and the only ones it writes over)."""
+
+
+def describe_experiment(tracking: TrackingConfig, grid_run: TrackedRun, grid: str, report_files: list[str],
+                        view: str) -> None:
+    """The experiment's description (`NOTE_TAG`, shown above its runs table): where the grid's trials are compared
+    (`view`, `trials_view`'s) and which grid run holds the report among its artifacts. A description a person wrote
+    (one that is not ours) is left as it is."""
+    experiment = experiment_id(tracking)
+    held = answered(tracking.uri, lambda: client(tracking.uri).get_experiment(experiment)).tags.get(NOTE_TAG)
+    if held and not held.startswith(NOTE_START):
+        return
+    run = answered(tracking.uri, lambda: client(tracking.uri).get_run(grid_run.run_id))
+    folder = f"#/experiments/{experiment}/runs/{grid_run.run_id}/artifacts"
+    files = ", ".join(f"[{name}]({folder}/{REPORT_DIR}/{name}?{MODEL_TRAINING_PAGE})" for name in report_files)
+    note = (
+        f"{NOTE_START}`{grid}`**: [its trials side by side]({view}) (the view "
+        f"'{_view_name(grid)}'), each named by what varies between them, with its headline accuracy in percent "
+        f"(`{HEADLINE_PERCENT}`, of `{HEADLINE_TAG}`) and its `{ABLATION_TAG}` (the paper's row), `{METHOD_TAG}`, "
+        f"`{SEED_TAG}`, `{LR_TAG}`, `{MODEL_TAG}` and `{TRAIN_SET_TAG}`. The report is among the artifacts of the grid "
+        f"run [{run.info.run_name}]({folder}?{MODEL_TRAINING_PAGE}) (`{grid_run.run_id}`), in `{REPORT_DIR}/`: {files}. Made again, or "
+        f"with other grids: `clozemath report --experiment {tracking.experiment} --tracking-uri "
+        f"{resolved_uri(tracking.uri)}`."
+    )
+    set_experiment_tags(tracking.uri, experiment, {NOTE_TAG: note})
+
+
+VIEW_TAG_PREFIX, VIEW_KEY_PARAM = "mlflow.sharedViewState.", "viewStateShareKey"
+"""A saved view of an experiment's runs table, as the MLflow UI (3.x) saves one: an experiment tag holding its
+name and its state (columns, filter, order), opened by `#/experiments/<id>/runs?viewStateShareKey=<key>` and listed
+under the table's Views."""
+MODEL_TRAINING_PAGE = "workflowType=machine_learning"
+"""The MLflow UI's switch to its model-training pages: 3.17 opens an experiment on GenAI's traces overview unless
+the URL (or the user's last choice) says otherwise, whatever the experiment's kind tag says."""
+VIEW_COLUMNS = (f"metrics.`{HEADLINE_PERCENT}`", *(f"tags.`{tag}`" for tag in (
+    ABLATION_TAG, METHOD_TAG, SEED_TAG, LR_TAG, MODEL_TAG, TRAIN_SET_TAG, HEADLINE_TAG)))
+"""The columns a trial is compared by (the UI's column ids: `metrics.`, `tags.`, then the name in backquotes)."""
+VIEW_WIDTHS = {"tags.`mlflow.runName`": 240, f"metrics.`{HEADLINE_PERCENT}`": 110, f"tags.`{ABLATION_TAG}`": 230,
+               f"tags.`{METHOD_TAG}`": 130, f"tags.`{SEED_TAG}`": 55, f"tags.`{LR_TAG}`": 60,
+               f"tags.`{MODEL_TAG}`": 100, f"tags.`{TRAIN_SET_TAG}`": 85, f"tags.`{HEADLINE_TAG}`": 115}
+"""Pixels: every column whole in a 1600-pixel window beside MLflow's own (run names such as `clozemath_causal · seed
+0`, the paper's longest row name)."""
+
+
+def _view_key(grid: str) -> str:
+    return "clozemath-" + re.sub(r"[^A-Za-z0-9_-]+", "-", grid)
+
+
+def _view_name(grid: str) -> str:
+    return f"clozemath: {grid} trials"
+
+
+def trials_view(tracking: TrackingConfig, grid: str) -> str:
+    """The UI's address (after its host) of the grid's trials side by side: the model-training runs table of the
+    experiment, opened on a saved view (written here) that shows the trials alone with the columns they are
+    compared by (`VIEW_COLUMNS`), in the paper's method order within each model."""
+    experiment = experiment_id(tracking)
+    state = {
+        "searchFilter": f"tags.`{ROLE_TAG}` = '{TRIAL_ROLE}' and tags.`{GRID_TAG}` = {_quoted(grid)}",
+        "orderByKey": f"tags.`{METHOD_TAG}`", "orderByAsc": True,
+        "selectedColumns": list(VIEW_COLUMNS), "columnOrder": ["tags.`mlflow.runName`", *VIEW_COLUMNS],
+        "columnWidths": VIEW_WIDTHS,
+    }
+    now = int(time.time() * 1000)
+    saved = {"name": _view_name(grid), "createdAt": now, "updatedAt": now, "state": json.dumps(state)}
+    set_experiment_tags(tracking.uri, experiment, {f"{VIEW_TAG_PREFIX}{_view_key(grid)}": json.dumps(saved)})
+    return f"#/experiments/{experiment}/runs?{MODEL_TRAINING_PAGE}&{VIEW_KEY_PARAM}={_view_key(grid)}"
 
 
 @contextmanager
@@ -382,13 +484,18 @@ class TrackedRun:
             answered(self.uri, lambda: mlflow.log_batch(self.run_id, params=items[start : start + _BATCH]))
 
     def log_config(self, config: BaseModel) -> None:
-        """The flattened config as params and the resolved config as `config.yaml`."""
-        self.log_params(flatten(config))
+        """The config as readable params (`readable_params`) and the resolved config as `config.yaml`. A run logged
+        into again (a trial resumed) keeps the params it has: MLflow refuses to change one, and a run begun by an
+        older version spelled some otherwise."""
+        logged = answered(self.uri, lambda: client(self.uri).get_run(self.run_id)).data.params
+        self.log_params({key: value for key, value in readable_params(config).items() if key not in logged})
         self.log_text(dump_yaml(config), CONFIG_ARTIFACT)
 
     def log_metrics(self, step: int, metrics: Mapping[str, float]) -> None:
         from mlflow.entities import Metric
 
+        if not metrics:
+            return
         now = int(time.time() * 1000)
         items = [Metric(key, float(value), now, step) for key, value in metrics.items()]
         answered(self.uri, lambda: client(self.uri).log_batch(self.run_id, metrics=items))
@@ -397,6 +504,11 @@ class TrackedRun:
         """The last step at which the run logged `metric` (0 if never)."""
         history = answered(self.uri, lambda: client(self.uri).get_metric_history(self.run_id, metric))
         return max((m.step for m in history), default=0)
+
+    def history(self, metric: str) -> list[float]:
+        """The run's values of `metric`, by step."""
+        logged = answered(self.uri, lambda: client(self.uri).get_metric_history(self.run_id, metric))
+        return [m.value for m in sorted(logged, key=lambda m: (m.step, m.timestamp))]
 
     def log_artifacts(self, folder: str | Path, artifact_path: str | None = None) -> None:
         answered(self.uri, lambda: client(self.uri).log_artifacts(self.run_id, str(folder), artifact_path=artifact_path))

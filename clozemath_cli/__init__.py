@@ -5,6 +5,7 @@ the `clozemath` package, which never imports Ray. Run it as `clozemath ...` or `
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
 import os
 import shlex
 import sys
@@ -21,6 +22,18 @@ if TYPE_CHECKING:
     from clozemath.plan import RunPlan
 
 Handler = Callable[[argparse.Namespace], int | None]
+
+DESCRIPTION = """Fine-tune open LLMs for math reasoning with ClozeMath (equation infilling + PrefixLM) and the
+baselines it is compared with, evaluate them, and report the paper's tables with intervals you can trust."""
+EPILOG = """getting started:
+  clozemath ls                                        what can be run: models, methods, grids, sets, decodings
+  clozemath config configs/experiments/quickstart.yaml    the resolved config of an experiment (or a grid's trials)
+  clozemath run configs/experiments/quickstart.yaml   train and evaluate (add key=value overrides, --dry-run to cost)
+  clozemath report --experiment quickstart            results, intervals, the paper's tables
+  clozemath generate configs/experiments/quickstart.yaml -q "Tom has 3 apples..."   ask the trained model
+  clozemath export configs/experiments/quickstart.yaml --out merged/  the adapter merged into a Hugging Face folder
+A grid on a Ray cluster: ray job submit --working-dir . -- clozemath run configs/grids/<grid>.yaml"""
+
 
 
 def _add_verbose(parser: argparse.ArgumentParser) -> None:
@@ -76,9 +89,13 @@ def _add_run(commands: argparse._SubParsersAction) -> None:
         help="start nothing: print each trial's samples, tokens and steps and the estimated GPU-hours and wall time "
         "(from configs/throughput.yaml)",
     )
-    run.add_argument("--gpus", type=float, help="--dry-run: GPUs of the cluster (default: the GPUs this machine sees)")
+    run.add_argument("--gpus", type=float, help="--dry-run: GPUs of the cluster (default: the GPUs this machine "
+                     f"sees; on a machine without one, 1 {DEFAULT_CARD})")
     run.add_argument("--nodes", type=int, default=1, help="--dry-run: nodes the GPUs are spread over (default: 1)")
-    run.add_argument("--card", help="--dry-run: the GPU's name in configs/throughput.yaml (default: this machine's)")
+    run.add_argument("--card", help="--dry-run: the GPU's name in configs/throughput.yaml (default: this machine's, "
+                     f"else {DEFAULT_CARD})")
+    run.add_argument("--details", action="store_true",
+                     help="--dry-run: also every trial's samples, tokens, steps, layout and start, and the figures used")
     run.set_defaults(handler=_run)
 
 
@@ -117,22 +134,37 @@ def _run(args: argparse.Namespace) -> int | None:
             return interrupts.exit_code()
 
 
+DEFAULT_CARD = "H100"
+"""The card `--dry-run` estimates for on a machine without a GPU, unless `--card` names another."""
+
+
 def _dry_run(args: argparse.Namespace, plan: RunPlan) -> None:
-    """`clozemath run CONFIG --dry-run`: the cost estimate, on the GPUs this machine sees or those the flags name."""
+    """`clozemath run CONFIG --dry-run`: the cost estimate, on the GPUs this machine sees or those the flags name (a
+    machine without a GPU: one `DEFAULT_CARD`, said so). The libraries' warnings (transformers' deprecations while the
+    shapes are built) are not the user's to act on: they are left out."""
+    import warnings
+
     os.environ["HF_HUB_OFFLINE"] = "1"  # before transformers reads it: a tokenizer not here is estimated, never fetched
-    import torch
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        import torch
 
-    from clozemath.cost import estimate, estimate_text
+        from clozemath.cost import estimate, estimate_text
 
-    seen = torch.cuda.device_count()
-    gpus = args.gpus if args.gpus is not None else seen
-    if not gpus:
-        raise ClozeMathError("--dry-run: this machine sees no GPU; say which cluster to estimate for: --gpus N "
-                             "[--nodes K] [--card H100]")
-    if args.nodes < 1 or gpus < args.nodes:
-        raise ClozeMathError(f"--dry-run: --nodes {args.nodes} must be between 1 and the GPUs ({gpus:g})")
-    card = args.card or (torch.cuda.get_device_name(0) if seen else "H100")
-    print(estimate_text(estimate(plan, gpus, card, args.nodes)))
+        seen = torch.cuda.device_count()
+        gpus = args.gpus if args.gpus is not None else (seen or 1)
+        said = ""
+        if not seen and args.gpus is None:
+            said = (f"This machine sees no GPU: estimated for one {args.card or DEFAULT_CARD} (--gpus N [--nodes K] "
+                    "[--card NAME] for a cluster).")
+        if gpus <= 0 or args.nodes < 1 or gpus < args.nodes:
+            raise ClozeMathError(f"--dry-run: --nodes {args.nodes} must be between 1 and the GPUs ({gpus:g})")
+        card = args.card or (torch.cuda.get_device_name(0) if seen else DEFAULT_CARD)
+        console.phase(f"[{plan.grid.name}] estimating {len(plan.experiments)} trial(s): counting the samples of each "
+                      "training set (a minute or two for a large grid)")
+        result = estimate(plan, gpus, card, args.nodes)
+    print(estimate_text(result, args.details, said))
 
 
 def _add_score(commands: argparse._SubParsersAction) -> None:
@@ -223,7 +255,10 @@ def _add_report(commands: argparse._SubParsersAction) -> None:
                         help="the MLflow experiment (the grid's tracking.experiment); repeated: several grids reported "
                         "as one (e.g. Table 4's ablations beside the main grid's runs); left out, the --predictions "
                         "exports alone are reported (no tracking store needed)")
-    report.add_argument("--tracking-uri", default="sqlite:///mlruns.db", help="default: sqlite:///mlruns.db")
+    from clozemath.config import TrackingConfig
+
+    store = TrackingConfig.model_fields["uri"].default
+    report.add_argument("--tracking-uri", default=store, help=f"default: {store} (a config's default store)")
     report.add_argument("--parent", metavar="RUN_ID", action="append", default=[],
                         help="the grid's MLflow run (default: the latest); repeated: grid runs of one experiment "
                         "reported as one (e.g. a seed added later by a grid of its own)")
@@ -256,15 +291,142 @@ def _report(args: argparse.Namespace) -> None:
            args.export_predictions, args.predictions)
 
 
+def _add_ls(commands: argparse._SubParsersAction) -> None:
+    ls = commands.add_parser("ls", help="list what can be named in a config: models, methods, experiments, grids, "
+                             "training sets, evaluation sets, decodings, objectives")
+    ls.add_argument("kind", nargs="?", choices=LIST_KINDS, help="one kind only (default: all)")
+    ls.set_defaults(handler=_ls)
+
+
+LIST_KINDS = ("models", "methods", "experiments", "grids", "training-sets", "eval-sets", "decodings", "objectives")
+
+
+def _ls(args: argparse.Namespace) -> None:
+    from clozemath.data.objectives import OBJECTIVES
+    from clozemath.plan import configs_root
+    from clozemath.tasks import task_names
+
+    root = configs_root()
+    found = {
+        "models": _yaml_names(root / "models"), "methods": _yaml_names(root / "methods"),
+        "experiments": _yaml_names(root / "experiments"), "grids": _yaml_names(root / "grids"),
+        "training-sets": list(training_set_names()), "eval-sets": list(task_names()),
+        "decodings": list(decoding_names()), "objectives": list(OBJECTIVES.names()),
+    }
+    for kind in [args.kind] if args.kind else LIST_KINDS:
+        where = f" ({root / kind}/)" if kind in ("models", "methods", "experiments", "grids") else ""
+        print(f"{kind}{where}: {', '.join(found[kind]) or '(none)'}")
+
+
+def _yaml_names(folder: os.PathLike[str] | str) -> list[str]:
+    from pathlib import Path
+
+    return sorted(path.stem for path in Path(folder).glob("*.yaml"))
+
+
+def _add_config(commands: argparse._SubParsersAction) -> None:
+    config = commands.add_parser("config", help="print the config a run would use: references resolved, overrides "
+                                 "applied, defaults filled in (a grid: its trials, --full their configs)")
+    config.add_argument("config", help="an experiment or grid YAML")
+    config.add_argument("overrides", nargs="*", metavar="key=value", help="dotted config overrides")
+    config.add_argument("--full", action="store_true", help="a grid: every trial's whole config (YAML documents)")
+    config.set_defaults(handler=_config)
+
+
+def _config(args: argparse.Namespace) -> None:
+    from clozemath.config import ExperimentConfig
+    from clozemath.plan import load_plan
+    from clozemath.safe_yaml import dump_yaml
+
+    plan = load_plan(args.config, args.overrides)
+    if isinstance(plan.config, ExperimentConfig):
+        print(dump_yaml(plan.config), end="")
+        return
+    if args.full:
+        print("\n---\n".join(dump_yaml(experiment) for experiment in plan.experiments), end="")
+        return
+    print(f"grid {plan.grid.name}: {len(plan.experiments)} trials (--full prints each one's config)")
+    for experiment in plan.experiments:
+        print(f"  {experiment.name}")
+
+
+def _add_generate(commands: argparse._SubParsersAction) -> None:
+    generate = commands.add_parser(
+        "generate", help="ask the model an experiment trained (its adapter, its prompt format) one or more questions")
+    generate.add_argument("config", help="the experiment YAML the model was trained with (as given to `run`)")
+    generate.add_argument("overrides", nargs="*", metavar="key=value",
+                          help="dotted config overrides (as given to `run`; eval.adapter=PATH for another adapter)")
+    generate.add_argument("--question", "-q", action="append", required=True,
+                          help="a question (repeat for several)")
+    generate.add_argument("--device", default="auto", help="cpu, cuda, ... (default: a GPU if there is one)")
+    generate.set_defaults(handler=_generate)
+
+
+def _generate(args: argparse.Namespace) -> None:
+    import torch
+
+    from clozemath.eval.ask import ask
+
+    device = ("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device
+    for answer in ask(_one_experiment(args.config, args.overrides, "generate"), args.question, device):
+        cut = " (cut at eval.max_new_tokens)" if answer.finish_reason == "length" else ""
+        print(f"question: {answer.question}\n{answer.generation.strip()}\nanswer: {answer.answer or '(none found)'}"
+              f"{cut}\n")
+
+
+def _add_export(commands: argparse._SubParsersAction) -> None:
+    export = commands.add_parser("export", help="write an experiment's adapter merged into its base model, as a "
+                                 "Hugging Face folder (transformers' from_pretrained loads it)")
+    export.add_argument("config", help="the experiment YAML the model was trained with (as given to `run`)")
+    export.add_argument("overrides", nargs="*", metavar="key=value", help="dotted config overrides")
+    export.add_argument("--out", required=True, help="a new folder to write")
+    export.set_defaults(handler=_export)
+
+
+def _export(args: argparse.Namespace) -> None:
+    from clozemath.eval.evaluate import resolve_adapter
+    from clozemath.model.load import export_merged
+
+    config = _one_experiment(args.config, args.overrides, "export")
+    adapter = resolve_adapter(config)
+    if adapter is None:
+        raise ClozeMathError(f"method '{config.method.name}' trains no adapter: nothing to merge")
+    print(f"exported {export_merged(config.model, adapter, args.out)} (the adapter {adapter} merged into "
+          f"{config.model.name})")
+
+
+def _one_experiment(path: str, overrides: Sequence[str], command: str) -> ExperimentConfig:
+    from clozemath.config import ExperimentConfig
+    from clozemath.plan import load_config
+
+    config = load_config(path, list(overrides))
+    if not isinstance(config, ExperimentConfig):
+        raise ClozeMathError(f"{path}: a grid; `{command}` takes one experiment (a trial's overrides pick it)")
+    return config
+
+
+def _version() -> str:
+    try:
+        return importlib.metadata.version("clozemath")
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown (not installed)"
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="clozemath", description=__doc__)
-    commands = parser.add_subparsers(dest="command", required=True)
-    _add_data(commands)
+    parser = argparse.ArgumentParser(prog="clozemath", description=DESCRIPTION, epilog=EPILOG,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--version", action="version", version=f"clozemath {_version()}")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    _add_ls(commands)
+    _add_config(commands)
     _add_run(commands)
-    _add_score(commands)
-    _add_prepare(commands)
-    _add_eval(commands)
     _add_report(commands)
+    _add_eval(commands)
+    _add_generate(commands)
+    _add_export(commands)
+    _add_prepare(commands)
+    _add_data(commands)
+    _add_score(commands)
     return parser
 
 

@@ -32,10 +32,10 @@ from ray import tune
 from clozemath import console, interrupts, tracking
 from clozemath.config import ExperimentConfig, GridConfig, TrackingConfig, from_wire, to_wire
 from clozemath.errors import ClozeMathError
-from clozemath.eval.predictions import results_table
+from clozemath.eval.predictions import read_predictions, results_table
 from clozemath.files import remove_abandoned_staging, storage_fault_advice
 from clozemath.model.load import load_tokenizer
-from clozemath.plan import RunPlan, data_inputs, run_inputs, with_absolute_paths
+from clozemath.plan import RunPlan, data_inputs, run_inputs, trial_labels, with_absolute_paths
 from clozemath.records import (
     ADAPTER_DIR,
     CACHE_DIR,
@@ -45,14 +45,18 @@ from clozemath.records import (
     LOGS_DIR,
     PARENT_TAG,
     PREDICTIONS_ARTIFACTS,
+    REPORT_DIR,
     ROLE_TAG,
     TRIAL_TAG,
     TUNE_DIR,
+    grid_folder,
     grid_tags,
     headline_metric,
     is_eval_metric,
     parse_eval_metric,
     run_folder,
+    train_metric,
+    trial_run_names,
     trial_tags,
 )
 from clozemath.safe_yaml import dump_yaml
@@ -95,6 +99,8 @@ def headline_text(headline: str | None, metrics: dict[str, Any]) -> str:
     return "" if value is None else f"  {parse_eval_metric(headline).measured} {value:.2%}"
 
 
+MLFLOW_UI = "http://127.0.0.1:5000"
+"""Where `mlflow ui` serves by default."""
 TUNE_CONTROLLER_LOGGER = "ray.tune.execution.tune_controller"
 """Where Tune logs a failed trial's traceback."""
 TUNE_ERROR_FILE = "error.txt"
@@ -132,6 +138,8 @@ class GridOutcome:
     """The Tune experiment's folder."""
     trials: list[TrialOutcome]
     restored: bool
+    view: str = ""
+    """The MLflow UI's page of the grid's trials side by side (`tracking.trials_view`), after its host."""
 
     @property
     def failed(self) -> list[TrialOutcome]:
@@ -168,10 +176,14 @@ def run_grid(plan: RunPlan) -> GridOutcome:
     path = Path(experiments[0].train.output_dir) / TUNE_DIR / f"{_safe(grid.name)}-{key}"
     warn_local_store_on_a_cluster(tracking_cfg.uri)
     parent = parent_run(grid, tracking_cfg, key, len(experiments))
+    view = tracking.trials_view(tracking_cfg, grid.name)
     restored = tune.Tuner.can_restore(str(path))
     trials = {e.name: to_wire(e) for e in experiments}  # the same on restore: the key says so
+    labels = trial_labels(grid)
+    run_names = dict(zip(labels, trial_run_names(list(labels.values()), grid.name)))
     trainable = tune.with_resources(
-        tune.with_parameters(run_trial, trials=trials, grid=grid.name, parent_run_id=parent.run_id), TRIAL_RESOURCES
+        tune.with_parameters(run_trial, trials=trials, grid=grid.name, parent_run_id=parent.run_id,
+                             run_names=run_names), TRIAL_RESOURCES
     )
     headlines = {e.name: headline_metric(e) for e in experiments if e.eval.sets}
     if restored:
@@ -214,8 +226,30 @@ def run_grid(plan: RunPlan) -> GridOutcome:
     outcomes = [
         _with_run_id(_trial_outcome(result, headlines, folders), tracking_cfg, parent.run_id) for result in results
     ]
+    if any(outcome.error is None for outcome in outcomes):
+        report_into_parent(grid.name, tracking_cfg, parent, grid_folder(experiments[0].train.output_dir, grid.name),
+                           view)
     parent.end(succeeded=all(o.error is None for o in outcomes))
-    return GridOutcome(grid.name, parent.run_id, tracking_cfg.uri, tracking_cfg.experiment, path, outcomes, restored)
+    return GridOutcome(grid.name, parent.run_id, tracking_cfg.uri, tracking_cfg.experiment, path, outcomes, restored,
+                       view)
+
+
+def report_into_parent(grid: str, tracking_cfg: TrackingConfig, parent: TrackedRun, folder: Path, view: str) -> None:
+    """`clozemath report` of the grid run into `<grid folder>/report/`, logged as the grid run's `report/`
+    artifacts (tables, summary, plot, trials), and the experiment's description pointing at them. A report that
+    cannot be made is a warning: the trials' results stay in their runs, and `clozemath report` makes it later."""
+    out = folder / REPORT_DIR
+    try:
+        from clozemath.report.command import write_report
+
+        made = write_report(tracking_cfg.experiment, tracking_cfg.uri, out, parent_run_ids=[parent.run_id])
+        parent.log_artifacts(out, REPORT_DIR)
+        tracking.describe_experiment(tracking_cfg, parent, grid, [path.name for path in made.files], view)
+    except Exception as exc:  # noqa: BLE001 (the grid's work is done and tracked: the report is its summary only)
+        console.warn(f"[{grid}] the report could not be made ({user_error_line(exc)}): run `clozemath report "
+                     f"--experiment {tracking_cfg.experiment} --tracking-uri {tracking_cfg.uri}`")
+        return
+    console.phase(f"[{grid}] report: {out} (also the grid run's artifacts, {REPORT_DIR}/)")
 
 
 def warn_local_store_on_a_cluster(uri: str) -> None:
@@ -364,16 +398,19 @@ def print_grid_outcome(outcome: GridOutcome, logs: Path | None = None) -> None:
         headline = headline_text(trial.headline, trial.metrics).strip()
         lines.append(f"  {trial.name:<{width}}  {state:<10}  {headline:<24}  run {trial.run_id or '-'}")
     if len(outcome.trials) == 1:
-        lines += _experiment_summary(outcome.trials[0], outcome.experiment)
+        lines += _experiment_summary(outcome.trials[0], outcome.experiment, outcome.tracking_uri)
     else:
         lines.append(f"MLflow:       grid run {outcome.parent_run_id} (experiment '{outcome.experiment}')")
     if logs is not None:
         lines.append(f"logs:         {logs} ({', '.join(sorted(p.name for p in logs.glob('*.log')))})")
     lines += [f"traceback:    {trial.error_file}" for trial in outcome.failed if trial.error_file is not None]
     lines.append(f"tune:         {outcome.path}")
-    lines.append(f"browse:       mlflow ui --backend-store-uri {outcome.tracking_uri}")
+    lines.append(f"browse:       mlflow ui --backend-store-uri {outcome.tracking_uri}, then open "
+                 f"{MLFLOW_UI}/{outcome.view}")
     if len(outcome.trials) > 1:
-        lines.append(f"tables:       clozemath report --experiment {outcome.experiment}")
+        default = TrackingConfig.model_fields["uri"].default  # `clozemath report`'s too
+        store = "" if outcome.tracking_uri == default else f" --tracking-uri {outcome.tracking_uri}"
+        lines.append(f"tables:       clozemath report --experiment {outcome.experiment}{store}")
     console.result("\n".join(lines))
     if outcome.failed:
         first = outcome.failed[0]
@@ -381,26 +418,67 @@ def print_grid_outcome(outcome: GridOutcome, logs: Path | None = None) -> None:
         raise ClozeMathError(f"{failed}; {first.name}: {first.error}")
 
 
-def _experiment_summary(trial: TrialOutcome, experiment: str) -> list[str]:
-    """A single experiment's results table, adapter, predictions and MLflow run."""
+def _experiment_summary(trial: TrialOutcome, experiment: str, tracking_uri: str) -> list[str]:
+    """A single experiment's results table, what shows it worked (its loss, an answer it gave), its adapter,
+    predictions and MLflow run, and what one run cannot show."""
     lines = []
     if any(map(is_eval_metric, trial.metrics)):
         lines.append(results_table(trial.metrics))
+    if trial.run_id is not None and trial.folder is not None and (trial.folder / ADAPTER_DIR).is_dir():
+        lines += loss_line(tracking_uri, trial.run_id)
+    if trial.folder is not None:
+        lines += sample_line(trial.folder / PREDICTIONS_ARTIFACTS)
     if trial.folder is not None and (trial.folder / ADAPTER_DIR).is_dir():
         lines.append(f"adapter:      {trial.folder / ADAPTER_DIR}")
     if trial.folder is not None and (trial.folder / PREDICTIONS_ARTIFACTS).is_dir():
         lines.append(f"predictions:  {trial.folder / PREDICTIONS_ARTIFACTS}")
     lines.append(f"MLflow:       run {trial.run_id or '-'} (experiment '{experiment}')")
+    if trial.error is None:
+        lines.append("note:         one run shows the pipeline working, not a method's gain: a grid of methods and seeds "
+                     "(configs/grids/) and `clozemath report` compare them, with intervals")
     return lines
+
+
+def loss_line(tracking_uri: str, run_id: str) -> list[str]:
+    """`loss:` the training loss over the run's first and last fifth of steps (each a mean: one step is noisy), and
+    whether it fell; none for a run that logged fewer than two steps."""
+    losses = TrackedRun(tracking_uri, run_id).history(train_metric("loss"))
+    if len(losses) < 2:
+        return []
+    k = max(1, len(losses) // 5)
+    first, last = sum(losses[:k]) / k, sum(losses[-k:]) / k
+    trend = "falling" if last < first else "not falling (every step: train/loss in MLflow)"
+    return [f"loss:         {first:.3f} -> {last:.3f}, {trend} (the mean of its first and of its last {k} of "
+            f"{len(losses)} steps)"]
+
+
+def sample_line(folder: Path) -> list[str]:
+    """`sample:` the first prediction of the run's first evaluation set: the start of the model's answer, the answer
+    found in it, the gold one, its verdict; none without predictions."""
+    files = sorted(path for path in folder.glob("*.jsonl") if not path.name.endswith(".partial.jsonl"))
+    if not files:
+        return []
+    first = read_predictions(files[0])[0]
+    text = " ".join(first.generation.split())
+    shown = text if len(text) <= SAMPLE_CHARS else text[:SAMPLE_CHARS] + "…"
+    cut = ", cut at eval.max_new_tokens" if first.finish_reason == "length" else ""
+    verdict = "right" if first.correct else "wrong"
+    return [f'sample:       {first.dataset} {first.id} ({first.decoding}): "{shown}" -> {first.extracted or "no answer"}'
+            f" (gold {first.gold}): {verdict}{cut}"]
+
+
+SAMPLE_CHARS = 100
+"""How much of a sample answer the closing summary shows."""
 
 
 # --------------------------------------------------------------------------------------------------------------
 # A trial
 
 
-def run_trial(settings: dict[str, Any], trials: dict[str, dict[str, Any]], grid: str, parent_run_id: str) -> None:
+def run_trial(settings: dict[str, Any], trials: dict[str, dict[str, Any]], grid: str, parent_run_id: str,
+              run_names: dict[str, str]) -> None:
     """Tune's function trainable: one point of the grid (`settings["trial"]`, a key of `trials`), end to end, in its
-    child run of `parent_run_id`."""
+    child run of `parent_run_id`, named `run_names[trial]` (what varies: `records.trial_run_names`)."""
     config = from_wire(trials[settings["trial"]])
     earlier = tracking.find_runs(config.tracking, {PARENT_TAG: parent_run_id, TRIAL_TAG: config.name})
     if earlier and earlier[0].info.status == "FINISHED":  # done before the driver died: nothing to redo
@@ -410,6 +488,7 @@ def run_trial(settings: dict[str, Any], trials: dict[str, dict[str, Any]], grid:
         config,
         parent_run_id,
         trial_tags(config, grid),
+        run_name=run_names.get(config.name),
         run_id=earlier[0].info.run_id if earlier else None,
         train_run_name=f"train-{trial_key(config)}",
         train_callbacks=[TuneProgress()],

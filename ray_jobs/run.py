@@ -25,6 +25,7 @@ from clozemath.records import (
     PLANNED_TOKENS,
     TRAINED_STEPS,
     TRAINED_TOKENS,
+    headline_percent,
     run_folder,
 )
 from clozemath.train.budget import Footprint, matched_epochs, planned_tokens
@@ -51,18 +52,20 @@ def run_experiment(
     parent_run_id: str | None = None,
     tags: Mapping[str, str] | None = None,
     *,
+    run_name: str | None = None,
     run_id: str | None = None,
     train_run_name: str | None = None,
     train_callbacks: Sequence[UserCallback] = (),
 ) -> RunOutcome:
     """Preprocess (cached), train on Ray Train into `<train.output_dir>/<name>/adapter`, evaluate on `eval.sets`,
     all tracked in one MLflow run (a child of `parent_run_id` when given). A method that does not train (`base`)
-    is only evaluated. `run_id`: log on into this run instead of a new one (a grid trial started again);
-    `train_run_name`, `train_callbacks`: see `ray_jobs.train.fit`."""
+    is only evaluated. `run_name`: the MLflow run's name (default: the experiment's); `run_id`: log on into this run
+    instead of a new one (a grid trial started again); `train_run_name`, `train_callbacks`: see `ray_jobs.train.fit`.
+    The headline accuracy is also logged in percent (`records.HEADLINE_PERCENT`)."""
     prepared = _prepare(config) if config.method.trains else None
     init_ray()
     if run_id is None:
-        run = tracking.start_run(config.tracking, config.name, parent_run_id, tags)
+        run = tracking.start_run(config.tracking, run_name or config.name, parent_run_id, tags)
     else:
         run = tracking.reopen_run(config.tracking.uri, run_id)
     with run.ended_on_exit():
@@ -70,10 +73,10 @@ def run_experiment(
         adapter, steps = None, 0
         if prepared is not None:
             footprint = Footprint(prepared.num_rows, prepared.num_tokens)
+            planned = planned_tokens(footprint, config.train, packs(config))
             run.log_params({
                 "data.num_samples": prepared.num_rows, "data.num_sentinels": prepared.num_sentinels,
-                PLANNED_TOKENS: planned_tokens(footprint, config.train),
-                "train.mfu_convention": MFU_CONVENTION,
+                **({} if planned is None else {PLANNED_TOKENS: planned}), "train.mfu_convention": MFU_CONVENTION,
             })
             with user_errors_surfaced():
                 trained = fit(config, prepared, run_folder(config).resolve(), run, train_run_name, train_callbacks)
@@ -84,6 +87,7 @@ def run_experiment(
         eval_metrics = {}
         if config.eval.sets:
             eval_metrics = run_evaluation(config, adapter, tracked_run=run, step=steps).metrics
+            run.log_metrics(steps, headline_percent(config, eval_metrics))
     return RunOutcome(run_id=run.run_id, adapter=adapter, prepared=prepared, eval_metrics=eval_metrics)
 
 

@@ -17,7 +17,7 @@ import os
 import shutil
 import time
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
@@ -48,7 +48,7 @@ from clozemath.records import ADAPTER_DIR, RAY_TRAIN_DIR, compile_cache_folder, 
 from clozemath.tracking import TrackedRun
 from clozemath.train.compilation import eager_inference
 from clozemath.train.checkpoint import Checked, check_checkpoint, mark_complete
-from clozemath.train.distributed import all_ranks_sum
+from clozemath.train.distributed import all_ranks_reduce, all_ranks_sum
 from clozemath.train.layout import plan_steps
 from clozemath.train.loop import StepMetrics
 from ray_jobs.preprocess import TokenizedSet
@@ -104,6 +104,7 @@ def streams(config: ExperimentConfig, prepared: TokenizedSet) -> bool:
 def train_worker(settings: dict[str, Any]) -> None:
     """One Ray Train worker: model, shard, loop; resumes from the run's latest checkpoint when there is one."""
     import torch
+    import torch.distributed as dist
     import ray.train.torch
 
     from clozemath.model.load import load_model
@@ -135,9 +136,12 @@ def train_worker(settings: dict[str, Any]) -> None:
     context = ray.train.get_context()
 
     pending: list[dict[str, Any]] = []
+    pace = ReportPace(config.train.report_every)
 
     def report(metrics: StepMetrics, checkpoint: Path | None) -> None:
-        """Every step's metrics, reported to Ray in batches (a report waits for the controller's poll)."""
+        """Every step's metrics, reported to Ray in batches (a report waits for the controller's poll), paced by
+        `ReportPace`: this run's first step at once, then about every `REPORT_EVERY_S` (at most
+        `train.report_every` steps apart)."""
         values = metrics.as_dict()
         if evaluation is not None and evaluation.due(metrics.step, metrics.total_steps):
             with eager_inference(loaded.model):
@@ -146,7 +150,7 @@ def train_worker(settings: dict[str, Any]) -> None:
                     lambda counts: all_ranks_sum(counts, device),
                 )
         pending.append(values)
-        due = metrics.step % config.train.report_every == 0 or metrics.step == metrics.total_steps
+        due = pace.due(metrics.step) or metrics.step == metrics.total_steps
         if checkpoint is not None:  # whole once written: a resume can tell it from one a crash cut short
             mark_complete(checkpoint, context.get_world_rank(), context.get_world_size(), metrics.step,
                           metrics.total_steps, metrics.trained_tokens)
@@ -156,6 +160,8 @@ def train_worker(settings: dict[str, Any]) -> None:
                 checkpoint=Checkpoint.from_directory(checkpoint) if checkpoint else None,
             )
             pending.clear()
+            pace.reported(metrics.step, lambda seconds: all_ranks_reduce(round(1000 * seconds), dist.ReduceOp.MAX,
+                                                                         device) / 1000)
 
     latest = ray.train.get_checkpoint()  # this run's latest (its workers restarted), else the one `fit` chose
     with latest.as_directory() if latest is not None else nullcontext(settings["resume_from"]) as resume_from:
@@ -169,6 +175,37 @@ def train_worker(settings: dict[str, Any]) -> None:
             resume_from=Path(resume_from) if resume_from is not None else None,
             compile_cache=compile_cache,
         )
+
+
+REPORT_EVERY_S = 15.0
+"""About how often a worker reports its steps to Ray Train (and the console's training bar moves), however slow its
+steps: off a terminal the bar prints a line at least every `console.SPARSE_EVERY_S`."""
+
+
+class ReportPace:
+    """When a worker's steps are reported: at the run's first step (the console shows it at once), then every `n`
+    steps, `n` set at each report from the slowest rank's pace since the previous one (about `REPORT_EVERY_S` apart,
+    at most `report_every` steps: a report waits for the controller, too many slow fast steps). Every rank reports at
+    the same steps: a report is collective, and so is the reduction each one makes."""
+
+    def __init__(self, report_every: int, clock: Callable[[], float] = time.monotonic) -> None:
+        self.report_every = report_every
+        self.clock = clock
+        self.last_step: int | None = None
+        self.last_time = clock()
+        self.every = 1
+
+    def due(self, step: int) -> bool:
+        return self.last_step is None or step - self.last_step >= self.every
+
+    def reported(self, step: int, slowest: Callable[[float], float]) -> None:
+        """`slowest`: a rank's seconds since its previous report -> the longest of every rank's."""
+        now = self.clock()
+        seconds = slowest(now - self.last_time)
+        steps = step - (self.last_step if self.last_step is not None else step - 1)
+        per_step = seconds / max(steps, 1)
+        self.every = max(1, min(self.report_every, int(REPORT_EVERY_S / per_step) if per_step > 0 else 1))
+        self.last_step, self.last_time = step, now
 
 
 def use_gpu(config: ExperimentConfig) -> bool:

@@ -25,6 +25,14 @@ def test_equal_epochs_give_each_method_its_own_steps() -> None:
     assert planned_tokens(IT, train()) == 2 * 40_000
 
 
+def test_a_run_ended_by_max_steps_plans_the_tokens_of_its_steps_not_of_its_epochs() -> None:
+    # The quickstart's shape: 20 steps of 4 samples, of an epoch of 1000 samples (250 steps of 1 x 4).
+    quick = train(epochs=1, grad_accum=1, max_steps=20)
+    assert planned_tokens(CLOZEMATH, quick) == 100_000 * 20 // 250 == 8_000
+    assert planned_tokens(CLOZEMATH, train(max_steps=500)) == 2 * 2 * 100_000  # twice its 2 epochs' 250 steps
+    assert planned_tokens(CLOZEMATH, quick, packed=True) is None  # packed rows: laid out by the workers
+
+
 def test_a_matched_budget_gives_the_reference_methods_steps_or_tokens() -> None:
     # Steps, one sample a row: IT trains 5 of its epochs to make ClozeMath's 250 steps of 2 epochs.
     steps = matched_epochs(train("steps"), CLOZEMATH, IT, packed=False)

@@ -46,6 +46,39 @@ def test_a_bar_off_a_terminal_prints_its_first_step_and_a_line_per_tenth(plain_c
     assert lines[-1].startswith("[x] training 250/250 [####################] 100%  loss 0.004") and "ETA" not in lines[-1]
 
 
+def test_a_bar_off_a_terminal_also_prints_when_half_a_minute_passed_since_its_last_line(plain_console) -> None:
+    _, err = plain_console
+    start = 1000.0
+    for step in range(1, 41):  # 40 of 1000 steps (no tenth passed), one every 2 s
+        console.console().progress("t", "[x] training", step, 1000, rate_unit="steps", at=start + 2 * (step - 1))
+    lines = err.getvalue().splitlines()
+    assert [line.split()[2] for line in lines] == ["1/1000", "16/1000", "31/1000"]  # at 0 s, then 30 s apart
+    assert lines[1].endswith("0.50 steps/s  ETA 32:48") and "ETA" not in lines[0]  # 15 steps in 30 s
+    console.console().progress("t", "[x] training", 40, 1000, at=start + 200)  # moved since: printed
+    console.console().progress("t", "[x] training", 40, 1000, at=start + 300)  # not moved: nothing new
+    assert [line.split()[2] for line in err.getvalue().splitlines()[3:]] == ["40/1000"]
+
+
+def test_workers_report_their_first_step_then_about_every_fifteen_seconds() -> None:
+    from ray_jobs.train import REPORT_EVERY_S, ReportPace
+
+    clock = iter([0.0, 8.0, 40.0, 58.0, 70.0, 82.0, 83.0])  # built, then each report's time on this rank
+    pace = ReportPace(report_every=10, clock=lambda: next(clock))
+    slowest = lambda seconds: seconds * 2  # noqa: E731 (another rank, twice as slow, sets the pace)
+    assert pace.due(1)  # the first step: at once
+    pace.reported(1, slowest)  # 16 s for its step: every step
+    assert pace.due(2)
+    pace.reported(2, slowest)  # 64 s for 1 step
+    assert pace.due(3)
+    pace.reported(4, slowest)  # 36 s for 2 steps: 18 s a step, still every step
+    assert pace.due(5)
+    pace.reported(6, slowest)  # 24 s for 2 steps: 12 s a step, every step (15 s / 12 s)
+    pace.reported(16, slowest)  # 24 s for 10 steps: 2.4 s a step, 6 steps apart
+    assert [pace.due(step) for step in (21, 22)] == [False, True] and 6 * 2.4 <= REPORT_EVERY_S
+    pace.reported(22, lambda seconds: 0.06)  # fast steps: at most report_every apart
+    assert not pace.due(31) and pace.due(32)
+
+
 def test_a_bar_done_at_its_first_step_claims_no_rate(plain_console) -> None:
     _, err = plain_console
     console.progress("e", "[x] eval gsm8k", 4, 4, ["accuracy 25.0%"], rate_unit="problems")
@@ -130,8 +163,8 @@ def test_other_stray_arguments_are_still_refused(argv: list[str], capsys) -> Non
 # `clozemath run` end to end, its console as a person reads it (slow)
 
 OURS = re.compile(
-    r"(ray: |\[smoke\] |== smoke: |  smoke  |\| |(adapter|predictions|MLflow|logs|traceback|tune|browse): "
-    r"|clozemath: error: |warning: )"
+    r"(ray: |\[smoke\] |== smoke: |  smoke  |\| "
+    r"|(loss|sample|adapter|predictions|MLflow|note|logs|traceback|tune|browse): |clozemath: error: |warning: )"
 )
 """How every line of ours starts: phases and bars, the summary block, our warnings, the one-line error."""
 BAR = re.compile(r"^(\[smoke\] (?:training|eval \w+)) (\d+)/(\d+) \[[#.]{20}\]")
@@ -172,19 +205,25 @@ def test_the_smoke_run_console_is_short_ordered_and_summarised_with_the_rest_in_
     milestones = ["ray: started on this machine", "[smoke] preparing data: gsm8k/train", "[smoke] data: ",
                   "[smoke] loading the model (tiny-llama) on cpu", "[smoke] training 8/8 ", "[smoke] evaluating: gsm8k",
                   "[smoke] eval gsm8k 4/4 ", "== smoke: 1 of 1 trials finished ==", "| gsm8k | greedy |",
-                  "adapter:", "MLflow:", "logs:", "browse: "]
+                  "loss:", "sample:", "adapter:", "MLflow:", "note:", "logs:", "browse: "]
     found = [next((i for i, line in enumerate(shown) if line.startswith(m)), None) for m in milestones]
     assert None not in found and found == sorted(found), list(zip(milestones, found))
     assert len([line for line in shown if line.startswith("[smoke] loading the model (tiny-llama) on cpu")]) == 2
     assert "from the cache" in next(line for line in shown if line.startswith("[smoke] data: "))
 
+    loss = re.fullmatch(r"([\d.]+) -> ([\d.]+), falling \(the mean of its first and of its last 1 of 8 steps\)",
+                        summary_value(shown, "loss"))  # the smoke run learns (`LEARNS`)
+    assert loss and float(loss.group(2)) < float(loss.group(1))
+    assert re.fullmatch(r'gsm8k \S+ \(greedy\): ".*" -> .* \(gold \S+\): (right|wrong).*', summary_value(shown, "sample"))
     adapter = Path(summary_value(shown, "adapter"))
     assert (adapter / "adapter_config.json").is_file() and adapter == tmp_path / "runs" / "smoke" / "adapter"
     run_id = re.fullmatch(r"run (\w+) \(experiment 'smoke'\)", summary_value(shown, "MLflow")).group(1)
     (run,) = tracking.find_runs(TrackingConfig(uri=f"sqlite:///{tmp_path / 'mlruns.db'}", experiment="smoke"),
                                 {"role": "trial"})
     assert (run.info.run_id, run.info.status) == (run_id, "FINISHED")
-    assert summary_value(shown, "browse") == f"mlflow ui --backend-store-uri sqlite:///{tmp_path / 'mlruns.db'}"
+    assert summary_value(shown, "browse") == (  # the runs table, on the view of the trials (tests/test_mlflow_view.py)
+        f"mlflow ui --backend-store-uri sqlite:///{tmp_path / 'mlruns.db'}, then open http://127.0.0.1:5000/"
+        "#/experiments/1/runs?workflowType=machine_learning&viewStateShareKey=clozemath-smoke")
 
     logs = tmp_path / "runs" / "smoke" / "logs"
     assert summary_value(shown, "logs").startswith(str(logs))

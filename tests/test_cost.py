@@ -32,10 +32,19 @@ def dry_run(*args: str) -> subprocess.CompletedProcess[str]:
 def test_a_grid_expands_into_its_trials_costs_and_starts_nothing(tmp_path: Path) -> None:
     output = tmp_path / "runs"
     overrides = [*NARROW, f"train.output_dir={output}", f"tracking.uri=sqlite:///{tmp_path / 'm.db'}"]
-    done = dry_run(GRID, *overrides, "--dry-run", "--gpus", "2", "--card", "H100")
+    done = dry_run(GRID, *overrides, "--dry-run", "--gpus", "2", "--card", "H100", "--details")
     assert done.returncode == 0, done.stderr[-2000:]
     lines = done.stdout.splitlines()
     plan = load_plan(ROOT / GRID, overrides)
+    # the totals first, what they count, a line per trial named by what varies, all within 120 columns
+    assert lines[0].startswith("smoke-grid: 3 trials, ") and lines[0].endswith(
+        "of wall time on 1 node of 2 x H100 (an estimate: nothing was started)")
+    assert lines[1].startswith("It counts each trial's training")
+    brief = lines[: lines.index(next(line for line in lines if line.startswith("| trial | GPUs | samples")))]
+    assert max(map(len, brief)) <= 120
+    assert [line.split(" | ")[0].strip("| ") for line in brief if line.startswith("| ") and "·" in line] == [
+        "base · seed 0", "mft · seed 0", "clozemath · seed 0"]
+    assert "Warning" not in done.stderr and done.stderr.splitlines()[0].startswith("[smoke-grid] estimating 3 trial")
     rows = {line.split(" | ")[0].strip("| "): line.split(" | ") for line in lines if line.startswith("| smoke-grid/")}
     assert sorted(rows) == sorted(e.name for e in plan.experiments)  # one line a trial of the expanded grid
     trained = [e for e in plan.experiments if e.method.trains]
@@ -53,13 +62,19 @@ def test_a_grid_expands_into_its_trials_costs_and_starts_nothing(tmp_path: Path)
     assert not output.exists() and not (tmp_path / "m.db").exists()  # no run folder, no store
 
 
-def test_without_a_gpu_the_dry_run_asks_for_the_cluster(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_without_a_gpu_the_dry_run_estimates_one_of_the_default_card_and_says_so(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import torch
+
     from clozemath_cli import main
 
-    assert main(["run", str(ROOT / GRID), *NARROW, f"train.output_dir={tmp_path}", "--dry-run"]) == 2
-    error = capsys.readouterr().err.strip().splitlines()
-    assert error == ["clozemath: error: --dry-run: this machine sees no GPU; say which cluster to estimate for: "
-                     "--gpus N [--nodes K] [--card H100]"]
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)  # a machine without a GPU, whatever this one has
+    assert main(["run", str(ROOT / GRID), *NARROW, f"train.output_dir={tmp_path}", "--dry-run"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].endswith("on 1 node of 1 x H100 (an estimate: nothing was started)")
+    assert lines[1] == ("This machine sees no GPU: estimated for one H100 (--gpus N [--nodes K] [--card NAME] for a "
+                        "cluster).")
 
 
 def trial(name: str, gpus: float, seconds: float) -> TrialCost:
@@ -126,7 +141,7 @@ def test_a_gguf_model_is_parsed_once_a_grid_before_its_trials_and_a_model_withou
     once = entry["seconds"] + entry["per_billion"] * params / 1e9
     assert estimator.gguf_parse_s([smollm2, smollm2, tiny]) == pytest.approx(once)
     assert estimator.gguf_parse_s([tiny]) == 0.0
-    plan_free = dry_run(GRID, *NARROW, "--dry-run", "--gpus", "1", "--card", "H100")
+    plan_free = dry_run(GRID, *NARROW, "--dry-run", "--gpus", "1", "--card", "H100", "--details")
     assert plan_free.returncode == 0 and "parsed once" not in plan_free.stdout
 
 
@@ -135,8 +150,11 @@ def test_a_model_shipped_in_chunks_is_estimated_before_its_chunks_are_installed(
     tokenizer (said so) and its shape keeps its own vocabulary; the GGUF parse is still part of the wall time."""
     done = dry_run("configs/grids/replication_qwen1.5b.yaml", "model.gguf_chunks.packages=null",
                    f"model.gguf_chunks.files={tmp_path}/part*.bin", "axes.method=[it]", "axes.train.seed=[0]",
-                   "--dry-run", "--gpus", "1", "--card", "H100")
+                   "--dry-run", "--gpus", "1", "--card", "H100", "--details")
     assert done.returncode == 0, done.stderr[-2000:]
+    brief = " ".join(done.stdout.split("| trial | GPUs | samples")[0].split())  # before the details, wrapped
+    assert ("The tokens of qwen2.5-coder-1.5b-instruct are estimated with a stand-in tokenizer (theirs is not on this "
+            "machine).") in brief
     assert "tokens estimated with llama-3.2-1b-random's tokenizer (qwen2.5-coder-1.5b-instruct's is not on this " \
            "machine)" in done.stdout
     assert "the GGUF model(s) parsed once" in done.stdout and "ray imported: False" in done.stdout

@@ -30,7 +30,7 @@ from clozemath_cli import main
 from clozemath.config import GridConfig, TrackingConfig
 from clozemath.errors import ClozeMathError
 from clozemath.plan import expand_grid, load_config
-from clozemath.records import flatten
+from clozemath.records import readable_params
 import ray_jobs.grid
 from ray_jobs.grid import (
     QuietUserErrors,
@@ -153,9 +153,9 @@ def test_the_smoke_grid_runs_as_a_ray_job_to_the_end_tracked_as_parent_and_child
     runs = assert_grid_tracked(tracking_of(folder), [e.name for e in experiments])
     summary = re.findall(r"^  (\S+) +(finished|failed: .*?) +.*run (\S+)$", job.stdout, re.MULTILINE)
     assert summary == [(e.name, "finished", runs[e.name].info.run_id) for e in experiments], job.stdout[-3000:]
-    for experiment in experiments:  # params: the flattened, resolved config, for the MLflow UI to compare
+    for experiment in experiments:  # params: the resolved config, readable, for the MLflow UI to compare
         params = runs[experiment.name].data.params
-        assert {key: params[key] for key in flatten(experiment)} == {k: str(v) for k, v in flatten(experiment).items()}
+        assert {key: params[key] for key in readable_params(experiment)} == readable_params(experiment)
     data_lines = re.findall(r"^\[smoke-grid/model=(\S+),method=clozemath,\S+\] data: \d+ samples .*, (.+)$", output,
                             re.MULTILINE)  # the second model shares the first one's tokenizer: its samples too
     assert data_lines == [("tiny-llama", "prepared afresh"), ("tiny-llama-b", "from the cache")], output[-3000:]

@@ -191,3 +191,33 @@ def test_figure_3_pairs_each_seeds_kth_evaluation_and_bands_the_seeds(tmp_path: 
 def test_an_experiment_without_grid_runs_is_a_one_line_error(store: TrackingConfig) -> None:
     with pytest.raises(ClozeMathError, match="'nothing' not found"):
         grid_runs(store.uri, "nothing")
+
+
+@pytest.mark.parametrize(("trials", "why"), [
+    ([("clozemath", "gsm8k")], "these trials ran ClozeMath alone."),
+    ([("clozemath", "math"), ("mft", "math")], "these trials trained on math."),
+    ([("base", "gsm8k"), ("clozemath", "gsm8k")], "no two of these were (Base: greedy; ClozeMath: beam, cot)."),
+])
+def test_a_summary_with_no_ordering_to_check_says_why(trials: list[tuple[str, str]], why: str, tmp_path: Path,
+                                                     capsys) -> None:
+    config = TrackingConfig(uri=f"sqlite:///{tmp_path / 'mlruns.db'}", experiment="one")
+    parent = tracking.start_run(config, "one", tags={"role": "grid"}).run_id
+    for method, train_set in trials:
+        log_trial(config, parent, "llama-3.2-1b", method, train_set, "0")
+    assert main(["report", "--experiment", "one", "--tracking-uri", config.uri, "--out", str(tmp_path / "r")]) == 0
+    summary = (tmp_path / "r" / "summary.md").read_text()
+    assert summary.startswith("**The paper's orderings:** none to check here: ") and why in summary
+    assert summary.strip() in capsys.readouterr().out
+
+
+def test_a_plot_with_no_curve_says_why(tmp_path: Path) -> None:
+    from clozemath.report.figure import no_curve_reason, plot_accuracy_vs_steps
+    from clozemath.report.runs import TrialResult
+
+    base = TrialResult("a", "m", "base", "gsm8k", "0", {})
+    trained = TrialResult("b", "m", "clozemath", "gsm8k", "0", {"eval/gsm8k/beam/accuracy": 0.1})
+    assert no_curve_reason([base]) == "no trial was trained on GSM8K"
+    assert no_curve_reason([base, trained]).startswith("none of the 1 GSM8K-trained trial evaluated during training")
+    said = plot_accuracy_vs_steps({}, tmp_path / "said.png", no_curve_reason([base]))
+    silent = plot_accuracy_vs_steps({}, tmp_path / "silent.png", "")
+    assert said.read_bytes() != silent.read_bytes()  # the reason is drawn on the panel

@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import heapq
+import textwrap
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from clozemath.cost.throughput import Card, Throughput
 from clozemath.cost.trials import Estimator, TrialCost
 from clozemath.errors import ClozeMathError
-from clozemath.plan import RunPlan
+from clozemath.plan import RunPlan, trial_labels
+from clozemath.records import trial_run_names
 
 
 @dataclass(frozen=True)
@@ -72,6 +74,10 @@ class GridEstimate:
     """Parsing the grid's GGUF models once, before their trials train."""
     notes: dict[str, str]
     counts: list[str]
+    short_names: dict[str, str]
+    """Each trial by what varies between the grid's points (`clozemath · seed 0`: `records.trial_run_names`)."""
+    stand_ins: list[str]
+    """The models whose tokens were counted with a stand-in tokenizer."""
 
     @property
     def wall_s(self) -> float:
@@ -91,8 +97,10 @@ def estimate(plan: RunPlan, gpus: float, card_name: str, nodes: int = 1) -> Grid
     trials = [estimator.trial(config, plan.root) for config in plan.experiments]
     scheduled = schedule(trials, nodes, gpus / nodes, plan.grid.max_concurrent_trials)
     parse_s = estimator.gguf_parse_s([config.model for config in plan.experiments])
+    labels = trial_labels(plan.grid)
+    short_names = dict(zip(labels, trial_run_names(list(labels.values()), plan.grid.name)))
     return GridEstimate(plan.grid.name, card, nodes, gpus / nodes, scheduled, estimator.overhead_s("ray_start"),
-                        parse_s, estimator.notes, estimator.counted())
+                        parse_s, estimator.notes, estimator.counted(), short_names, sorted(estimator.stand_ins))
 
 
 def _duration(seconds: float) -> str:
@@ -100,12 +108,60 @@ def _duration(seconds: float) -> str:
     return f"{minutes // 60} h {minutes % 60:02d} min" if minutes >= 60 else f"{seconds / 60:.1f} min"
 
 
-def estimate_text(result: GridEstimate) -> str:
-    """The dry-run's printout: a line per trial, the totals, and the figures behind them."""
+WIDTH = 120
+"""Columns the dry-run's printout fits in (its `--details` tables excepted)."""
+COUNTED = ("It counts each trial's training (its training set's tokens at its model's tokens/s measured on the card), "
+           "its evaluation (its problems at the measured problems/s) and its fixed costs (workers' start, model loads, "
+           "the first step), and Ray's start; the trials run in order, each as soon as its GPUs are free. "
+           "--details: every trial's samples, steps, layout and start, and the figures used.")
+
+
+def estimate_text(result: GridEstimate, details: bool = False, said: str = "") -> str:
+    """The dry-run's printout: the totals first, what they count, a line per trial within `WIDTH` columns; with
+    `details`, every trial's counts and layout and the figures behind them. `said`: a line on how the cluster was
+    chosen (a machine without a GPU: the default card)."""
     cluster = f"{result.nodes} node{'s' if result.nodes > 1 else ''} of {result.gpus_per_node:g} x {result.card.name}"
-    rows = [
-        f"{result.name}: {len(result.scheduled)} trial(s) on {cluster}; an estimate, nothing was started.",
+    trials = len(result.scheduled)
+    lines = [
+        f"{result.name}: {trials} trial{'s' if trials > 1 else ''}, {result.gpu_hours:,.1f} GPU-hours, "
+        f"{_duration(result.wall_s)} of wall time on {cluster} (an estimate: nothing was started)",
+        *([said] if said else []),
+        *textwrap.wrap(COUNTED, WIDTH),
+        *(textwrap.wrap(f"The tokens of {', '.join(result.stand_ins)} are estimated with a stand-in tokenizer (theirs "
+                        "is not on this machine).", WIDTH) if result.stand_ins else []),
         "",
+        *_trials_table(result),
+    ]
+    if details:
+        lines += ["", *_details(result, cluster)]
+    return "\n".join(lines)
+
+
+def _trials_table(result: GridEstimate) -> list[str]:
+    """A line per trial, named by what varies (cut to fit `WIDTH`): its GPUs, steps, training, evaluation and wall
+    time, and GPU-hours."""
+    header = ["GPUs", "steps", "train", "eval", "wall", "GPU-h"]
+    rows = []
+    for placed in result.scheduled:
+        trial, layout = placed.trial, placed.trial.layout
+        rows.append([f"{trial.gpus:g}", f"{layout.plan.total_steps:,}" if layout else "-", _duration(trial.train_s),
+                     _duration(trial.eval_s), _duration(trial.wall_s), f"{trial.gpus * trial.wall_s / 3600:.2f}"])
+    widths = [max(len(header[i]), *(len(row[i]) for row in rows)) for i in range(len(header))]
+    room = WIDTH - sum(widths) - 3 * len(widths) - 4
+    names = [result.short_names.get(placed.trial.name, placed.trial.name) for placed in result.scheduled]
+    name_width = max(5, min(room, max(map(len, names))))
+    names = [name if len(name) <= name_width else name[: name_width - 1] + "…" for name in names]
+
+    def line(name: str, cells: list[str]) -> str:
+        return "| " + " | ".join([name.ljust(name_width), *(c.rjust(w) for c, w in zip(cells, widths))]) + " |"
+
+    rule = "| " + " | ".join(["-" * name_width, *("-" * (w - 1) + ":" for w in widths)]) + " |"
+    return [line("trial", header), rule, *(line(name, row) for name, row in zip(names, rows))]
+
+
+def _details(result: GridEstimate, cluster: str) -> list[str]:
+    """Every trial (by its full name) with its counts, layout and start; the totals' parts; the figures used."""
+    rows = [
         "| trial | GPUs | samples | their tokens | steps | row | ZeRO | compiled | train | first step | eval | fixed | "
         "starts at | wall | GPU-h |",
         "| --- | ---: | ---: | ---: | ---: | ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
@@ -134,4 +190,4 @@ def estimate_text(result: GridEstimate) -> str:
         "every trial and node shares: train.compile_cache). Evaluation runs on the trial's GPUs; its figures are of "
         "random weights, whose rows never stop before max_new_tokens: an upper bound for a trained model.",
     ]
-    return "\n".join(rows)
+    return rows

@@ -122,6 +122,8 @@ class Estimator:
     _compiled: set[tuple[Any, ...]] = field(default_factory=set)
     _problems: dict[str, int] = field(default_factory=dict)
     _figures: dict[tuple[Any, ...], Figure] = field(default_factory=dict)
+    stand_ins: set[str] = field(default_factory=set)
+    """The models whose tokens are counted with another model's tokenizer (theirs is not on this machine)."""
 
     # -- shapes and counts
 
@@ -138,6 +140,8 @@ class Estimator:
                                len(load_tokenizer(counting)))
             params = sum({id(p): p.numel() for p in built.parameters()}.values())
             self._shapes[key] = (Shape(built, params, note), counting)
+            if counting is not model:
+                self.stand_ins.add(model.name)
         return self._shapes[key]
 
     def count(self, config: ExperimentConfig, counting: ModelConfig, note: str) -> DataCount:

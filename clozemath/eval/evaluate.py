@@ -123,10 +123,11 @@ def decode_settings(eval_cfg: EvalConfig, dataset: str, prompting: Prompting, en
     )
 
 
-def _decode(
+def decode_prompts(
     loaded: Loaded, prompts: list[Prompt], dataset: str, decoding: str, eval_cfg: EvalConfig, prompting: Prompting,
-    engine: Engine,
+    engine: Engine = "auto",
 ) -> list[Generation]:
+    """Decode prompts of one set with `decoding` as an evaluation does (its stop strings, answer rule, attention)."""
     from clozemath.eval.decoding import decode
 
     settings = decode_settings(eval_cfg, dataset, prompting, engine)
@@ -144,7 +145,7 @@ def evaluate_batch(
         indices = [i for i, problem in enumerate(problems) if problem.dataset == dataset]
         group = [problems[i] for i in indices]
         prompts = build_prompts(group, loaded, prompting)
-        generations = _decode(loaded, prompts, dataset, decoding, eval_cfg, prompting, engine)
+        generations = decode_prompts(loaded, prompts, dataset, decoding, eval_cfg, prompting, engine)
         for index, problem, prompt, generation in zip(indices, group, prompts, generations):
             verdict = grade_generation(dataset, generation.text, problem.answer, prompting.few_shot,
                                        ended=generation.finish_reason != "length")

@@ -399,3 +399,20 @@ def load_for_inference(cfg: ModelConfig, adapter_folder: str | Path, device: tor
         )
     merged = PeftModel.from_pretrained(loaded.model, folder).merge_and_unload()
     return Loaded(model=merged.eval(), tokenizer=loaded.tokenizer, specials=loaded.specials)
+
+
+def export_merged(cfg: ModelConfig, adapter_folder: str | Path, out: str | Path) -> Path:
+    """The base model with the adapter merged into its weights, as a Hugging Face folder `from_pretrained` loads
+    (safetensors, config, tokenizer with the special tokens, `special_tokens.json` naming them); written beside
+    `out` and renamed into place, so a failed export leaves nothing half-written. `out` must not exist yet."""
+    from clozemath.files import atomic_folder
+
+    target = Path(out)
+    if target.exists():
+        raise ClozeMathError(f"{target}: already exists; export into a new folder")
+    loaded = load_for_inference(cfg, adapter_folder, "cpu")
+    with atomic_folder(target) as folder:
+        loaded.model.save_pretrained(folder, safe_serialization=True)
+        loaded.tokenizer.save_pretrained(folder)
+        (folder / SPECIALS_FILE).write_text((Path(adapter_folder) / SPECIALS_FILE).read_text())
+    return target

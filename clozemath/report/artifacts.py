@@ -99,6 +99,12 @@ class PredictionArtifacts:
         return dict(runs), named
 
 
+def artifact_folder(tracking_uri: str, run_id: str) -> str:
+    """Where the run's artifacts are (a local folder as its path)."""
+    uri = tracking.client(tracking_uri).get_run(run_id).info.artifact_uri
+    return uri.removeprefix("file://")
+
+
 def export_predictions(results: list[TrialResult], artifacts: PredictionArtifacts, path: Path, keep: str) -> Path:
     """Every trial's predictions in one gzipped JSONL file, a line per prediction with its run (id, name, model,
     method, seed, training set); without the prompts (rebuilt from the problem), and in `compact` without the

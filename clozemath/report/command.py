@@ -4,16 +4,19 @@ written."""
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from clozemath.errors import ClozeMathError
 from clozemath.files import write_text_atomic
-from clozemath.report.artifacts import EXPORT_FILE, PredictionArtifacts, export_predictions
+from clozemath.records import is_eval_metric
+from clozemath.report.artifacts import EXPORT_FILE, PredictionArtifacts, artifact_folder, export_predictions
 from clozemath.report.compare import comparisons, noise_floors, orderings
-from clozemath.report.figure import FIGURE_FILE, accuracy_curves, plot_accuracy_vs_steps
+from clozemath.report.figure import FIGURE_FILE, accuracy_curves, no_curve_reason, plot_accuracy_vs_steps
 from clozemath.report.history import STEPS_FILE, export_steps
 from clozemath.report.render import Table, TextTable, to_latex, to_markdown
-from clozemath.report.runs import experiments_runs, trials_json
+from clozemath.report.runs import TrialResult, experiments_runs, trials_json
 from clozemath.report.tables import (
     comparison_tables,
     compute_table,
@@ -22,6 +25,9 @@ from clozemath.report.tables import (
     paper_tables,
     results_tables,
 )
+
+if TYPE_CHECKING:
+    from mlflow.entities import Run
 
 TRIALS_FILE = "trials.json"
 SUMMARY_FILE = "summary.md"
@@ -33,7 +39,24 @@ def report_folder(experiment: str | Sequence[str], out: str | Path | None) -> Pa
     return Path(out) if out is not None else Path("reports") / "+".join(names)
 
 
-def report(
+@dataclass(frozen=True)
+class WrittenReport:
+    """What `write_report` made."""
+
+    folder: Path
+    summary: str
+    """The paper's orderings against the runs (`summary.md`)."""
+    tables: str
+    """Every table, rendered (`tables.md` or `tables.tex`)."""
+    grids: list[tuple[Run, list[TrialResult]]]
+    """Each grid run reported, with its trials."""
+    files: list[Path]
+    unpredicted: list[TrialResult]
+    """The trials that measured an accuracy but have no per-problem predictions to read (their differences get no
+    interval)."""
+
+
+def write_report(
     experiment: str | Sequence[str],
     tracking_uri: str = "sqlite:///mlruns.db",
     out: str | Path | None = None,
@@ -42,17 +65,16 @@ def report(
     decoding: str = "beam",
     export: str | None = None,
     exported: Sequence[str | Path] = (),
-) -> str:
-    """Print the results, grading and comparisons tables and the paper's tables that have runs (markdown, or LaTeX)
-    of one experiment's grid, or of several reported as one (Table 4's ablations beside the main grid's runs); write
-    them, the paper's orderings against this replication (`summary.md`, markdown for the README), the trials' metrics
-    (JSON), every step of their training (`steps.json.gz`) and Figure 3 under `out` (default
-    `reports/<experiment>[+<experiment>...]`); returns the printed text. Every trial's evaluation metrics are
-    recomputed from its predictions where it has them, so today's grading rules judge every run. `export`: also
-    write every trial's predictions (`export_predictions`, full or compact) there. `exported`: read the predictions
-    from such files instead of the runs' artifacts; with no `experiment`, the trials too (no tracking store: no
-    compute table, curves, steps or params). `parent_run_ids`: the experiment's grid runs to report as one (default:
-    its latest)."""
+) -> WrittenReport:
+    """Write the results, grading and comparisons tables and the paper's tables that have runs (markdown, or LaTeX)
+    of one experiment's grid, or of several reported as one (Table 4's ablations beside the main grid's runs), the
+    paper's orderings against this replication (`summary.md`, markdown for the README), the trials' metrics (JSON),
+    every step of their training (`steps.json.gz`) and Figure 3 under `out` (default
+    `reports/<experiment>[+<experiment>...]`). Every trial's evaluation metrics are recomputed from its predictions
+    where it has them, so today's grading rules judge every run. `export`: also write every trial's predictions
+    (`export_predictions`, full or compact) there. `exported`: read the predictions from such files instead of the
+    runs' artifacts; with no `experiment`, the trials too (no tracking store: no compute table, curves, steps or
+    params). `parent_run_ids`: the experiment's grid runs to report as one (default: its latest)."""
     names = [experiment] if isinstance(experiment, str) else list(experiment)
     artifacts = PredictionArtifacts(tracking_uri, exported)
     if names:
@@ -76,19 +98,52 @@ def report(
     text = "\n\n".join([*map(render, tables), compute_table(results)])
     tables_file = folder / ("tables.tex" if latex else "tables.md")
     write_text_atomic(tables_file, text + "\n")
-    summary = orderings(found, decoding)
+    summary = orderings(found, decoding, results)
     write_text_atomic(folder / SUMMARY_FILE, summary + "\n")
     write_text_atomic(folder / TRIALS_FILE, trials_json(every))
-    figure = plot_accuracy_vs_steps(accuracy_curves(tracking_uri, results, decoding), folder / FIGURE_FILE)
+    figure = plot_accuracy_vs_steps(accuracy_curves(tracking_uri, results, decoding), folder / FIGURE_FILE,
+                                    no_curve_reason(results))
     steps = export_steps(every, tracking_uri, folder / STEPS_FILE)
     written = [tables_file, folder / SUMMARY_FILE, folder / TRIALS_FILE, steps, figure]
     if export is not None:
         written.append(export_predictions(every, artifacts, folder / EXPORT_FILE, export))
-    for parent, runs in grids:
+    unpredicted = [r for r in every if any(map(is_eval_metric, r.metrics)) and not artifacts.predictions(r.run_id)]
+    return WrittenReport(folder, summary, text, grids, written, unpredicted)
+
+
+def report(
+    experiment: str | Sequence[str],
+    tracking_uri: str = "sqlite:///mlruns.db",
+    out: str | Path | None = None,
+    latex: bool = False,
+    parent_run_ids: Sequence[str] = (),
+    decoding: str = "beam",
+    export: str | None = None,
+    exported: Sequence[str | Path] = (),
+) -> str:
+    """`write_report`, and print what it wrote: the grid runs, a note on trials without predictions, the summary and
+    the tables, the files; returns the tables' text."""
+    made = write_report(experiment, tracking_uri, out, latex, parent_run_ids, decoding, export, exported)
+    for parent, runs in made.grids:
         print(f"grid run {parent.info.run_id} ({parent.info.run_name}): {len(runs)} trials")
     print()
-    print("\n\n".join(filter(None, [summary, text])))
+    if made.unpredicted:
+        print(missing_predictions_note(made.unpredicted, tracking_uri, bool(exported)) + "\n")
+    print("\n\n".join(filter(None, [made.summary, made.tables])))
     sizes = ", ".join(f"{path} ({path.stat().st_size / 2**20:.1f} MiB)" if path.suffix == ".gz" else str(path)
-                      for path in written)
+                      for path in made.files)
     print(f"\nwritten: {sizes}")
-    return text
+    return made.tables
+
+
+def missing_predictions_note(trials: list[TrialResult], tracking_uri: str, exported: bool) -> str:
+    """Why some differences have no interval, and what to give: the export of the predictions (`--predictions`),
+    where the runs' artifacts are not (a store copied without its artifact folder, as the committed ones are)."""
+    count = f"{len(trials)} trial{'s' if len(trials) > 1 else ''}"
+    if exported:
+        return (f"note: {count} ({trials[0].run_name or trials[0].run_id}, ...) are in none of the --predictions files "
+                "given: their differences have no interval (give the export that holds them)")
+    where = artifact_folder(tracking_uri, trials[0].run_id)
+    return (f"note: {count} have no per-problem predictions among their MLflow artifacts ({where}): their "
+            "differences have no interval. If the predictions were exported (`clozemath report --export-predictions`, "
+            "e.g. the predictions*.jsonl.gz beside a committed store), give them: --predictions FILE")

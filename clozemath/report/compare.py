@@ -94,9 +94,10 @@ def comparisons(results: list[TrialResult], artifacts: PredictionArtifacts) -> d
     return found
 
 
-def orderings(found: dict[Block, list[Comparison]], decoding: str) -> str:
+def orderings(found: dict[Block, list[Comparison]], decoding: str, results: list[TrialResult]) -> str:
     """The paper's orderings against this replication on GSM8K-trained runs evaluated on GSM8K with `decoding` (else
-    greedy): a paragraph per model (`clozemath.claims.orderings_paragraph`)."""
+    greedy): a paragraph per model (`clozemath.claims.orderings_paragraph`); where there is none, why (`results`: the
+    trials reported)."""
     paragraphs = []
     for (train_set, model), rows in found.items():
         if train_set != "gsm8k":
@@ -111,7 +112,36 @@ def orderings(found: dict[Block, list[Comparison]], decoding: str) -> str:
                                    f"{column_name(evaluation)} ({model_name(model)})")
         if text:
             paragraphs.append(text)
-    return "\n\n".join(paragraphs)
+    return "\n\n".join(paragraphs) or no_orderings(results, decoding)
+
+
+def no_orderings(results: list[TrialResult], decoding: str) -> str:
+    """Why the trials give none of the paper's orderings to check, in a sentence."""
+    heading = "**The paper's orderings:** none to check here"
+    if not results:
+        return f"{heading}: no trial to report."
+    gsm8k = [r for r in results if r.train_set == "gsm8k"]
+    if not gsm8k:
+        sets = ", ".join(sorted({r.train_set for r in results}))
+        return f"{heading}: the paper orders methods trained on GSM8K, and these trials trained on {sets}."
+    evaluations = {d for d in (decoding, BASE_DECODING) for r in gsm8k if accuracy_metric(("gsm8k", d)) in r.metrics}
+    if not evaluations:
+        return (f"{heading}: no trial trained on GSM8K was evaluated on GSM8K test with {decoding} or "
+                f"{BASE_DECODING} decoding.")
+    methods = ordered({r.method for r in gsm8k}, REPLICATION_METHODS)
+    paper = [m for m in methods if m in PAPER_GSM8K]
+    if len(paper) < 2:
+        known = ", ".join(method_name(m, REPLICATION_NAMES) for m in ordered(PAPER_GSM8K, REPLICATION_METHODS))
+        ran = ", ".join(method_name(m, REPLICATION_NAMES) for m in methods)
+        return (f"{heading}: the paper orders pairs of {known}, each pair of one model on one decoding; these trials "
+                f"ran {ran}{' alone' if len(methods) == 1 else ''}. A grid of two or more of them (e.g. "
+                "`configs/grids/replication.yaml`) gives its verdicts.")
+    decoded = "; ".join(
+        f"{method_name(m, REPLICATION_NAMES)}: "
+        + ", ".join(sorted({c[1] for r in gsm8k if r.method == m for c in eval_columns([r]) if c[0] == "gsm8k"}))
+        for m in paper)
+    return (f"{heading}: the paper orders methods of one model decoded alike on GSM8K test, and no two of these were "
+            f"({decoded}).")
 
 
 @dataclass(frozen=True)

@@ -4,6 +4,7 @@ seeds)."""
 from __future__ import annotations
 
 import statistics
+import textwrap
 from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
@@ -66,15 +67,28 @@ def _curve_key(metrics: dict[str, float], decoding: str) -> str | None:
     return preferred if preferred in logged else next(iter(logged), None)
 
 
-def plot_accuracy_vs_steps(curves: Curves, path: Path) -> Path:
-    """A panel per model, a line per method: the mean over seeds, and a band from the lowest to the highest seed."""
+def no_curve_reason(results: list[TrialResult]) -> str:
+    """Why no trial has a point to plot, in words."""
+    trained = [r for r in results if r.train_set == "gsm8k" and r.method != "base"]
+    if not trained:
+        return "no trial was trained on GSM8K"
+    return (f"none of the {len(trained)} GSM8K-trained trial{'s' if len(trained) > 1 else ''} evaluated during "
+            "training (eval.every_steps or eval.every_share set it going)")
+
+
+def plot_accuracy_vs_steps(curves: Curves, path: Path, empty_because: str = "") -> Path:
+    """A panel per model, a line per method: the mean over seeds, and a band from the lowest to the highest seed.
+    Without curves, one panel saying why (`empty_because`, `no_curve_reason`'s)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    models = ordered(curves, list(MODEL_NAMES)) or ["(no runs)"]
+    models = ordered(curves, list(MODEL_NAMES)) or ["(no curves)"]
     figure, axes = plt.subplots(1, len(models), figsize=(4.5 * len(models), 3.4), squeeze=False)
+    if not curves:
+        axes[0][0].text(0.5, 0.5, f"Nothing to plot:\n{textwrap.fill(empty_because, 40)}", ha="center",
+                        va="center", transform=axes[0][0].transAxes, wrap=True)
     for axis, model in zip(axes[0], models):
         for method in ordered(curves.get(model, {}), list(REPLICATION_METHODS)):
             points = curves[model][method]

@@ -30,9 +30,18 @@ def planned_steps(footprint: Footprint, train: TrainConfig) -> int:
     return plan_steps(footprint.samples // train.num_workers // train.micro_batch_size, train).total_steps
 
 
-def planned_tokens(footprint: Footprint, train: TrainConfig) -> int:
-    """The training tokens a run sees in `epochs` (however its steps are batched)."""
-    return round(train.epochs * footprint.tokens)
+def planned_tokens(footprint: Footprint, train: TrainConfig, packed: bool = False) -> int | None:
+    """The training tokens a run plans to see: `epochs` over its training set (however its steps are batched), or,
+    where `max_steps` sets the steps instead, the share of them its steps reach (a 20-step run plans 20 steps' tokens,
+    not an epoch's; more steps than the epochs hold go round the data again). None where that share is unknown until
+    the workers lay out their rows (`max_steps` with packing)."""
+    tokens = train.epochs * footprint.tokens
+    if train.max_steps is None:
+        return round(tokens)
+    if packed:
+        return None
+    steps_of_epochs = planned_steps(footprint, train.model_copy(update={"max_steps": None}))
+    return round(tokens * train.max_steps / steps_of_epochs)
 
 
 def matched_epochs(train: TrainConfig, reference: Footprint, mine: Footprint, packed: bool) -> float:
