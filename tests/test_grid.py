@@ -362,13 +362,14 @@ def test_a_trial_that_fails_on_a_user_mistake_fails_the_command_in_one_line(
 ) -> None:
     experiment = ROOT / "configs" / "experiments" / "smoke.yaml"
     broken = tmp_path / "test.jsonl"
-    broken.write_text("{not json\n")  # found by the trial that reads it (the driver only hashes the file)
+    first = (Path(os.environ["CLOZEMATH_DATA_DIR"]) / "gsm8k" / "test.jsonl").read_text().splitlines()[0]
+    broken.write_text(f"{first}\n{{not json\n")  # line 2: found by the trial that reads it (the driver, line 1)
     argv = ["run", str(experiment), "method=base", f"eval.sets=[{{dataset: gsm8k, path: {broken}}}]", *store(tmp_path)]
     assert main(argv) == 2
     captured = capsys.readouterr()
     last = captured.err.strip().splitlines()[-1]
-    assert last.startswith(f"clozemath: error: 1 of 1 trials failed; smoke: {broken}:1: not valid JSON")
-    assert f"smoke  failed: {broken}:1: not valid JSON" in captured.out
+    assert last.startswith(f"clozemath: error: 1 of 1 trials failed; smoke: {broken}:2: not valid JSON")
+    assert f"smoke  failed: {broken}:2: not valid JSON" in captured.out
     config = TrackingConfig(uri=f"sqlite:///{tmp_path / 'mlruns.db'}", experiment="smoke")
     (parent,) = tracking.find_runs(config, {"role": "grid"})
     (child,) = tracking.find_runs(config, {"role": "trial"})

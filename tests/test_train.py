@@ -30,7 +30,7 @@ from clozemath.data.tokenize import EOS, MASK, SEP, SpecialTokens, collate
 from clozemath.errors import ClozeMathError
 from clozemath.model.load import load_for_inference
 from clozemath.plan import load_config
-from clozemath.records import flatten
+from clozemath.records import readable_params
 from clozemath.train.batches import epoch_micro_batches, model_inputs
 from clozemath.train.checkpoint import full_trainable_parameters
 from clozemath.train.loop import StepMetrics, train
@@ -507,8 +507,11 @@ def test_zero2_run_learns_and_is_tracked(smoke_run: SmokeRun) -> None:
 
     client = tracking.client(config.tracking.uri)
     assert run.info.status == "FINISHED"
-    expected = {key: str(value) for key, value in flatten(config).items()}
+    expected = readable_params(config)
     assert {key: run.data.params[key] for key in expected} == expected
+    assert {key: run.data.params[key] for key in ("eval.sets", "eval.sets.gsm8k.limit", "eval.decodings")} == {
+        "eval.sets": "gsm8k", "eval.sets.gsm8k.limit": "4", "eval.decodings": "greedy"  # smoke.yaml, as a person reads it
+    }
     for name in records.TRAIN_METRICS:
         assert len(client.get_metric_history(run_id, name)) == 8, name
     assert not client.get_metric_history(run_id, "train/mfu")  # a CPU has no listed peak: no figure made up
