@@ -154,7 +154,8 @@ def compute_table(results: list[TrialResult]) -> str:
     (markdown): what a comparison of methods spent. Runs from before trained tokens were recorded show none."""
     trained = sorted((r for r in results if r.steps is not None), key=lambda r: (r.train_set, r.model, r.method))
     lines = ["**Compute: steps and tokens trained per trial** (real tokens, padding aside; planned: the budget's "
-             "epochs over the training set)", "",
+             "epochs over the training set, or the share of them its train.max_steps reach; runs logged before "
+             "2026-12-02 planned whole epochs there)", "",
              "| Training set | Model | Method | Seed | Steps | Trained tokens | Planned tokens |",
              "| --- | --- | --- | --- | ---: | ---: | ---: |"]
     lines += [f"| {set_title(r.train_set)} | {model_name(r.model)} | {method_name(r.method)} | {r.seed} | "
