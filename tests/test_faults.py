@@ -546,6 +546,30 @@ def test_a_busy_sqlite_store_is_waited_for(tmp_path: Path) -> None:
     assert metric.value == 2.5
 
 
+def test_a_store_busy_past_the_wait_is_one_line_saying_what_stays_and_how_to_log_it(tmp_path: Path) -> None:
+    """Held past the wait (10 min by default, 2 s here): one line naming the store, never MLflow's autoflush error;
+    the writer's work is not lost (the caller's results stay in the run folder; the same command logs them)."""
+    from clozemath import tracking
+    from clozemath.config import TrackingConfig
+
+    store = TrackingConfig(uri=f"sqlite:///{tmp_path / 'mlruns.db'}", experiment="busy")
+    run = tracking.start_run(store, "trial")
+    holder = sqlite3.connect(tmp_path / "mlruns.db", isolation_level=None)
+    holder.execute("BEGIN EXCLUSIVE")
+    started = time.monotonic()
+    try:
+        with pytest.raises(ClozeMathError) as caught:
+            tracking.answered(store.uri, lambda: tracking.client(store.uri).log_param(run.run_id, "x", "1"),
+                              busy_wait_s=2.0)
+    finally:
+        holder.execute("COMMIT")
+        holder.close()
+    message = str(caught.value)
+    assert "\n" not in message and f"tracking store '{store.uri}': held by another writer for 2 s" in message
+    assert "run the same command once the store is free" in message
+    assert time.monotonic() - started < 60  # SQLite's own busy timeout per try, then the wait: not MLflow's 143 s
+
+
 @pytest.mark.parametrize("store, message", [
     (lambda tmp: (tmp / "m.db").write_text("not a database\n"), "is not a SQLite database"),
     (lambda tmp: (tmp / "m.db").mkdir(), "is a folder, not a database file"),
