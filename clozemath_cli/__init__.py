@@ -27,7 +27,7 @@ DESCRIPTION = """Fine-tune open LLMs for math reasoning with ClozeMath (equation
 baselines it is compared with, evaluate them, and report the paper's tables with intervals you can trust."""
 EPILOG = """getting started:
   clozemath ls                                        what can be run: models, methods, grids, sets, decodings
-  clozemath config configs/experiments/quickstart.yaml    the resolved config of an experiment (or a grid's trials)
+  clozemath config configs/experiments/quickstart.yaml    the resolved config of a grid's trials (or an experiment)
   clozemath run configs/experiments/quickstart.yaml   train and evaluate (add key=value overrides, --dry-run to cost)
   clozemath report --experiment quickstart            results, intervals, the paper's tables
   clozemath generate configs/experiments/quickstart.yaml -q "Tom has 3 apples..."   ask the trained model
@@ -191,13 +191,9 @@ def _add_eval(commands: argparse._SubParsersAction) -> None:
 
 
 def _eval(args: argparse.Namespace) -> None:
-    from clozemath.config import GridConfig
     from clozemath.eval.evaluate import resolve_adapter
-    from clozemath.plan import load_config
 
-    config = load_config(args.config, args.overrides)
-    if isinstance(config, GridConfig):
-        raise ClozeMathError(f"{args.config}: a grid; `clozemath eval` takes one experiment")
+    config = _one_experiment(args.config, args.overrides, "eval", trained=True)
     _check_before_work([config])
     adapter = resolve_adapter(config)  # a missing adapter fails here, before Ray starts
 
@@ -235,14 +231,10 @@ def _add_prepare(commands: argparse._SubParsersAction) -> None:
 
 
 def _prepare(args: argparse.Namespace) -> None:
-    from clozemath.config import ExperimentConfig
     from clozemath.data.prepare import show_prepared
-    from clozemath.plan import load_config
 
-    config = load_config(args.config, args.overrides)
-    if not isinstance(config, ExperimentConfig):
-        raise ClozeMathError(f"{args.config}: a grid; `prepare` takes one experiment")
-    show_prepared(config, args.limit, args.show, args.format)
+    show_prepared(_one_experiment(args.config, args.overrides, "prepare", trained=True), args.limit, args.show,
+                  args.format)
 
 
 def _add_report(commands: argparse._SubParsersAction) -> None:
@@ -368,7 +360,7 @@ def _generate(args: argparse.Namespace) -> None:
     from clozemath.eval.ask import ask
 
     device = ("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device
-    for answer in ask(_one_experiment(args.config, args.overrides, "generate"), args.question, device):
+    for answer in ask(_one_experiment(args.config, args.overrides, "generate", trained=True), args.question, device):
         cut = " (cut at eval.max_new_tokens)" if answer.finish_reason == "length" else ""
         print(f"question: {answer.question}\n{answer.generation.strip()}\nanswer: {answer.answer or '(none found)'}"
               f"{cut}\n")
@@ -387,7 +379,7 @@ def _export(args: argparse.Namespace) -> None:
     from clozemath.eval.evaluate import resolve_adapter
     from clozemath.model.load import export_merged
 
-    config = _one_experiment(args.config, args.overrides, "export")
+    config = _one_experiment(args.config, args.overrides, "export", trained=True)
     adapter = resolve_adapter(config)
     if adapter is None:
         raise ClozeMathError(f"method '{config.method.name}' trains no adapter: nothing to merge")
@@ -395,14 +387,22 @@ def _export(args: argparse.Namespace) -> None:
           f"{config.model.name})")
 
 
-def _one_experiment(path: str, overrides: Sequence[str], command: str) -> ExperimentConfig:
-    from clozemath.config import ExperimentConfig
-    from clozemath.plan import load_config
+def _one_experiment(path: str, overrides: Sequence[str], command: str, trained: bool = False) -> ExperimentConfig:
+    """The experiment a command that takes one acts on: an experiment's config, or the one trial of a grid its
+    `axes.<axis>=<value>` overrides leave (`trained`: or the one trial of the grid that trains an adapter, as the
+    quickstart's beside its base model)."""
+    from clozemath.plan import load_plan
 
-    config = load_config(path, list(overrides))
-    if not isinstance(config, ExperimentConfig):
-        raise ClozeMathError(f"{path}: a grid; `{command}` takes one experiment (a trial's overrides pick it)")
-    return config
+    plan = load_plan(path, list(overrides))
+    candidates = plan.experiments
+    if len(candidates) > 1 and trained:
+        candidates = [experiment for experiment in candidates if experiment.method.trains]
+    if len(candidates) != 1:
+        axes = ", ".join(f"axes.{axis}=<one of: {', '.join(map(str, values))}>"
+                         for axis, values in plan.grid.axes.items() if len(values) > 1)
+        raise ClozeMathError(f"{path}: a grid of {len(plan.experiments)} trials; `{command}` takes one: pick it with "
+                             f"{axes}")
+    return candidates[0]
 
 
 def _version() -> str:

@@ -32,7 +32,7 @@ from ray import tune
 from clozemath import console, interrupts, tracking
 from clozemath.config import ExperimentConfig, GridConfig, TrackingConfig, from_wire, to_wire
 from clozemath.errors import ClozeMathError
-from clozemath.eval.predictions import read_predictions, results_table
+from clozemath.eval.predictions import read_predictions, results_table, trials_results_table
 from clozemath.files import remove_abandoned_staging, storage_fault_advice
 from clozemath.model.load import load_tokenizer
 from clozemath.plan import RunPlan, data_inputs, run_inputs, trial_labels, with_absolute_paths
@@ -400,6 +400,8 @@ def print_grid_outcome(outcome: GridOutcome, logs: Path | None = None) -> None:
     if len(outcome.trials) == 1:
         lines += _experiment_summary(outcome.trials[0], outcome.experiment, outcome.tracking_uri)
     else:
+        if len(outcome.trials) <= SIDE_BY_SIDE_TRIALS:
+            lines += _side_by_side(outcome.trials, outcome.tracking_uri)
         lines.append(f"MLflow:       grid run {outcome.parent_run_id} (experiment '{outcome.experiment}')")
     if logs is not None:
         lines.append(f"logs:         {logs} ({', '.join(sorted(p.name for p in logs.glob('*.log')))})")
@@ -424,10 +426,7 @@ def _experiment_summary(trial: TrialOutcome, experiment: str, tracking_uri: str)
     lines = []
     if any(map(is_eval_metric, trial.metrics)):
         lines.append(results_table(trial.metrics))
-    if trial.run_id is not None and trial.folder is not None and (trial.folder / ADAPTER_DIR).is_dir():
-        lines += loss_line(tracking_uri, trial.run_id)
-    if trial.folder is not None:
-        lines += sample_line(trial.folder / PREDICTIONS_ARTIFACTS)
+    lines += _evidence(trial, tracking_uri)
     if trial.folder is not None and (trial.folder / ADAPTER_DIR).is_dir():
         lines.append(f"adapter:      {trial.folder / ADAPTER_DIR}")
     if trial.folder is not None and (trial.folder / PREDICTIONS_ARTIFACTS).is_dir():
@@ -439,22 +438,49 @@ def _experiment_summary(trial: TrialOutcome, experiment: str, tracking_uri: str)
     return lines
 
 
-def loss_line(tracking_uri: str, run_id: str) -> list[str]:
+SIDE_BY_SIDE_TRIALS = 4
+"""A grid this small (the quickstart: a method beside its base model) closes with its trials' results side by side,
+each one's loss and a sample answer."""
+
+
+def _side_by_side(trials: list[TrialOutcome], tracking_uri: str) -> list[str]:
+    """A small grid's results table, a row per trial, then what shows each worked (its loss, an answer it gave)."""
+    measured = {trial.name: trial.metrics for trial in trials if any(map(is_eval_metric, trial.metrics))}
+    lines = [trials_results_table(measured)] if measured else []
+    for trial in trials:
+        lines += _evidence(trial, tracking_uri, of=trial.name)
+    if len(measured) > 1:
+        lines.append("note:         a seed on a few problems cannot tell these apart: their difference with its 95% "
+                     "interval is in `clozemath report` (its command below)")
+    return lines
+
+
+def _evidence(trial: TrialOutcome, tracking_uri: str, of: str | None = None) -> list[str]:
+    """A trial's loss (if it trained) and a sample answer (if it evaluated); `of`: the trial named in each line."""
+    lines = []
+    if trial.run_id is not None and trial.folder is not None and (trial.folder / ADAPTER_DIR).is_dir():
+        lines += loss_line(tracking_uri, trial.run_id, of)
+    if trial.folder is not None:
+        lines += sample_line(trial.folder / PREDICTIONS_ARTIFACTS, of)
+    return lines
+
+
+def loss_line(tracking_uri: str, run_id: str, of: str | None = None) -> list[str]:
     """`loss:` the training loss over the run's first and last fifth of steps (each a mean: one step is noisy), and
-    whether it fell; none for a run that logged fewer than two steps."""
+    whether it fell; none for a run that logged fewer than two steps. `of`: the trial, named first."""
     losses = TrackedRun(tracking_uri, run_id).history(train_metric("loss"))
     if len(losses) < 2:
         return []
     k = max(1, len(losses) // 5)
     first, last = sum(losses[:k]) / k, sum(losses[-k:]) / k
     trend = "falling" if last < first else "not falling (every step: train/loss in MLflow)"
-    return [f"loss:         {first:.3f} -> {last:.3f}, {trend} (the mean of its first and of its last {k} of "
-            f"{len(losses)} steps)"]
+    return [f"loss:         {_of(of)}{first:.3f} -> {last:.3f}, {trend} (the mean of its first and of its last {k} "
+            f"of {len(losses)} steps)"]
 
 
-def sample_line(folder: Path) -> list[str]:
+def sample_line(folder: Path, of: str | None = None) -> list[str]:
     """`sample:` the first prediction of the run's first evaluation set: the start of the model's answer, the answer
-    found in it, the gold one, its verdict; none without predictions."""
+    found in it, the gold one, its verdict; none without predictions. `of`: the trial, named first."""
     files = sorted(path for path in folder.glob("*.jsonl") if not path.name.endswith(".partial.jsonl"))
     if not files:
         return []
@@ -463,8 +489,12 @@ def sample_line(folder: Path) -> list[str]:
     shown = text if len(text) <= SAMPLE_CHARS else text[:SAMPLE_CHARS] + "…"
     cut = ", cut at eval.max_new_tokens" if first.finish_reason == "length" else ""
     verdict = "right" if first.correct else "wrong"
-    return [f'sample:       {first.dataset} {first.id} ({first.decoding}): "{shown}" -> {first.extracted or "no answer"}'
-            f" (gold {first.gold}): {verdict}{cut}"]
+    return [f'sample:       {_of(of)}{first.dataset} {first.id} ({first.decoding}): "{shown}" -> '
+            f'{first.extracted or "no answer"} (gold {first.gold}): {verdict}{cut}']
+
+
+def _of(trial: str | None) -> str:
+    return "" if trial is None else f"{trial}: "
 
 
 SAMPLE_CHARS = 100

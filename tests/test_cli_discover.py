@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -105,3 +106,59 @@ def test_export_writes_a_merged_model_that_predicts_as_the_adapter_does(adapter:
     assert "already exists" in capsys.readouterr().err
     assert main(["export", str(SMOKE), "method=base", "--out", str(tmp_path / "base")]) == 2
     assert "trains no adapter" in capsys.readouterr().err
+
+
+def test_commands_that_take_one_experiment_take_a_grids_one_trial(capsys: pytest.CaptureFixture[str]) -> None:
+    """The quickstart is a grid (a method beside its base model): `generate`, `export` and `eval` take its one trained
+    trial, or the trial its `axes.` overrides leave; more than one left is one line naming the axes to pick by."""
+    from clozemath_cli import _one_experiment
+
+    grid = str(ROOT / "configs" / "experiments" / "quickstart.yaml")
+    trained = _one_experiment(grid, [], "generate", trained=True)
+    assert trained.method.trains and trained.method.name == load_config(grid).axes["method"][0]
+    assert _one_experiment(grid, ["axes.method=base"], "eval", trained=True).method.name == "base"
+    smoke_grid = ROOT / "configs" / "grids" / "smoke.yaml"  # more than one trained trial: refused in one line
+    axes = load_config(smoke_grid).axes
+    assert main(["eval", str(smoke_grid), "axes.model=[tiny-llama]", "axes.dataset=[gsm8k]"]) == 2
+    error = capsys.readouterr().err.strip().splitlines()[-1]
+    assert error.endswith(f"a grid of 3 trials; `eval` takes one: pick it with axes.method=<one of: "
+                          f"{', '.join(axes['method'])}>")  # the axes left with one value need no picking
+    assert main(["generate", str(smoke_grid), "-q", QUESTION]) == 2
+    assert "`generate` takes one: pick it with axes." in capsys.readouterr().err
+
+
+def documented_commands() -> list[tuple[str, str]]:
+    """Every `clozemath ...` line of a bash block in README.md and docs/ that names no placeholder (`<head>`, `CONFIG`,
+    `[--flag]`), as (file, command), its comment and a continued line's tail left out."""
+    found = []
+    for page in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
+        for block in page.read_text().split("```bash")[1:]:
+            for line in block.split("```")[0].splitlines():
+                command = re.split(r"\s#\s", line)[0].strip()
+                if command.startswith("clozemath ") and not any(mark in command for mark in ("<", "[-", "...", "\\",
+                                                                                             "CONFIG", "PATH")):
+                    found.append((page.name, command))
+    return found
+
+
+def test_every_documented_command_parses_and_its_config_loads(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The README and docs' commands work as printed: the command line parses, the config it names loads with its
+    overrides (and picks one trial where the command takes one)."""
+    import shlex
+
+    from clozemath.plan import load_plan
+    from clozemath_cli import _one_experiment, build_parser, parse_args
+
+    monkeypatch.chdir(ROOT)
+    commands = documented_commands()
+    assert len(commands) >= 15 and any("quickstart.yaml axes.method=base" in c for _, c in commands)
+    for page, command in commands:
+        argv = shlex.split(command)[1:]
+        args = parse_args(build_parser(), argv)  # argparse exits on a command it does not know
+        config = getattr(args, "config", None)
+        if config is None or not config.endswith(".yaml"):
+            continue
+        overrides = list(getattr(args, "overrides", []))
+        assert load_plan(config, overrides).experiments, (page, command)
+        if argv[0] in ("eval", "generate", "export", "prepare"):  # the commands that take one experiment
+            _one_experiment(config, overrides, argv[0], trained=True)

@@ -256,3 +256,43 @@ def test_a_trial_failing_on_a_user_mistake_ends_the_console_with_one_line_and_wh
     assert (run.info.run_id, run.info.status) == (run_id, "FAILED")
     traceback = Path(summary_value(lines, "traceback"))
     assert "ClozeMathError: too few training samples" in traceback.read_text() and 'File "' in traceback.read_text()
+
+
+def test_a_method_beside_its_base_model_closes_side_by_side_with_each_ones_evidence(plain_console, tmp_path: Path
+                                                                                    ) -> None:
+    """The quickstart's shape (a trained method and the base model, one seed): their rows in one table, the trained
+    one's loss, a sample answer of each, and why one seed cannot tell them apart."""
+    from clozemath.eval.predictions import Prediction, write_predictions
+    from clozemath.records import ADAPTER_DIR, PREDICTIONS_ARTIFACTS
+    from ray_jobs.grid import GridOutcome, TrialOutcome, print_grid_outcome
+
+    store = TrackingConfig(uri=f"sqlite:///{tmp_path / 'mlruns.db'}", experiment="quickstart")
+    trials = []
+    for name, correct, losses in (("method=clozemath_causal", 2, [2.0, 1.8, 1.2, 1.0, 0.9]), ("method=base", 1, [])):
+        run = tracking.start_run(store, name)
+        for step, loss in enumerate(losses, 1):
+            run.log_metrics(step, {"train/loss": loss})
+        folder = tmp_path / name
+        if losses:
+            (folder / ADAPTER_DIR).mkdir(parents=True)
+        answer = Prediction(id="gsm8k-test-0", dataset="gsm8k", decoding="greedy", prompt="Q", generation="6 * 3 = 18\n"
+                            "#### 18", extracted="18", gold="18", correct=True, confidence=None, finish_reason="eos")
+        (folder / PREDICTIONS_ARTIFACTS).mkdir(parents=True)
+        write_predictions(folder / PREDICTIONS_ARTIFACTS / "gsm8k.jsonl", [answer])
+        metrics = {"eval/gsm8k/greedy/accuracy": correct / 50, "eval/gsm8k/greedy/correct": correct,
+                   "eval/gsm8k/greedy/total": 50, "eval/gsm8k/greedy/cut_share": 0.0}
+        trials.append(TrialOutcome(name, "TERMINATED", run.run_id, metrics, folder=folder,
+                                   headline="eval/gsm8k/greedy/accuracy"))
+    print_grid_outcome(GridOutcome("quickstart", "parent", store.uri, "quickstart", tmp_path, trials, False))
+    lines = plain_console[0].getvalue().splitlines()
+    table = [line for line in lines if line.startswith("| ")]
+    assert table[2:] == ["| method=clozemath_causal | gsm8k | greedy | 2 | 50 | 4.00% | 0.0% | - |",
+                         "| method=base | gsm8k | greedy | 1 | 50 | 2.00% | 0.0% | - |"]
+    assert [line for line in lines if line.startswith("loss:")] == [
+        "loss:         method=clozemath_causal: 2.000 -> 0.900, falling (the mean of its first and of its last 1 of "
+        "5 steps)"]  # the base model trains nothing: no loss line of its own
+    samples = [line for line in lines if line.startswith("sample:")]
+    assert [line.split(":")[1].strip() for line in samples] == ["method=clozemath_causal", "method=base"]
+    assert all(line.endswith('"6 * 3 = 18 #### 18" -> 18 (gold 18): right') for line in samples)
+    assert any(line.startswith("note:") and "clozemath report" in line for line in lines)
+    assert any(line.startswith("tables:       clozemath report --experiment quickstart") for line in lines)

@@ -26,6 +26,7 @@ from clozemath.eval.predictions import (
     read_predictions,
     regrade,
     results_table,
+    trials_results_table,
     write_predictions,
 )
 from clozemath.eval.decoding import DecodeSettings, decode
@@ -268,6 +269,19 @@ def test_results_table_shows_the_cut_share_and_warns_above_a_fifth():
         "warning: gsm8k/greedy: 25.0% of the generations ran to max_new_tokens (a model that loops, or "
         "eval.max_new_tokens too small)"
     ]
+
+
+def test_trials_read_side_by_side_in_one_results_table():
+    tuned = {"eval/gsm8k/greedy/accuracy": 0.04, "eval/gsm8k/greedy/correct": 2, "eval/gsm8k/greedy/total": 50,
+             "eval/gsm8k/greedy/cut_share": 0.3}
+    base = {"eval/gsm8k/greedy/accuracy": 0.02, "eval/gsm8k/greedy/correct": 1, "eval/gsm8k/greedy/total": 50,
+            "eval/gsm8k/greedy/cut_share": 0.0, "train/loss": 1.5}
+    lines = trials_results_table({"method=clozemath_causal": tuned, "method=base": base}).splitlines()
+    assert lines[0].startswith("| trial | set | decoding | correct |") and lines[1].startswith("| --- | --- |")
+    assert lines[2:4] == ["| method=clozemath_causal | gsm8k | greedy | 2 | 50 | 4.00% | 30.0% | - |",
+                          "| method=base | gsm8k | greedy | 1 | 50 | 2.00% | 0.0% | - |"]
+    assert lines[4:] == ["warning: method=clozemath_causal: gsm8k/greedy: 30.0% of the generations ran to "
+                         "max_new_tokens (a model that loops, or eval.max_new_tokens too small)"]
 
 
 def test_few_shot_generations_stop_at_the_harness_stops(loaded, smoke):

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 from collections import Counter, defaultdict
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
@@ -299,24 +299,35 @@ def results_table(values: dict[str, float]) -> str:
     """A markdown table of `eval/<set>/<decoding>/...` metrics: set, decoding, correct, total, accuracy, the share cut
     at max_new_tokens and problems/s (where measured); then a warning line for each set and decoding with more than
     `CUT_WARNING_SHARE` of its generations cut."""
-    groups: dict[tuple[str, str], dict[str, float]] = defaultdict(dict)
-    for key, value in values.items():
-        metric = parse_eval_metric(key)
-        if metric is not None and metric.prefix == EVAL_PREFIX:
-            groups[(metric.set_name, metric.decoding)][metric.stat] = value
-    lines = ["| set | decoding | correct | total | accuracy | cut at max_new_tokens | problems/s |",
-             "| --- | --- | ---: | ---: | ---: | ---: | ---: |"]
+    return _results_table({None: values})
+
+
+def trials_results_table(trials: Mapping[str, dict[str, float]]) -> str:
+    """`results_table` of a few trials side by side (name -> its metrics): their rows, named in a first column."""
+    return _results_table(dict(trials))
+
+
+def _results_table(tables: Mapping[str | None, dict[str, float]]) -> str:
+    named = any(name is not None for name in tables)
+    lines = [("| trial " if named else "") + "| set | decoding | correct | total | accuracy | cut at max_new_tokens | "
+             "problems/s |", ("| --- " if named else "") + "| --- | --- | ---: | ---: | ---: | ---: | ---: |"]
     warnings = []
-    for (dataset, decoding), group in sorted(groups.items()):
-        speed = f"{group['problems_per_s']:.2f}" if "problems_per_s" in group else "-"
-        cut = f"{100 * group['cut_share']:.1f}%" if "cut_share" in group else "-"
-        lines.append(
-            f"| {dataset} | {decoding} | {int(group['correct'])} | {int(group['total'])} | "
-            f"{100 * group['accuracy']:.2f}% | {cut} | {speed} |"
-        )
-        if group.get("cut_share", 0.0) > CUT_WARNING_SHARE:
-            warnings.append(
-                f"warning: {dataset}/{decoding}: {cut} of the generations ran to max_new_tokens (a model that loops, "
-                "or eval.max_new_tokens too small)"
+    for name, metrics in tables.items():
+        groups: dict[tuple[str, str], dict[str, float]] = defaultdict(dict)
+        for key, value in metrics.items():
+            metric = parse_eval_metric(key)
+            if metric is not None and metric.prefix == EVAL_PREFIX:
+                groups[(metric.set_name, metric.decoding)][metric.stat] = value
+        for (dataset, decoding), group in sorted(groups.items()):
+            speed = f"{group['problems_per_s']:.2f}" if "problems_per_s" in group else "-"
+            cut = f"{100 * group['cut_share']:.1f}%" if "cut_share" in group else "-"
+            lines.append(
+                (f"| {name} " if named else "") + f"| {dataset} | {decoding} | {int(group['correct'])} | "
+                f"{int(group['total'])} | {100 * group['accuracy']:.2f}% | {cut} | {speed} |"
             )
+            if group.get("cut_share", 0.0) > CUT_WARNING_SHARE:
+                warnings.append(
+                    f"warning: {f'{name}: ' if named else ''}{dataset}/{decoding}: {cut} of the generations ran to "
+                    "max_new_tokens (a model that loops, or eval.max_new_tokens too small)"
+                )
     return "\n".join(lines + warnings)
