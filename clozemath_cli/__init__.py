@@ -286,8 +286,8 @@ def _report(args: argparse.Namespace) -> None:
     from clozemath.tracking import check_tracking_uri
 
     if not args.experiment and not args.predictions and not args.folders:
-        raise ClozeMathError("report: name an --experiment (or give --predictions exports, or --from report folders, to "
-                             "report from alone)")
+        raise ClozeMathError("report: name an --experiment (or give --predictions exports, or --from report folders, "
+                             "to report from alone)")
     check_writable_folder(report_folder(args.experiment, args.out, args.folders), "--out")
     if args.experiment and not args.folders:
         check_tracking_uri(args.tracking_uri, "--tracking-uri")

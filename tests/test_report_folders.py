@@ -18,7 +18,8 @@ from clozemath_cli import main
 PROBLEMS = 200
 RIGHT = {"base": 40, "it": 90, "clozemath": 110}
 """Seed s of a method is right on problems [0, RIGHT + 6 s) (base: 40)."""
-SLICES = {"a": [("base", 0), ("it", 0), ("it", 1), ("clozemath", 0)], "b": [("it", 2), ("clozemath", 1), ("clozemath", 2)],
+SLICES = {"a": [("base", 0), ("it", 0), ("it", 1), ("clozemath", 0)],
+          "b": [("it", 2), ("clozemath", 1), ("clozemath", 2)],
           "rerun": [("clozemath", 2)], "rate": [("it", 2)]}
 """The grid runs: slices a and b of the study; `rerun`, b's ClozeMath seed 2 run again elsewhere (right on 3 fewer);
 `rate`, IT seed 2 at another rate."""
