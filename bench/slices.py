@@ -2,7 +2,8 @@
 
 A slice is some trials of one grid, picked by overrides that narrow its axes (`set`), run as a grid run of its own by
 `bench/slice_lease.sh`. Its report (`clozemath report`: trials.json, steps.json.gz, predictions) is committed under
-the plan's `results` folder. A trial is finished once a trials.json there holds its accuracy on every set and
+the plan's `results` folder; `clozemath report --from <slice> --from <slice> ...` reports the slices as one (the
+study's tables, intervals, compute table, Figure 3 and steps, no store needed). A trial is finished once a trials.json there holds its accuracy on every set and
 decoding it evaluates, at its learning rate; a slice is done when all of its trials are. What is left of a slice runs again with its axes
 narrowed to the values its unfinished trials take (a finished trial inside that product reruns too, and is named).
 

@@ -291,6 +291,10 @@ class EvalSetConfig(_Strict):
     limit: AtLeastOne | None = None
     """Evaluate a seeded random subset of this many problems (file order kept)."""
     seed: int = 0
+    ids: str | None = None
+    """A file of problem ids (as predictions name them: `math-test-17`), one a line (`#` starts a comment): evaluate
+    those problems only, in the set's order (with `limit`, a seeded subset of them); e.g. MATH-500,
+    `configs/ids/math500.txt`. Its content is part of the run's inputs; an id the set does not hold is an error."""
     per_template: AtLeastOne = 50
     """GSM-Symbolic instances drawn per template (100 templates x 50 = the paper's 5000)."""
     generate: bool = False

@@ -33,7 +33,7 @@ from clozemath.data.objectives import get_objective
 from clozemath.data.training_sets import training_set
 from clozemath.errors import ClozeMathError
 from clozemath.eval.decoding import decoding_names
-from clozemath.data.sources import data_identity, fingerprint
+from clozemath.data.sources import data_identity, fingerprint, ids_identity, listed_problems
 from clozemath.records import RunInputs, grid_folder
 from clozemath.safe_yaml import NotYaml, parse_yaml, read_yaml
 from clozemath.tasks import get_task
@@ -270,6 +270,7 @@ def with_absolute_paths(config: ExperimentConfig) -> ExperimentConfig:
     resolved.eval.adapter = absolute(resolved.eval.adapter)
     for set_cfg in resolved.eval.sets:
         set_cfg.path = absolute(set_cfg.path)
+        set_cfg.ids = absolute(set_cfg.ids)
     if resolved.tracking.artifact_location is not None:  # else beside the store, whose URI is resolved here
         resolved.tracking.artifact_location = artifact_location(resolved.tracking)
     resolved.tracking.uri = resolved_uri(resolved.tracking.uri)
@@ -290,9 +291,14 @@ def data_inputs(experiments: list[ExperimentConfig], training: bool = True) -> d
         )
     for experiment in experiments:
         for set_cfg in experiment.eval.sets:
-            found[f"evaluation set {set_cfg.dataset}/{set_cfg.split}{at(set_cfg.path)}"] = get_task(
-                set_cfg.dataset
-            ).identity(set_cfg)
+            task = get_task(set_cfg.dataset)
+            found[f"evaluation set {set_cfg.dataset}/{set_cfg.split}{at(set_cfg.path)}"] = task.identity(set_cfg)
+            if set_cfg.ids is not None:
+                what = f"{set_cfg.dataset}/{set_cfg.split}"
+                key = f"evaluation ids {set_cfg.ids} of {what}{at(set_cfg.path)}"
+                if key not in found:  # each file's ids checked against the set once, before anything runs
+                    listed_problems(task.problems(set_cfg), set_cfg.ids, what)
+                found[key] = ids_identity(set_cfg.ids)
     return found
 
 

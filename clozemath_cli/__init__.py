@@ -265,6 +265,10 @@ def _add_report(commands: argparse._SubParsersAction) -> None:
     report.add_argument("--predictions", metavar="FILE", action="append", default=[],
                         help="read the per-problem predictions from such an export instead of the runs' artifacts "
                         "(repeated: one per grid)")
+    report.add_argument("--from", dest="folders", metavar="DIR", action="append", default=[],
+                        help="instead of a store, a report folder written with --export-predictions (its trials.json, "
+                        "steps.json.gz and predictions.jsonl.gz; or a folder holding it as report/); repeated: the "
+                        "slices of a study reported as one, a trial two of them hold once")
     report.set_defaults(handler=_report)
 
 
@@ -273,14 +277,15 @@ def _report(args: argparse.Namespace) -> None:
     from clozemath.report import report, report_folder
     from clozemath.tracking import check_tracking_uri
 
-    if not args.experiment and not args.predictions:
-        raise ClozeMathError("report: name an --experiment (or give --predictions exports to report from alone)")
-    check_writable_folder(report_folder(args.experiment or ["predictions"], args.out), "--out")
-    if args.experiment:
+    if not args.experiment and not args.predictions and not args.folders:
+        raise ClozeMathError("report: name an --experiment (or give --predictions exports, or --from report folders, "
+                             "to report from alone)")
+    check_writable_folder(report_folder(args.experiment, args.out, args.folders), "--out")
+    if args.experiment and not args.folders:
         check_tracking_uri(args.tracking_uri, "--tracking-uri")
 
     report(args.experiment, args.tracking_uri, args.out, args.latex, args.parent, args.decoding,
-           args.export_predictions, args.predictions)
+           args.export_predictions, args.predictions, args.folders)
 
 
 def _add_ls(commands: argparse._SubParsersAction) -> None:

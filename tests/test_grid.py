@@ -4,6 +4,8 @@
 
 from __future__ import annotations
 
+import gzip
+import json
 import logging
 import os
 import re
@@ -197,6 +199,52 @@ def test_report_prints_what_the_child_runs_hold(smoke_grid, tmp_path: Path, caps
     assert markdown_row(table3, "GSM8K", "GSM-P1", "ClozeMath") == [held(m, "clozemath", "eval/gsm_p1/beam/accuracy")
                                                                     for m in models]
     assert (tmp_path / "accuracy_vs_steps.png").stat().st_size > 0
+
+
+@pytest.mark.slow
+def test_the_grids_trials_split_into_two_slices_report_as_the_grid_from_their_folders(
+    smoke_grid, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The smoke grid's 4 trials as two slices, each a store of its own (a copy of the grid's keeping 2 trials, one of
+    each model, one of each method), reported into its folder as bench/slice_lease.sh does; `--from` both folders
+    makes the grid's own report, byte for byte: its tables, the compute table, Figure 3 and every step."""
+    import sqlite3
+
+    _, folder, _ = smoke_grid
+    runs = children(tracking_of(folder))
+    halves = {"a": {("tiny-llama", "base"), ("tiny-llama-b", "clozemath")},
+              "b": {("tiny-llama", "clozemath"), ("tiny-llama-b", "base")}}
+    argv = ["report", "--experiment", "smoke-grid", "--export-predictions"]
+    for name, kept in halves.items():
+        copy = tmp_path / f"{name}.db"
+        with sqlite3.connect(folder / "mlruns.db") as source, sqlite3.connect(copy) as target:
+            source.backup(target)
+        client = tracking.client(f"sqlite:///{copy}")
+        for run in runs.values():
+            if (run.data.tags["model"], run.data.tags["method"]) not in kept:
+                client.delete_run(run.info.run_id)
+        assert main([*argv, "--tracking-uri", f"sqlite:///{copy}", "--out", str(tmp_path / name)]) == 0
+    assert main([*argv, "--tracking-uri", tracking_of(folder).uri, "--out", str(tmp_path / "grid")]) == 0
+    capsys.readouterr()
+    assert main(["report", "--from", str(tmp_path / "a"), "--from", str(tmp_path / "b"), "--export-predictions",
+                 "--out", str(tmp_path / "merged")]) == 0
+    assert "2 report folders: 4 trials" in capsys.readouterr().out
+    for name in ("tables.md", "summary.md", "trials.json", "steps.json.gz", "accuracy_vs_steps.png",
+                 "predictions.jsonl.gz"):
+        assert (tmp_path / "merged" / name).read_bytes() == (tmp_path / "grid" / name).read_bytes(), name
+    compute = (tmp_path / "merged" / "tables.md").read_text().split("**Compute")[1]
+    for model in ("tiny-llama", "tiny-llama-b"):
+        params = next(r.data.params for r in runs.values() if r.data.tags["model"] == model
+                      and r.data.tags["method"] == "clozemath")
+        assert (f"| GSM8K | {model} | ClozeMath | 0 | {STEPS} | {int(params['train.trained_tokens']):,} | "
+                f"{int(params['train.planned_tokens']):,} |") in compute
+    with gzip.open(tmp_path / "merged" / "steps.json.gz", "rt", encoding="utf-8") as handle:
+        exported = json.load(handle)
+    assert [t["method"] for t in exported] == ["clozemath", "clozemath"]
+    for trial in exported:  # Figure 3's points: the curve at steps 2 and 4, as the store holds it
+        curve = trial["curve/gsm8k/beam/accuracy"]
+        stored = steps(tracking_of(folder), trial["run_id"], "curve/gsm8k/beam/accuracy")
+        assert [s for s, value in zip(trial["step"], curve) if value is not None] == stored == [2, 4]
 
 
 # --------------------------------------------------------------------------------------------------------------

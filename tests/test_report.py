@@ -13,6 +13,7 @@ from clozemath_cli import main
 from clozemath.config import TrackingConfig
 from clozemath.errors import ClozeMathError
 from clozemath.report import accuracy_curves, grid_runs, paper_tables, to_markdown
+from clozemath.report.history import StoreHistories
 
 SEEDS = ("0", "1")
 ABLATIONS = ("it_prefixlm", "clozemath_causal", "it", "random_span")
@@ -158,13 +159,13 @@ def test_a_chosen_parent_and_the_accuracy_curves(store: TrackingConfig) -> None:
 def test_figure_3_curves_hold_only_the_points_on_the_training_time_subset(store: TrackingConfig) -> None:
     """Each trial logs a subset point (`curve/...`) at step 10 and its full-set accuracy (`eval/...`) at step 20."""
     _, results = grid_runs(store.uri, "paper")
-    curves = accuracy_curves(store.uri, results, "beam")
+    curves = accuracy_curves(StoreHistories(store.uri), results, "beam")
     (point,) = curves["llama-3.2-1b"]["clozemath"]  # seeds 0 and 1 at 0% and 10%
     assert (point.step, point.mean, point.low, point.high, point.seeds) == (10, pytest.approx(5), 0, pytest.approx(10), 2)
     assert set(curves["deepseek-math-7b"]) == {"mft", "clozemath", *ABLATIONS}
     # The runs logged their curve in beam only: tables in greedy still plot it (the replication's curve was greedy,
     # its tables beam, and the figure came out empty).
-    assert accuracy_curves(store.uri, results, "greedy") == curves
+    assert accuracy_curves(StoreHistories(store.uri), results, "greedy") == curves
 
 
 def test_figure_3_pairs_each_seeds_kth_evaluation_and_bands_the_seeds(tmp_path: Path) -> None:
@@ -181,7 +182,7 @@ def test_figure_3_pairs_each_seeds_kth_evaluation_and_bands_the_seeds(tmp_path: 
             run.log_metrics(step, {"curve/gsm8k/greedy/accuracy": value})
         run.end()
     _, results = grid_runs(config.uri, "curves")
-    first, second = accuracy_curves(config.uri, results, "greedy")["m"]["it"]
+    first, second = accuracy_curves(StoreHistories(config.uri), results, "greedy")["m"]["it"]
     assert (first.step, first.mean, first.low, first.high, first.seeds) == (
         pytest.approx(151 / 3), pytest.approx(10), 0, pytest.approx(20), 3)
     assert (second.step, second.mean, second.low, second.high) == (

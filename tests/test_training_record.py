@@ -18,7 +18,7 @@ from clozemath import tracking
 from clozemath_cli import main
 from clozemath.config import TrackingConfig
 from clozemath.report import grid_runs
-from clozemath.report.history import STEPS_FILE, export_steps
+from clozemath.report.history import STEPS_FILE, StoreHistories, export_steps
 from clozemath.train.loop import train
 from clozemath.train.step import TargetLoss
 from conftest import SmokeRun
@@ -76,7 +76,7 @@ def test_the_steps_export_holds_every_logged_step_of_every_trained_trial(tmp_pat
         run.end()
 
     _, results = grid_runs(config.uri, "steps")
-    path = export_steps(results, config.uri, tmp_path / STEPS_FILE)
+    path = export_steps(results, StoreHistories(config.uri), tmp_path / STEPS_FILE)
     with gzip.open(path, "rt", encoding="utf-8") as handle:
         trials = json.load(handle)
     assert [(t["method"], t["seed"]) for t in trials] == [("it", "0"), ("it", "1")]
@@ -86,7 +86,8 @@ def test_the_steps_export_holds_every_logged_step_of_every_trained_trial(tmp_pat
     assert first["train/loss"] == [2.5, 1.9, 0.3333333] and first["train/grad_norm"] == [9.0, 6.0, 1e9]
     assert first["train/lr"] == [0.0, 1e-3, 5e-4] and first["train/tokens"] == [100, 90, 80]
     assert "train/grad_norm" not in second and second["train/loss"] == [2.0, 1.0, 0.0]
-    assert export_steps(results, config.uri, tmp_path / "again.json.gz").read_bytes() == path.read_bytes()
+    again = export_steps(results, StoreHistories(config.uri), tmp_path / "again.json.gz")
+    assert again.read_bytes() == path.read_bytes()
 
 
 def history(config: TrackingConfig, run_id: str, metric: str) -> list[tuple[int, float]]:

@@ -240,6 +240,59 @@ def data_identity(dataset: str, split: str, path: str | Path | None = None) -> s
     return f"{file.resolve()} {fingerprint([file])}"
 
 
+MAX_IDS_BYTES = 1 << 24
+"""The largest ids file read (16 MiB: a million ids)."""
+
+
+def read_problem_ids(path: str | Path) -> list[str]:
+    """The problem ids an ids file lists (`eval.sets[].ids`): the first word of each line, in the file's order;
+    blank lines and what follows `#` are left out. A file that is missing, not text, empty or lists an id twice is
+    an error naming it."""
+    file = Path(path)
+    try:
+        if file.stat().st_size > MAX_IDS_BYTES:
+            raise ClozeMathError(f"{file}: an ids file over {MAX_IDS_BYTES >> 20} MiB")
+        text = file.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ClozeMathError(f"{file}: no such ids file") from None
+    except UnicodeDecodeError:
+        raise ClozeMathError(f"{file}: an ids file, not UTF-8 text") from None
+    except OSError as exc:
+        raise ClozeMathError(f"{file}: cannot be read ({exc.strerror})") from None
+    ids: dict[str, int] = {}
+    for number, line in enumerate(text.splitlines(), start=1):
+        words = line.split("#", 1)[0].split()
+        if not words:
+            continue
+        if words[0] in ids:
+            raise ClozeMathError(f"{file}:{number}: '{words[0]}' listed again (first on line {ids[words[0]]})")
+        ids[words[0]] = number
+    if not ids:
+        raise ClozeMathError(f"{file}: no problem ids in it")
+    return list(ids)
+
+
+def listed_problems(problems: list[Problem], path: str | Path, what: str) -> list[Problem]:
+    """The problems of a set (`what`, e.g. `math/test`) that an ids file lists, in the set's order; an id the set
+    does not hold is an error naming it."""
+    ids = read_problem_ids(path)
+    held = {problem.id for problem in problems}
+    missing = [problem_id for problem_id in ids if problem_id not in held]
+    if missing:
+        more = f" and {len(missing) - 1} more" if len(missing) > 1 else ""
+        raise ClozeMathError(f"{path}: '{missing[0]}'{more} not among the {len(problems):,} problems of {what} "
+                             f"(its ids run {problems[0].id} ... {problems[-1].id})")
+    wanted = set(ids)
+    return [problem for problem in problems if problem.id in wanted]
+
+
+def ids_identity(path: str | Path) -> str:
+    """Which problems an ids file chooses: where it is and a hash of its bytes (a missing file is an error)."""
+    file = Path(path)
+    read_problem_ids(file)
+    return f"{file.resolve()} {fingerprint([file])}"
+
+
 def _hub_rows(dataset: str, split: str) -> Iterator[tuple[str, dict[str, Any]]]:
     from datasets import load_dataset
 

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 
 from clozemath.config import EvalConfig, EvalSetConfig, ExperimentConfig
 from clozemath.data.objectives import format_prompt, lm_sample
-from clozemath.data.sources import Problem
+from clozemath.data.sources import Problem, listed_problems
 from clozemath.data.tokenize import encode_samples
 from clozemath.errors import ClozeMathError
 from clozemath.eval.decoding import DecodeSettings
@@ -41,9 +41,11 @@ def eval_set_identity(set_cfg: EvalSetConfig) -> str:
 
 
 def eval_problems(set_cfg: EvalSetConfig) -> list[Problem]:
-    """The problems of one evaluation set (its task's, `clozemath.tasks`); a seeded subset of `limit` of them, in
-    order."""
+    """The problems of one evaluation set (its task's, `clozemath.tasks`), those its `ids` file lists; a seeded
+    subset of `limit` of them, in order."""
     problems = get_task(set_cfg.dataset).problems(set_cfg)
+    if set_cfg.ids is not None:
+        problems = listed_problems(problems, set_cfg.ids, f"{set_cfg.dataset}/{set_cfg.split}")
     if set_cfg.limit is None or set_cfg.limit >= len(problems):
         return problems
     subset_seed = f"eval/{set_cfg.dataset}/{set_cfg.seed}"  # a seed, not a metric name: the same subsets as ever

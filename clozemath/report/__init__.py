@@ -24,9 +24,13 @@ latest metrics are also written as JSON (`trials.json`), and every step of its t
 learning rate, tokens) as gzipped JSON (`steps.json.gz`, `history`); the compute table gives each trial's trained
 tokens beside those its budget planned.
 
+A report's folder holds what it takes to report it again without the store (`--from`: trials.json, steps.json.gz,
+predictions.jsonl.gz); several such folders (a study's slices) are reported as one (`folders`).
+
 Its parts: `runs` (the trials read back), `names` (how things are named and ordered), `tables` and `render` (the
 tables, as markdown or LaTeX), `artifacts` and `compare` (per-problem predictions and the bootstrap comparisons),
-`figure` (Figure 3), `history` (the steps' export), `command` (`report`, which composes them).
+`figure` (Figure 3), `history` (the steps' export, and the histories read back from a store or from it), `folders`
+(report folders read back and merged), `command` (`report`, which composes them).
 """
 
 from __future__ import annotations

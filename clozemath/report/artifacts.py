@@ -38,9 +38,17 @@ class PredictionArtifacts:
         self._exported_runs: dict[str, tuple[str, str, str, str, str, str]] = {}
         """Run id -> (model, method, training set, seed, run name, rerun), as the exports name the run."""
         for path in exported:
-            runs, named = self._read_export(Path(path))
+            runs, named = read_export(Path(path))
             self._runs |= runs
             self._exported_runs |= named
+
+    @classmethod
+    def held(cls, runs: dict[str, list[Prediction]]) -> PredictionArtifacts:
+        """The predictions of these runs, read already (from reports' folders: `clozemath.report.folders`); any other
+        run has none. No store is opened."""
+        artifacts = cls("")
+        artifacts._runs, artifacts._exported = dict(runs), True
+        return artifacts
 
     def predictions(self, run_id: str) -> list[Prediction]:
         """The run's predictions, every set and decoding (none if it logged none)."""
@@ -84,19 +92,21 @@ class PredictionArtifacts:
                 found += [prediction_from_row(row, where) for where, row in read_jsonl(local)]
         return found
 
-    @staticmethod
-    def _read_export(path: Path) -> tuple[dict[str, list[Prediction]], dict[str, tuple[str, str, str, str, str, str]]]:
-        if not path.is_file():
-            raise ClozeMathError(f"{path}: no such predictions export (`clozemath report --export-predictions`)")
-        runs: dict[str, list[Prediction]] = defaultdict(list)
-        named: dict[str, tuple[str, str, str, str, str, str]] = {}
-        for where, row in read_jsonl(path):
-            if not isinstance(row.get("run_id"), str):
-                raise ClozeMathError(f"{where}: no 'run_id' (not a file `clozemath report --export-predictions` wrote)")
-            runs[row["run_id"]].append(prediction_from_row({"generation": "", **row}, where))  # compact: none
-            fields = ("model", "method", "train_set", "seed", "run_name")
-            named[row["run_id"]] = (*(str(row.get(key, "")) for key in fields), str(row.get("rerun", 0)))
-        return dict(runs), named
+
+def read_export(path: Path) -> tuple[dict[str, list[Prediction]], dict[str, tuple[str, str, str, str, str, str]]]:
+    """Each run's predictions in an `export_predictions` file, and the run as the file names it (model, method,
+    training set, seed, run name, rerun)."""
+    if not path.is_file():
+        raise ClozeMathError(f"{path}: no such predictions export (`clozemath report --export-predictions`)")
+    runs: dict[str, list[Prediction]] = defaultdict(list)
+    named: dict[str, tuple[str, str, str, str, str, str]] = {}
+    for where, row in read_jsonl(path):
+        if not isinstance(row.get("run_id"), str):
+            raise ClozeMathError(f"{where}: no 'run_id' (not a file `clozemath report --export-predictions` wrote)")
+        runs[row["run_id"]].append(prediction_from_row({"generation": "", **row}, where))  # compact: none
+        fields = ("model", "method", "train_set", "seed", "run_name")
+        named[row["run_id"]] = (*(str(row.get(key, "")) for key in fields), str(row.get("rerun", 0)))
+    return dict(runs), named
 
 
 def artifact_folder(tracking_uri: str, run_id: str) -> str:

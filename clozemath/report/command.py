@@ -14,9 +14,10 @@ from clozemath.records import is_eval_metric
 from clozemath.report.artifacts import EXPORT_FILE, PredictionArtifacts, artifact_folder, export_predictions
 from clozemath.report.compare import comparisons, noise_floors, orderings
 from clozemath.report.figure import FIGURE_FILE, accuracy_curves, no_curve_reason, plot_accuracy_vs_steps
-from clozemath.report.history import STEPS_FILE, export_steps
+from clozemath.report.folders import read_folders
+from clozemath.report.history import STEPS_FILE, Histories, StoreHistories, export_steps
 from clozemath.report.render import Table, TextTable, to_latex, to_markdown
-from clozemath.report.runs import TrialResult, experiments_runs, trials_json
+from clozemath.report.runs import TRIALS_FILE, TrialResult, experiments_runs, trials_json
 from clozemath.report.tables import (
     comparison_tables,
     compute_table,
@@ -29,13 +30,17 @@ from clozemath.report.tables import (
 if TYPE_CHECKING:
     from mlflow.entities import Run
 
-TRIALS_FILE = "trials.json"
 SUMMARY_FILE = "summary.md"
+FOLDERS_REPORT = "folders"
+"""The default report folder's name for a report of report folders (`reports/folders`)."""
 
 
-def report_folder(experiment: str | Sequence[str], out: str | Path | None) -> Path:
-    """Where the report is written: `out`, by default `reports/<experiment>[+<experiment>...]`."""
+def report_folder(experiment: str | Sequence[str], out: str | Path | None, folders: Sequence[str | Path] = ()
+                  ) -> Path:
+    """Where the report is written: `out`, by default `reports/<experiment>[+<experiment>...]` (of predictions
+    exports alone: `reports/predictions`; of report folders: `reports/folders`)."""
     names = [experiment] if isinstance(experiment, str) else list(experiment)
+    names = names or [FOLDERS_REPORT if folders else "predictions"]
     return Path(out) if out is not None else Path("reports") / "+".join(names)
 
 
@@ -54,6 +59,10 @@ class WrittenReport:
     unpredicted: list[TrialResult]
     """The trials that measured an accuracy but have no per-problem predictions to read (their differences get no
     interval)."""
+    trials: list[TrialResult]
+    """Every trial reported."""
+    notes: list[str]
+    """Of report folders read (`folders`): each trial two of them held, and which one was reported."""
 
 
 def write_report(
@@ -65,6 +74,7 @@ def write_report(
     decoding: str = "beam",
     export: str | None = None,
     exported: Sequence[str | Path] = (),
+    folders: Sequence[str | Path] = (),
 ) -> WrittenReport:
     """Write the results, grading and comparisons tables and the paper's tables that have runs (markdown, or LaTeX)
     of one experiment's grid, or of several reported as one (Table 4's ablations beside the main grid's runs), the
@@ -74,19 +84,32 @@ def write_report(
     where it has them, so today's grading rules judge every run. `export`: also write every trial's predictions
     (`export_predictions`, full or compact) there. `exported`: read the predictions from such files instead of the
     runs' artifacts; with no `experiment`, the trials too (no tracking store: no compute table, curves, steps or
-    params). `parent_run_ids`: the experiment's grid runs to report as one (default: its latest)."""
+    params). `folders`: instead of a store, the folders of reports written with their predictions exported
+    (`clozemath.report.folders`: a study's slices), reported as one, everything included.
+    `parent_run_ids`: the experiment's grid runs to report as one (default: its latest)."""
     names = [experiment] if isinstance(experiment, str) else list(experiment)
-    artifacts = PredictionArtifacts(tracking_uri, exported)
-    if names:
+    histories: Histories = StoreHistories(tracking_uri)
+    notes: list[str] = []
+    if folders:
+        if names or exported:
+            raise ClozeMathError("report: --from reads whole report folders, their trials and predictions: give it "
+                                 "without --experiment or --predictions")
+        merged = read_folders(folders)
+        artifacts, histories, notes = merged.artifacts, merged.histories, merged.notes
+        grids, results = [], artifacts.rejudged(merged.trials)
+    elif names:
+        artifacts = PredictionArtifacts(tracking_uri, exported)
         grids = experiments_runs(tracking_uri, names, parent_run_ids)
         results = artifacts.rejudged([r for _, runs in grids for r in runs])
     elif exported:
+        artifacts = PredictionArtifacts(tracking_uri, exported)
         grids, results = [], artifacts.exported_trials()
     else:
-        raise ClozeMathError("report: name an --experiment, or --predictions files to report from alone")
-    folder = report_folder(names or ["predictions"], out)
+        raise ClozeMathError("report: name an --experiment, --predictions files or --from report folders")
+    folder = report_folder(names, out, folders)
     folder.mkdir(parents=True, exist_ok=True)
-    every = results
+    # one order whatever the source: a store lists its runs newest first, a report's files sorted
+    every = sorted(results, key=lambda r: (r.train_set, r.model, r.method, r.seed, r.rerun, r.run_id))
     floors = noise_floor_tables(noise_floors(every, artifacts))
     results = [r for r in every if r.rerun == 0]  # every table but the noise floor's: a seed's first run
     found = comparisons(results, artifacts)
@@ -101,14 +124,14 @@ def write_report(
     summary = orderings(found, decoding, results)
     write_text_atomic(folder / SUMMARY_FILE, summary + "\n")
     write_text_atomic(folder / TRIALS_FILE, trials_json(every))
-    figure = plot_accuracy_vs_steps(accuracy_curves(tracking_uri, results, decoding), folder / FIGURE_FILE,
+    figure = plot_accuracy_vs_steps(accuracy_curves(histories, results, decoding), folder / FIGURE_FILE,
                                     no_curve_reason(results))
-    steps = export_steps(every, tracking_uri, folder / STEPS_FILE)
+    steps = export_steps(every, histories, folder / STEPS_FILE)
     written = [tables_file, folder / SUMMARY_FILE, folder / TRIALS_FILE, steps, figure]
     if export is not None:
         written.append(export_predictions(every, artifacts, folder / EXPORT_FILE, export))
     unpredicted = [r for r in every if any(map(is_eval_metric, r.metrics)) and not artifacts.predictions(r.run_id)]
-    return WrittenReport(folder, summary, text, grids, written, unpredicted)
+    return WrittenReport(folder, summary, text, grids, written, unpredicted, every, notes)
 
 
 def report(
@@ -120,15 +143,19 @@ def report(
     decoding: str = "beam",
     export: str | None = None,
     exported: Sequence[str | Path] = (),
+    folders: Sequence[str | Path] = (),
 ) -> str:
-    """`write_report`, and print what it wrote: the grid runs, a note on trials without predictions, the summary and
-    the tables, the files; returns the tables' text."""
-    made = write_report(experiment, tracking_uri, out, latex, parent_run_ids, decoding, export, exported)
+    """`write_report`, and print what it wrote: the grid runs (or the report folders read and the trials two of them
+    held), a note on trials without predictions, the summary and the tables, the files; returns the tables' text."""
+    made = write_report(experiment, tracking_uri, out, latex, parent_run_ids, decoding, export, exported, folders)
     for parent, runs in made.grids:
         print(f"grid run {parent.info.run_id} ({parent.info.run_name}): {len(runs)} trials")
+    if folders:
+        print(f"{len(folders)} report folders: {len(made.trials)} trials")
     print()
+    print(*made.notes, sep="\n", end="\n\n" if made.notes else "")
     if made.unpredicted:
-        print(missing_predictions_note(made.unpredicted, tracking_uri, bool(exported)) + "\n")
+        print(missing_predictions_note(made.unpredicted, tracking_uri, bool(exported or folders)) + "\n")
     print("\n\n".join(filter(None, [made.summary, made.tables])))
     sizes = ", ".join(f"{path} ({path.stat().st_size / 2**20:.1f} MiB)" if path.suffix == ".gz" else str(path)
                       for path in made.files)
@@ -141,8 +168,8 @@ def missing_predictions_note(trials: list[TrialResult], tracking_uri: str, expor
     where the runs' artifacts are not (a store copied without its artifact folder, as the committed ones are)."""
     count = f"{len(trials)} trial{'s' if len(trials) > 1 else ''}"
     if exported:
-        return (f"note: {count} ({trials[0].run_name or trials[0].run_id}, ...) are in none of the --predictions files "
-                "given: their differences have no interval (give the export that holds them)")
+        return (f"note: {count} ({trials[0].run_name or trials[0].run_id}, ...) are in none of the predictions exports "
+                "read: their differences have no interval (give the export that holds them)")
     where = artifact_folder(tracking_uri, trials[0].run_id)
     return (f"note: {count} have no per-problem predictions among their MLflow artifacts ({where}): their "
             "differences have no interval. If the predictions were exported (`clozemath report --export-predictions`, "

@@ -9,9 +9,9 @@ from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 
-from clozemath import tracking
 from clozemath.files import atomic_path
 from clozemath.records import ACCURACY, CURVE_PREFIX, eval_metric, parse_eval_metric
+from clozemath.report.history import Histories
 from clozemath.report.names import MODEL_NAMES, REPLICATION_METHODS, REPLICATION_NAMES, method_name, model_name, ordered
 from clozemath.report.runs import TrialResult
 
@@ -35,19 +35,17 @@ class CurvePoint:
 Curves = dict[str, dict[str, list[CurvePoint]]]
 
 
-def accuracy_curves(tracking_uri: str, results: list[TrialResult], decoding: str) -> Curves:
+def accuracy_curves(histories: Histories, results: list[TrialResult], decoding: str) -> Curves:
     """Model -> method -> its points, GSM8K-trained runs: the k-th point is the k-th evaluation of each seed that
-    logged a curve (the first k that all of them reached), its accuracy averaged, with the seeds' range."""
-    curved = [(r, key) for r in results
-              if r.train_set == "gsm8k" and r.method != "base" and (key := _curve_key(r.metrics, decoding))]
-    client = tracking.client(tracking_uri) if curved else None  # a report from exports alone opens no store
-    histories: dict[str, dict[str, list[list[tuple[int, float]]]]] = defaultdict(lambda: defaultdict(list))
-    for r, key in curved:
-        assert client is not None
-        points = sorted((point.step, 100 * point.value) for point in client.get_metric_history(r.run_id, key))
-        if points:
-            histories[r.model][r.method].append(points)
-    return {model: {method: _points(seeds) for method, seeds in methods.items()} for model, methods in histories.items()}
+    logged a curve (the first k that all of them reached), its accuracy averaged, with the seeds' range. The
+    histories come from the store or from a report's exported steps (`clozemath.report.history`)."""
+    found: dict[str, dict[str, list[list[tuple[int, float]]]]] = defaultdict(lambda: defaultdict(list))
+    for r in results:
+        if r.train_set == "gsm8k" and r.method != "base" and (key := _curve_key(r.metrics, decoding)):
+            points = [(step, 100 * value) for step, value in histories.history(r, key)]
+            if points:
+                found[r.model][r.method].append(points)
+    return {model: {method: _points(seeds) for method, seeds in methods.items()} for model, methods in found.items()}
 
 
 def _points(seeds: list[list[tuple[int, float]]]) -> list[CurvePoint]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from mlflow import MlflowClient
 from mlflow.entities import Run
@@ -34,6 +35,8 @@ from clozemath.records import (
     parse_eval_metric,
 )
 from clozemath.report.names import MODEL_NAMES, SYMBOLIC_SETS, Block, Column, ordered, rank
+
+TRIALS_FILE = "trials.json"
 
 
 @dataclass(frozen=True)
@@ -100,16 +103,22 @@ def _all_runs(client: MlflowClient, experiment_id: str, query: str) -> list[Run]
 
 
 def _trial_result(run: Run) -> TrialResult:
-    tags, params = run.data.tags, run.data.params
+    tags = {k: v for k, v in run.data.tags.items() if not k.startswith("mlflow.")}
+    return trial_result(run.info.run_id, run.info.run_name or "", tags, dict(run.data.params), dict(run.data.metrics))
+
+
+def trial_result(run_id: str, run_name: str, tags: dict[str, str], params: dict[str, str], metrics: dict[str, float]
+                 ) -> TrialResult:
+    """A trial from its run's tags (MLflow's `mlflow.*` ones left out), params and latest metrics: as the store holds
+    them, or as `trials.json` wrote them down."""
     steps, planned, trained = (params.get(name) for name in (PLANNED_STEPS, PLANNED_TOKENS, TRAINED_TOKENS))
     steps = params.get(TRAINED_STEPS, steps)
     model, method = tags[MODEL_TAG], tags[METHOD_TAG]
     train_set, seed = tags.get(TRAIN_SET_TAG, ""), tags.get(SEED_TAG, "0")
     variant = _variant(tags.get(TRIAL_TAG, ""), model, method, train_set)
     return TrialResult(
-        run.info.run_id, model, f"{method} ({variant})" if variant else method, train_set, seed,
-        dict(run.data.metrics), *(None if value is None else int(value) for value in (steps, planned, trained)),
-        run.info.run_name or "", {k: v for k, v in tags.items() if not k.startswith("mlflow.")}, dict(params),
+        run_id, model, f"{method} ({variant})" if variant else method, train_set, seed, metrics,
+        *(None if value is None else int(value) for value in (steps, planned, trained)), run_name, tags, params,
         int(params.get("train.rerun", "0")),
     )
 
@@ -147,11 +156,30 @@ def experiments_runs(tracking_uri: str, experiments: Sequence[str], parent_run_i
 
 
 def trials_json(results: list[TrialResult]) -> str:
-    """Every trial's run id and name, tags, params and latest metrics."""
+    """Every trial's run id and name, tags, params and latest metrics (`TRIALS_FILE`)."""
     in_order = sorted(results, key=lambda r: (r.train_set, r.model, r.method, r.seed, r.run_id))
     trials = [{"run_id": r.run_id, "run_name": r.run_name, "tags": r.tags, "params": r.params, "metrics": r.metrics}
               for r in in_order]
     return json.dumps(trials, indent=1, sort_keys=True) + "\n"
+
+
+def read_trials_json(path: Path) -> list[TrialResult]:
+    """The trials a `trials_json` file holds; a file that is not one is a one-line error naming it."""
+    try:
+        rows = json.loads(path.read_text(encoding="utf-8"))
+        if not isinstance(rows, list):
+            raise ValueError("not a list of trials")
+        return [trial_result(row["run_id"], row.get("run_name", ""), _strings(row["tags"]), _strings(row["params"]),
+                             {key: float(value) for key, value in row["metrics"].items()}) for row in rows]
+    except OSError as exc:
+        raise ClozeMathError(f"{path}: cannot be read ({exc.strerror})") from None
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        what = f"no {exc}" if isinstance(exc, KeyError) else str(exc)
+        raise ClozeMathError(f"{path}: not a trials.json file `clozemath report` wrote ({what})") from None
+
+
+def _strings(values: dict[str, object]) -> dict[str, str]:
+    return {str(key): str(value) for key, value in values.items()}
 
 
 def blocks(results: list[TrialResult]) -> dict[Block, list[TrialResult]]:
