@@ -178,7 +178,7 @@ def run_grid(plan: RunPlan) -> GridOutcome:
     parent = parent_run(grid, tracking_cfg, key, len(experiments))
     view = tracking.trials_view(tracking_cfg, grid.name)
     restored = tune.Tuner.can_restore(str(path))
-    trials = {e.name: to_wire(e) for e in experiments}  # the same on restore: the key says so
+    trials = {e.name: to_wire(e) for e in in_start_order(experiments)}  # the same on restore: the key says so
     labels = trial_labels(grid)
     run_names = dict(zip(labels, trial_run_names(list(labels.values()), grid.name)))
     trainable = tune.with_resources(
@@ -326,6 +326,13 @@ def concurrent_trials(grid: GridConfig, experiments: list[ExperimentConfig]) -> 
     gpus = ray.cluster_resources().get("GPU", 0)
     per_trial = max(experiment.train.num_workers * experiment.train.gpu_share for experiment in experiments)
     return max(1, int(gpus / per_trial + 1e-9))
+
+
+def in_start_order(experiments: list[ExperimentConfig]) -> list[ExperimentConfig]:
+    """The order Tune starts the trials in (its grid search's, the first `concurrent_trials` at once): the trials
+    that train nothing (the base model's few-shot evaluation) first, so that they evaluate while the others train,
+    instead of alone after the last of them; the others in the grid's order."""
+    return sorted(experiments, key=lambda experiment: experiment.method.trains)
 
 
 def parent_run(grid: GridConfig, tracking_cfg: TrackingConfig, key: str, num_trials: int) -> TrackedRun:

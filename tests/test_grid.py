@@ -38,6 +38,7 @@ from ray_jobs.grid import (
     QuietUserErrors,
     end_interrupted,
     grid_key,
+    in_start_order,
     warn_local_store_on_a_cluster,
     with_absolute_paths,
 )
@@ -433,6 +434,22 @@ def test_tune_keeps_quiet_about_a_user_mistake_only() -> None:
     assert not quiet.filter(record(ClozeMathError("/nowhere: no such data file")))
     assert quiet.filter(record(RuntimeError("CUDA out of memory")))
     assert quiet.filter(logging.LogRecord("tune", logging.INFO, __file__, 1, "Trial started", None, None))
+
+
+def test_the_base_model_is_evaluated_among_the_first_trials_tune_starts() -> None:
+    """The matched grid lists base last of its 16 trials; on one GPU (5 trials at a time) it would wait for eleven
+    trainings and evaluate alone at the end. Tune's grid search starts the trials in the order they are given."""
+    from ray import tune
+    from ray.tune.search.variant_generator import generate_variants
+
+    from clozemath.plan import load_plan
+
+    experiments = load_plan(ROOT / "configs/grids/replication_matched.yaml").experiments
+    assert [e.method.name for e in experiments][-1] == "base" and len(experiments) == 16
+    ordered = in_start_order(experiments)
+    started = [spec["trial"] for _, spec in generate_variants({"trial": tune.grid_search([e.name for e in ordered])})]
+    assert started[0] == next(e.name for e in experiments if e.method.name == "base")
+    assert started[1:] == [e.name for e in experiments if e.method.trains]
 
 
 def test_the_grid_key_holds_the_data_it_reads(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
