@@ -68,7 +68,7 @@ from bench.speed_record import SPEED_JSON, Headline, Side, command_line, failure
 from clozemath.config import DataConfig, ModelConfig  # noqa: E402
 from clozemath.data.sources import DATA_DIR_ENV, Problem, load_problems  # noqa: E402
 from clozemath.eval.decoding import (  # noqa: E402
-    CPU_BATCH_SIZE, SDPA_BACKENDS, DecodeSettings, Generation, ModelShape, auto_batch_size, decode,
+    CPU_BATCH_SIZE, SDPA_BACKENDS, DecodeSettings, Generation, ModelShape, auto_batch_size, decode, get_decoding,
 )
 from clozemath.eval.evaluate import Prompting, build_prompts, stop_strings  # noqa: E402
 from clozemath.errors import ClozeMathError  # noqa: E402
@@ -252,17 +252,18 @@ def generated_length(generation: Generation, max_new_tokens: int) -> int:
 
 def traffic_of(scheme: str, generations: list[Generation], prompts: Sequence[list[int]], settings: Settings,
                weight_bytes: int, kv_position_bytes: int) -> Traffic:
-    """The pass's bytes (`bench.limits.decode_traffic`) over `length_batches`: greedy, a row per prompt; beam,
-    `num_beams` rows of the chosen hypothesis' length (the other beams' lengths are not returned); CoT, a row per
-    branch."""
+    """The pass's bytes (`bench.limits.decode_traffic`) over `length_batches`: each prompt's rows (`Decoding.copies`)
+    as long as what it generated: greedy's one; beam's, the chosen hypothesis' (the other beams' lengths are not
+    returned); CoT's, each its branch's."""
+    copies = get_decoding(scheme).copies(decode_settings(settings, "causal"), settings.vocab)
     batches = []
     for indices in length_batches(prompts, settings.batch_size):
         rows = []
         for i in indices:
             generation = generations[i]
             outputs = generation.branches if scheme == "cot" and generation.branches else [generation]
-            copies = settings.num_beams if scheme == "beam" else 1
-            rows += [(len(prompts[i]), generated_length(o, settings.max_new_tokens)) for o in outputs] * copies
+            lengths = [generated_length(o, settings.max_new_tokens) for o in outputs]
+            rows += [(len(prompts[i]), lengths[row % len(lengths)]) for row in range(copies)]
         batches.append(rows)
     return decode_traffic(batches, weight_bytes, kv_position_bytes)
 
@@ -276,12 +277,17 @@ def generated_tokens(scheme: str, generations: list[Generation], max_new_tokens:
 # The run
 
 
-def ours(model, tokenizer, prompts, scheme: str, settings: Settings, attention: str, engine: str = "auto"):
-    return decode(model, tokenizer, prompts, scheme, DecodeSettings(
+def decode_settings(settings: Settings, attention: str, engine: str = "auto") -> DecodeSettings:
+    """Our decoder's settings for the bench's."""
+    return DecodeSettings(
         max_new_tokens=settings.max_new_tokens, stop=settings.stop, eos_token_ids=list(settings.eos_ids),
         prompt_attention=attention, batch_size=settings.batch_size, num_beams=settings.num_beams, cot_k=settings.cot_k,
         answer_span=partial(answer_span, "gsm8k"), normalize_answer=get_task("gsm8k").answer_key, engine=engine,
-    ))
+    )
+
+
+def ours(model, tokenizer, prompts, scheme: str, settings: Settings, attention: str, engine: str = "auto"):
+    return decode(model, tokenizer, prompts, scheme, decode_settings(settings, attention, engine))
 
 
 def gpu_name(device: torch.device) -> str:
@@ -402,7 +408,7 @@ def side_settings(side: str, args: argparse.Namespace, rows: int) -> str:
 def run_scheme(scheme: str, args: argparse.Namespace, model, tokenizer, prompts, base: Settings) -> tuple[
         list[Measured], Settings, list[Generation]]:
     device = model.device
-    copies = {"greedy": 1, "beam": base.num_beams, "cot": base.cot_k}[scheme]
+    copies = get_decoding(scheme).copies(decode_settings(base, args.prompt_attention), base.vocab)
     rows = batch_rows(args.batch_size, model, prompts, base.max_new_tokens, copies)
     settings = replace(base, batch_size=rows)
     first_batch = [prompts[i] for i in length_batches(prompts, rows)[0]]

@@ -79,6 +79,12 @@ def load_method(name: str, root: Path) -> MethodConfig:
     return MethodConfig.model_validate(_resolve_reference("method", name, root, f"{root / 'methods'}"))
 
 
+def budget_reference(config: ExperimentConfig, root: Path) -> ExperimentConfig:
+    """The experiment with `train.budget_reference`'s method (from the configs folder `root`): the training set whose
+    footprint sets a matched budget (`clozemath.train.budget.matched_epochs`)."""
+    return config.model_copy(update={"method": load_method(config.train.budget_reference, root)}, deep=True)
+
+
 def _resolve_references(raw: dict[str, Any], root: Path, source: Path | str) -> dict[str, Any]:
     out = dict(raw)
     for kind in _REFERENCE_FOLDERS:

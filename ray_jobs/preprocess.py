@@ -15,11 +15,11 @@ from __future__ import annotations
 
 import functools
 import hashlib
-import inspect
 import json
 import math
 import os
 import shutil
+import sys
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,9 +32,17 @@ import ray
 import ray.data
 from filelock import FileLock
 
-from clozemath.config import ExperimentConfig, MethodConfig, ModelConfig
-from clozemath.data.objectives import TokenOffsets, lm_repeats, needs_offsets, sample_inputs
-from clozemath.data.prepare import SENTINELS, SampleEncoder, balanced_copies, problem_samples, sample_modules
+from clozemath.config import ExperimentConfig, MethodConfig
+from clozemath.data.objectives import TokenOffsets, lm_repeats, needs_offsets
+from clozemath.data.prepare import (
+    SENTINELS,
+    SampleEncoder,
+    balanced_copies,
+    preprocessing_key,
+    problem_samples,
+    sample_code,
+    source_hashes,
+)
 from clozemath.data.samples import Sample
 from clozemath.data.sources import Problem, load_problems
 from clozemath.data.tokenize import token_offsets
@@ -84,35 +92,9 @@ class TokenizedSet:
         return pa.concat_tables([pq.read_table(file, columns=TOKEN_COLUMNS) for file in self.files()])
 
 
-def _sha256(*parts: str | bytes) -> str:
-    digest = hashlib.sha256()
-    for part in parts:
-        digest.update(part.encode() if isinstance(part, str) else part)
-        digest.update(b"\0")
-    return digest.hexdigest()
-
-
-def code_version() -> str:
-    """The source of every module that decides what a sample's token ids are, this one's steps included."""
-    return _sha256(*(inspect.getsource(module) for module in (*sample_modules(), inspect.getmodule(code_version))))
-
-
-def tokenizer_settings(model: ModelConfig) -> dict[str, Any]:
-    settings = {key: getattr(model, key) for key in ("path", "gguf_file", "tokenizer", "eos_token")}
-    if model.gguf_chunks is not None:  # only then: the keys of earlier caches stay what they were
-        settings["gguf_chunks"] = model.gguf_chunks.model_dump(mode="json", exclude={"cache_dir"})
-    return settings
-
-
 def cache_key(config: ExperimentConfig, problems: list[Problem]) -> str:
-    data = config.data
-    return _sha256(
-        _sha256(*(json.dumps(p.to_dict(), sort_keys=True) for p in problems)),
-        json.dumps(sample_inputs(config.method, data.seed), sort_keys=True),
-        json.dumps({"prompt_template": data.prompt_template, "max_length": data.max_length}),
-        json.dumps(tokenizer_settings(config.model), sort_keys=True),
-        code_version(),
-    )[:24]
+    """`preprocessing_key` over the code that makes a sample and this module's, which runs its steps."""
+    return preprocessing_key(config, problems, sample_code() | source_hashes([sys.modules[__name__]]))
 
 
 # --------------------------------------------------------------------------------------------------------------

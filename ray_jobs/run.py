@@ -6,7 +6,6 @@ it joins whatever Ray is up (a Tune trial's) and can log as the child of a grid'
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -16,8 +15,8 @@ from ray.train import UserCallback
 
 from clozemath import console, tracking
 from clozemath.config import ExperimentConfig
-from clozemath.data.objectives import sample_inputs
-from clozemath.plan import load_method
+from clozemath.data.prepare import training_set_identity
+from clozemath.plan import budget_reference
 from clozemath.records import (
     ADAPTER_DIR,
     CACHE_DIR,
@@ -32,8 +31,9 @@ from clozemath.train.budget import Footprint, matched_epochs, planned_tokens
 from clozemath.train.flops import MFU_CONVENTION
 from ray_jobs.cluster import init_ray, user_errors_surfaced
 from ray_jobs.eval_job import run_evaluation
-from ray_jobs.preprocess import TokenizedSet, preprocess, tokenizer_settings
-from ray_jobs.train import fit, packs
+from clozemath.train.layout import packs
+from ray_jobs.preprocess import TokenizedSet, preprocess
+from ray_jobs.train import fit, use_gpu
 
 
 @dataclass(frozen=True)
@@ -73,7 +73,7 @@ def run_experiment(
         adapter, steps = None, 0
         if prepared is not None:
             footprint = Footprint(prepared.num_rows, prepared.num_tokens)
-            planned = planned_tokens(footprint, config.train, packs(config))
+            planned = planned_tokens(footprint, config.train, packs(config.train, use_gpu(config)))
             run.log_params({
                 "data.num_samples": prepared.num_rows, "data.num_sentinels": prepared.num_sentinels,
                 **({} if planned is None else {PLANNED_TOKENS: planned}), "train.mfu_convention": MFU_CONVENTION,
@@ -96,28 +96,15 @@ def _footprint(config: ExperimentConfig) -> Footprint:
     return Footprint(prepared.num_rows, prepared.num_tokens)
 
 
-def _reference(config: ExperimentConfig, root: Path) -> ExperimentConfig:
-    """The experiment with `train.budget_reference`'s method: the training set whose footprint sets the budget."""
-    return config.model_copy(update={"method": load_method(config.train.budget_reference, root)}, deep=True)
-
-
 def _matched(config: ExperimentConfig, reference: Footprint, mine: Footprint) -> ExperimentConfig:
     """The config with its matched `train.budget` turned into `train.epochs`."""
     train = config.train
-    epochs = matched_epochs(train, reference, mine, packed=packs(config))
+    epochs = matched_epochs(train, reference, mine, packed=packs(train, use_gpu(config)))
     console.phase(f"[{config.name}] budget: the {train.budget} of {train.budget_reference} in {train.epochs} epochs: "
                   f"{epochs:.3f} epochs")
     resolved = train.model_copy(update={"budget": "epochs", "epochs": epochs,  # and what it was resolved from
                                         "budget_configured": train.budget, "epochs_configured": train.epochs})
     return config.model_copy(update={"train": resolved})
-
-
-def _training_set(config: ExperimentConfig) -> str:
-    """What a prepared training set depends on in a config, as its cache key reads it (`preprocess.cache_key`, less
-    the problems, which the data settings name): two configs alike here prepare the same rows into one folder."""
-    data = config.data.model_dump(mode="json", exclude={"seed"})
-    return json.dumps([data, sample_inputs(config.method, config.data.seed), tokenizer_settings(config.model),
-                       config.train.output_dir], sort_keys=True)
 
 
 def with_budgets(experiments: list[ExperimentConfig], root: Path, parallel: int = 8) -> list[ExperimentConfig]:
@@ -131,8 +118,8 @@ def with_budgets(experiments: list[ExperimentConfig], root: Path, parallel: int 
 
     needed: dict[str, ExperimentConfig] = {}
     for experiment in filter(matched, experiments):
-        for config in (_reference(experiment, root), experiment):
-            needed.setdefault(_training_set(config), config)
+        for config in (budget_reference(experiment, root), experiment):
+            needed.setdefault(training_set_identity(config), config)
     if not needed:
         return experiments
     if len(needed) > 1:
@@ -140,7 +127,8 @@ def with_budgets(experiments: list[ExperimentConfig], root: Path, parallel: int 
     with ThreadPoolExecutor(max_workers=min(parallel, len(needed))) as pool:
         footprints = dict(zip(needed, pool.map(_footprint, needed.values())))
     return [
-        _matched(e, footprints[_training_set(_reference(e, root))], footprints[_training_set(e)]) if matched(e) else e
+        _matched(e, footprints[training_set_identity(budget_reference(e, root))], footprints[training_set_identity(e)])
+        if matched(e) else e
         for e in experiments
     ]
 

@@ -49,7 +49,7 @@ from clozemath.tracking import TrackedRun
 from clozemath.train.compilation import eager_inference
 from clozemath.train.checkpoint import Checked, check_checkpoint, mark_complete
 from clozemath.train.distributed import all_ranks_reduce, all_ranks_sum
-from clozemath.train.layout import plan_steps
+from clozemath.train.layout import count_steps, packs, resolved_zero_stage
 from clozemath.train.loop import StepMetrics
 from ray_jobs.preprocess import TokenizedSet
 from ray_jobs.reports import STEPS_KEY, ForwardMetrics
@@ -112,7 +112,6 @@ def train_worker(settings: dict[str, Any]) -> None:
     from clozemath.train.compilation import use_compile_cache
     from clozemath.train.determinism import use_deterministic_kernels
     from clozemath.train.loop import train
-    from clozemath.train.zero import with_zero_stage
 
     # DeepSpeed's gloo path calls torch.distributed functions torch has deprecated: nothing a user can act on.
     warnings.filterwarnings("ignore", message=r"`torch\.distributed\.\w+` is deprecated", category=FutureWarning)
@@ -130,7 +129,7 @@ def train_worker(settings: dict[str, Any]) -> None:
     if ray.train.get_context().get_world_rank() == 0:
         console.phase(f"[{config.name}] loading the model ({config.model.name}) on {device.type}")
     loaded = load_model(config.model, settings["num_sentinels"], device, training=True, seed=config.train.seed)
-    config = with_zero_stage(config, loaded.model, device)  # the evaluation during training decodes by the stage
+    config = resolved_zero_stage(config, loaded.model, device)  # once: the evaluation during training decodes by it
     rows = worker_rows(settings["rows"])
     evaluation = step_evaluation(config)
     context = ray.train.get_context()
@@ -215,15 +214,11 @@ def use_gpu(config: ExperimentConfig) -> bool:
     return config.train.use_gpu
 
 
-def packs(config: ExperimentConfig) -> bool:
-    """Whether the workers will pack their samples (`train.pack_tokens`; auto: on GPUs)."""
-    return config.train.pack_tokens is not None and (config.train.pack_tokens != "auto" or use_gpu(config))
-
-
-def check_plan(config: ExperimentConfig, prepared: TokenizedSet) -> None:
+def preflight_checks(config: ExperimentConfig, prepared: TokenizedSet) -> None:
     """Refuse, before any worker starts, what would fail in every worker (and again after each restart)."""
     rows = prepared.num_rows // config.train.num_workers
-    plan_steps(rows if packs(config) else rows // config.train.micro_batch_size, config.train)  # a packed row: >= 1 sample
+    packed = packs(config.train, use_gpu(config))
+    count_steps(rows if packed else rows // config.train.micro_batch_size, config.train)  # a packed row: >= 1 sample
     fail_at = config.train.fail_at_step
     if fail_at is not None and fail_at <= config.train.checkpoint_every:
         raise ClozeMathError(
@@ -260,7 +255,7 @@ def fit(
     trial started again under it resumes from the newest whole checkpoint of its runs (`resume_point`), in a run of
     its own (a grid trial restarted after its driver died). Default: a new, time-stamped one.
     `callbacks`: more Train callbacks (a Tune trial's `TuneReportCallback`)."""
-    check_plan(config, prepared)
+    preflight_checks(config, prepared)
     storage = config.train.storage or str(run_folder / RAY_TRAIN_DIR)
     local = run_name is not None and "://" not in storage  # elsewhere Ray's own latest checkpoint is resumed
     resume = resume_point(Path(storage), run_name, config.name) if local else None

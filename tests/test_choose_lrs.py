@@ -1,5 +1,5 @@
-"""`bench/choose_lrs.py`: the sweep's best rate per method, written into the grids that train at it; the lease's grids
-and `bench/replication_lease.sh`'s chain of commands (no Ray)."""
+"""`lease/choose_lrs.py`: the sweep's best rate per method, written into the grids that train at it; the lease's grids
+and `lease/replication_lease.sh`'s chain of commands (no Ray)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from clozemath.config import TrackingConfig
 from clozemath.plan import load_plan
 
 ROOT = Path(__file__).resolve().parents[1]
-SPEC = importlib.util.spec_from_file_location("choose_lrs", ROOT / "bench" / "choose_lrs.py")
+SPEC = importlib.util.spec_from_file_location("choose_lrs", ROOT / "lease" / "choose_lrs.py")
 choose = importlib.util.module_from_spec(SPEC)
 SPEC.loader.exec_module(choose)
 
@@ -73,7 +73,7 @@ def test_each_method_gets_its_best_held_out_rate(sweep_store: str, grids: list[P
         "clozemath_causal": 3e-4, "random_span": 5e-5, "it_prefixlm": 1e-3}
     text = grids[0].read_text()
     assert ("  - {when: {method: clozemath}, set: {train.lr: 1.0e-3}}  # held out: 5.0e-5 2.0%, 3.0e-4 3.0%, "
-            "1.0e-3 4.6% (bench/choose_lrs.py)\n") in text
+            "1.0e-3 4.6% (lease/choose_lrs.py)\n") in text
     table = capsys.readouterr().out
     assert "| clozemath | 1.0e-3 (the sweep's edge: a rate beyond it might do better) |" in table
     assert "| mft | 3.0e-4 | 5.0e-5 1.2%, 3.0e-4 2.2%, 1.0e-3 2.0% |" in table
@@ -123,20 +123,20 @@ def test_the_lease_grids_expand_to_the_planned_trials(sweep_store: str, grids: l
 
 
 def test_the_lease_chain_runs_the_sweep_then_the_rates_then_both_grids_then_the_reports(tmp_path: Path) -> None:
-    """`bench/replication_lease.sh` (DRY_RUN: its commands, nothing run): every grid on one store and model folder,
+    """`lease/replication_lease.sh` (DRY_RUN: its commands, nothing run): every grid on one store and model folder,
     the rates chosen between the stages, Table 4 reported beside the main grid from the exported predictions."""
     import os
     import subprocess
 
     env = {**os.environ, "DRY_RUN": "1", "MODEL_DIR": "/m", "WORK": str(tmp_path)}
-    done = subprocess.run(["bash", "bench/replication_lease.sh", "chain"], cwd=ROOT, env=env, capture_output=True,
+    done = subprocess.run(["bash", "lease/replication_lease.sh", "chain"], cwd=ROOT, env=env, capture_output=True,
                           text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     commands = [line.split("$ ", 1)[1] for line in done.stdout.splitlines() if "] $ " in line]
     steps = [next((word for word in command.split() if word.endswith((".yaml", ".py")) or word == "report"), command)
              for command in commands]
     assert commands[0].startswith("ray start --head")
-    assert steps[1:] == ["configs/grids/replication_matched_lr.yaml", "bench/choose_lrs.py",
+    assert steps[1:] == ["configs/grids/replication_matched_lr.yaml", "lease/choose_lrs.py",
                      "configs/grids/replication_matched.yaml", "configs/grids/table4.yaml", *["report"] * 5]
     store = f"sqlite:///{tmp_path}/mlruns.db"
     for command in commands[1:]:
@@ -146,7 +146,7 @@ def test_the_lease_chain_runs_the_sweep_then_the_rates_then_both_grids_then_the_
     table4 = commands[8]
     assert ("--experiment replication-matched --experiment replication-table4 --decoding greedy" in table4
             and table4.count("--predictions ") == 2)
-    usage = subprocess.run(["bash", "bench/replication_lease.sh"], cwd=ROOT, capture_output=True, text=True)
+    usage = subprocess.run(["bash", "lease/replication_lease.sh"], cwd=ROOT, capture_output=True, text=True)
     assert usage.returncode == 2 and "usage:" in usage.stderr
 
 
@@ -176,7 +176,7 @@ def test_the_lease_chain_starts_a_driver_that_failed_at_its_start_once_more(
         (tools / name).chmod(0o755)
     env = {**os.environ, "PATH": f"{tools}:{os.environ['PATH']}", "PYTHON": "python3", "MODEL_DIR": "/m",
            "WORK": str(tmp_path), "STAGES": "main table4", "STARTUP_S": str(startup_s), "HOME": str(tmp_path)}
-    done = subprocess.run(["bash", "bench/replication_lease.sh", "chain"], cwd=ROOT, env=env, capture_output=True,
+    done = subprocess.run(["bash", "lease/replication_lease.sh", "chain"], cwd=ROOT, env=env, capture_output=True,
                           text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     runs = [line for line in (tmp_path / "calls").read_text().splitlines() if line.startswith("-m clozemath_cli run")]
@@ -194,7 +194,7 @@ def test_the_lease_chain_for_qwen_sweeps_its_rates_on_the_same_grid_and_writes_t
 
     env = {key: value for key, value in os.environ.items() if key != "MODEL_DIR"}
     env.update(DRY_RUN="1", REPLICATION="qwen", WORK=str(tmp_path))
-    done = subprocess.run(["bash", "bench/replication_lease.sh", "chain"], cwd=ROOT, env=env, capture_output=True,
+    done = subprocess.run(["bash", "lease/replication_lease.sh", "chain"], cwd=ROOT, env=env, capture_output=True,
                           text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     commands = [line.split("$ ", 1)[1] for line in done.stdout.splitlines() if "] $ " in line]
@@ -207,7 +207,7 @@ def test_the_lease_chain_for_qwen_sweeps_its_rates_on_the_same_grid_and_writes_t
     assert not any("model.path=" in command or "table4" in command for command in commands)
     assert [c for c in commands if " report " in f" {c} " or "clozemath_cli report" in c][0].count(
         "--experiment replication-qwen1.5b ") == 1
-    wrong = subprocess.run(["bash", "bench/replication_lease.sh", "chain"], cwd=ROOT, capture_output=True, text=True,
+    wrong = subprocess.run(["bash", "lease/replication_lease.sh", "chain"], cwd=ROOT, capture_output=True, text=True,
                            env={**env, "REPLICATION": "llama"}, timeout=60)
     assert wrong.returncode == 2 and "REPLICATION=llama" in wrong.stderr
 
@@ -252,5 +252,5 @@ def test_a_sweep_in_slices_is_read_from_its_trials_files_and_each_rate_takes_its
     rates = {e.method.name: e.train.lr for e in load_plan(grids[0]).experiments if e.method.trains}
     assert rates == {"it": 3e-4, "mft": 1e-4, "clozemath": 3e-4}
     assert ("  - {when: {method: it}, set: {train.lr: 3.0e-4}}  # held out: 1.0e-4 57.0% (mean of 2), "
-            "3.0e-4 61.0% (mean of 2) (bench/choose_lrs.py)\n") in grids[0].read_text()
+            "3.0e-4 61.0% (mean of 2) (lease/choose_lrs.py)\n") in grids[0].read_text()
     assert "| it | 3.0e-4 (the sweep's edge" in capsys.readouterr().out

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -231,3 +232,59 @@ def test_the_estimator_counts_the_evaluations_during_training_that_the_workers_m
                 assert curve_evaluations(config, total) == worker, (config.name, total)
                 evaluated += worker[0] > 1
     assert evaluated  # some grids' trials do evaluate during training
+
+
+SAMPLE_LENGTHS = [48 + (97 * k) % 400 for k in range(1500)]
+"""One worker's samples in the layout parity test (every worker gets the same: the ranks' agreement is then any
+one rank's choice, which a test in one process can make)."""
+
+
+def test_the_estimator_lays_out_every_trial_as_the_workers_would(monkeypatch: pytest.MonkeyPatch) -> None:
+    """For every trial that trains in every committed grid, on an H200 (its share of one): the ZeRO stage, whether it
+    packs, the row width, compilation and the steps that the dry-run decides (`Estimator.shaped`) equal what the
+    workers' code decides (`resolved_zero_stage`, then `training_layout`) from the same inputs: the model's shape on
+    the meta device, the card's bytes less what that model holds, and each worker's samples."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from clozemath.cost.shapes import Shape
+    from clozemath.cost.throughput import Throughput
+    from clozemath.cost.trials import DataCount, Estimator
+    from clozemath.train import layout, zero
+
+    table = Throughput(ROOT / "configs")
+    card = table.card("H200")
+    estimator = Estimator(table, card, 1)
+    shapes: dict[str, Shape] = {}
+    monkeypatch.setattr(layout, "all_ranks_reduce", lambda value, op, device: value)  # every rank chose alike
+    monkeypatch.setattr(layout, "card_bytes", lambda device, share: int(card.memory_bytes * share))
+    seen: set[str] = set()
+    for grid in sorted((ROOT / "configs" / "grids").glob("*.yaml")):
+        for config in load_plan(grid, []).experiments:
+            key = json.dumps([config.model.name, config.data.max_length, config.train.model_dump(
+                mode="json", exclude={"seed", "lr", "output_dir", "storage"})], sort_keys=True)
+            if not config.method.trains or key in seen:
+                continue
+            seen.add(key)
+            name = table.shape_of(config.model).name
+            if name not in shapes:
+                model = meta_shape(table.shape_of(config.model), 50_000)
+                shapes[name] = Shape(model, sum({id(p): p.numel() for p in model.parameters()}.values()), "")
+            shape, workers = shapes[name], config.train.num_workers
+            lengths = [length for length in SAMPLE_LENGTHS for _ in range(workers)]  # each worker's: SAMPLE_LENGTHS
+            data = DataCount(len(lengths), sum(lengths), lengths, 1.0, 0.5, 200.0, "")
+            estimated = estimator.shaped(config, shape, data)
+
+            held = sum({id(p): p.numel() * p.element_size() for p in shape.model.parameters()}.values())
+            monkeypatch.setattr(layout, "usable_bytes", lambda device, held=held, config=config: int(
+                card.memory_bytes * config.train.gpu_share) - held)
+            ranks = SimpleNamespace(is_initialized=lambda: True, get_world_size=lambda workers=workers: workers,
+                                    get_rank=lambda: 0, ReduceOp=torch.distributed.ReduceOp)
+            monkeypatch.setattr(layout, "dist", ranks)
+            monkeypatch.setattr(zero, "dist", SimpleNamespace(**vars(ranks), all_reduce=lambda tensor, op: None))
+            resolved = layout.resolved_zero_stage(config, shape.model, torch.device("cpu"))  # the card: `card_bytes`
+            worker = layout.training_layout(resolved, shape.model, SAMPLE_LENGTHS, torch.device("cuda"))
+            assert estimated == (resolved.train.zero_stage, worker), config.name
+            assert (worker.row_tokens is not None) == layout.packs(config.train, gpu=True)
+    assert len(seen) > 5

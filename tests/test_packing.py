@@ -1,4 +1,4 @@
-"""Packing: rows of a fixed token budget that train exactly what the same samples train one per row."""
+"""Packing: rows of a fixed width (`row_tokens`) that train exactly what the same samples train one per row."""
 
 from __future__ import annotations
 
@@ -19,8 +19,8 @@ from clozemath.train.layout import (
     COMPILE_PAYS_OFF_WARM_TOKENS,
     EAGER_PACK_TOKENS,
     Layout,
-    Plan,
-    plan_line,
+    StepCounts,
+    layout_line,
     should_compile,
     training_layout,
 )
@@ -48,7 +48,7 @@ def random_lengths(n: int, low: int = 30, high: int = 400, seed: int = 0) -> lis
 # --- which samples share a row ---------------------------------------------------------------------------------------
 
 
-def test_an_epoch_packs_every_sample_once_within_the_budget() -> None:
+def test_an_epoch_packs_every_sample_once_within_the_row() -> None:
     lengths = random_lengths(3000)
     count = packs_needed(lengths, 2048)
     epochs = [epoch_packs(lengths, 2048, count, seed=5, epoch=e) for e in range(3)]
@@ -95,19 +95,19 @@ def test_auto_rows_fit_the_memory_in_whole_blocks() -> None:
     assert auto_pack_tokens(llama_1b, free_bytes=2**20, longest=3000) == 3072  # never below the longest sample
 
 
-@pytest.mark.parametrize(("dataset", "budget"), [("gsm8k", 4096), ("gsm8k", 16_384), ("math", 8192)])
-def test_padding_is_under_5_percent_on_real_clozemath_data(dataset: str, budget: int) -> None:
+@pytest.mark.parametrize(("dataset", "row_tokens"), [("gsm8k", 4096), ("gsm8k", 16_384), ("math", 8192)])
+def test_padding_is_under_5_percent_on_real_clozemath_data(dataset: str, row_tokens: int) -> None:
     """ClozeMath's samples of 1,500 real problems through the Llama-3.2 tokenizer, packed as a run packs them."""
     config = ExperimentConfig(name="pack", model=LLAMA, method=CLOZEMATH,
                               data=DataConfig(dataset=dataset, max_length=1024))
     prepared = prepare_data(config, limit=1500)
     lengths = [len(row["input_ids"]) for row in prepared.encoded if row is not None]
-    count = packs_needed(lengths, budget)
-    packs = epoch_packs(lengths, budget, count, seed=0, epoch=0)
-    batch = collate_packs([[prepared.encoded[0]]], PAD, width=budget)  # the tensors agree with the lengths
+    count = packs_needed(lengths, row_tokens)
+    packs = epoch_packs(lengths, row_tokens, count, seed=0, epoch=0)
+    batch = collate_packs([[prepared.encoded[0]]], PAD, width=row_tokens)  # the tensors agree with the lengths
     assert int((batch["attention_mask"] > 0).sum()) == lengths[0]
-    pad_share = 1 - sum(lengths) / (len(packs) * budget)
-    assert pad_share < 0.05, (dataset, budget, pad_share, count)
+    pad_share = 1 - sum(lengths) / (len(packs) * row_tokens)
+    assert pad_share < 0.05, (dataset, row_tokens, pad_share, count)
 
 
 # --- a packed row trains what the same samples train one per row ----------------------------------------------------
@@ -208,8 +208,8 @@ def test_resume_is_exact_with_packing(tmp_path: Path) -> None:
 def test_only_a_run_long_enough_to_pay_the_compilation_back_compiles() -> None:
     cuda, cpu = torch.device("cuda"), torch.device("cpu")  # device objects only: nothing runs on them
     auto = TrainConfig(zero_stage=2)  # the stage as a worker resolves `auto` on a card that holds the model
-    short = Plan(micro_batches_per_epoch=86, total_steps=86, warmup_steps=9)  # the quickstart: 86 x 4,096 = 0.35M tokens
-    long = Plan(micro_batches_per_epoch=460, total_steps=1380, warmup_steps=42)  # 3 epochs of 16,384: 22.6M tokens
+    short = StepCounts(micro_batches_per_epoch=86, total_steps=86, warmup_steps=9)  # the quickstart: 86 x 4,096 = 0.35M tokens
+    long = StepCounts(micro_batches_per_epoch=460, total_steps=1380, warmup_steps=42)  # 3 epochs of 16,384: 22.6M tokens
     assert short.total_steps * 4096 < COMPILE_PAYS_OFF_TOKENS < long.total_steps * 16_384
     assert not should_compile(auto, 4096, short, cuda)
     assert should_compile(auto, 16_384, long, cuda)
@@ -220,25 +220,25 @@ def test_only_a_run_long_enough_to_pay_the_compilation_back_compiles() -> None:
     assert should_compile(TrainConfig(compile=True), 4096, short, cuda)
     assert not should_compile(TrainConfig(compile=False), 16_384, long, cuda)
 
-    line = plan_line(Layout(4096, False, short), auto)
+    line = layout_line(Layout(4096, False, short), auto)
     assert line.startswith("86 steps of 1 packed rows of 4,096 tokens, not compiled (0.4M tokens")
     assert "train.compile=true forces it" in line
-    assert "compiles the decoder layers" in plan_line(Layout(16_384, True, long), auto)
+    assert "compiles the decoder layers" in layout_line(Layout(16_384, True, long), auto)
 
 
 def test_a_warm_compile_cache_lowers_the_bar_for_a_run_of_the_configs_own_rows_only() -> None:
     """The quickstart's 391 steps of 4,096 tokens (1.6M): below the cold bar, above the warm one. Under
     `pack_tokens: auto` a warm cache changes nothing (the compiled row would be wider: the run would train otherwise)."""
     cuda = torch.device("cuda")
-    quickstart = Plan(micro_batches_per_epoch=391, total_steps=391, warmup_steps=12)
+    quickstart = StepCounts(micro_batches_per_epoch=391, total_steps=391, warmup_steps=12)
     assert COMPILE_PAYS_OFF_WARM_TOKENS < 391 * 4096 < COMPILE_PAYS_OFF_TOKENS
     fixed, auto_rows = TrainConfig(zero_stage=2, pack_tokens=4096), TrainConfig(zero_stage=2, pack_tokens="auto")
     assert should_compile(fixed, 4096, quickstart, cuda, warm=True)
     assert not should_compile(fixed, 4096, quickstart, cuda, warm=False)
     assert not should_compile(auto_rows, 4096, quickstart, cuda, warm=True)
-    tiny = Plan(micro_batches_per_epoch=86, total_steps=86, warmup_steps=9)  # 0.35M tokens: not even warm
+    tiny = StepCounts(micro_batches_per_epoch=86, total_steps=86, warmup_steps=9)  # 0.35M tokens: not even warm
     assert not should_compile(fixed, 4096, tiny, cuda, warm=True)
-    line = plan_line(Layout(4096, True, quickstart, warm=True), fixed)
+    line = layout_line(Layout(4096, True, quickstart, warm=True), fixed)
     assert "from the compile cache" in line and "minutes" not in line
 
 
@@ -264,7 +264,7 @@ def test_the_compile_cache_is_marked_per_compiled_shape(tmp_path: Path, monkeypa
 
     cuda = torch.device("cuda")  # named only: nothing runs on it
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA H100 80GB HBM3")
-    monkeypatch.setattr(layout_module, "packed_row_tokens", lambda train, model, lengths: 4096)
+    monkeypatch.setattr(layout_module, "usable_bytes", lambda device: 80 * 2**30)
     monkeypatch.setattr(layout_module, "all_ranks_reduce", lambda value, op, device: value)
     monkeypatch.setattr(layout_module, "micro_batches_per_epoch", lambda lengths, train, row_tokens, device: 391)
     model = tiny_peft_model()
@@ -294,14 +294,14 @@ def test_a_short_packed_run_on_flex_attention_moves_to_sdpa_in_rows_of_at_most_4
     """The layout a short run gets on a GPU (the GPU is only named: the sizes are what the memory would allow)."""
     import clozemath.train.layout as layout_module
 
-    monkeypatch.setattr(layout_module, "packed_row_tokens", lambda train, model, lengths: 16_384)
+    monkeypatch.setattr(layout_module, "usable_bytes", lambda device: 80 * 2**30)  # auto: the widest row, 16,384
     monkeypatch.setattr(layout_module, "all_ranks_reduce", lambda value, op, device: value)
     model = tiny_peft_model()
     model.config._attn_implementation = "flex_attention"  # what loading for training on a GPU chose
     lengths = random_lengths(2000)
     layout = training_layout(experiment("prefix_lm"), model, lengths, torch.device("cuda"))
     assert (layout.row_tokens, layout.compiled) == (EAGER_PACK_TOKENS, False)
-    assert layout.plan.micro_batches_per_epoch == packs_needed(lengths, EAGER_PACK_TOKENS)
+    assert layout.steps.micro_batches_per_epoch == packs_needed(lengths, EAGER_PACK_TOKENS)
     assert model.config._attn_implementation == "sdpa"
 
     model.config._attn_implementation = "flex_attention"

@@ -42,7 +42,7 @@ from clozemath.data.sources import load_problems
 from ray_jobs import preprocess as preprocess_module
 from ray_jobs.preprocess import TokenizedSet, cache_key, preprocess
 from ray_jobs.run import run_experiment
-from ray_jobs.train import check_plan, node_gpus, rows_of_rank, streams, worker_threads
+from ray_jobs.train import node_gpus, preflight_checks, rows_of_rank, streams, worker_threads
 from conftest import EVERY_4_STEPS, LEARNS, SMOKE, SmokeRun
 
 VOCAB = 300
@@ -401,10 +401,10 @@ def test_methods_whose_samples_are_alike_share_a_preprocessing_key() -> None:
 def test_matched_budgets_prepare_each_shared_set_once() -> None:
     """`with_budgets` prepares one set per group it forms: the groups follow the cache key, so IT (the budget's
     reference), MFT and it_prefixlm at two seeds make one group, not six."""
-    from ray_jobs.run import _training_set
+    from clozemath.data.prepare import training_set_identity
 
     def groups(*methods: str) -> set[str]:
-        return {_training_set(method_at_seed(method, seed)) for method in methods for seed in (0, 3)}
+        return {training_set_identity(method_at_seed(method, seed)) for method in methods for seed in (0, 3)}
 
     assert len(groups("it", "mft", "it_prefixlm")) == 1
     assert len(groups("clozemath", "clozemath_causal")) == 2
@@ -576,13 +576,13 @@ def test_run_errors_are_one_line(
     assert len(errors) == 1 and culprit in errors[0] and "Traceback" not in err, err
 
 
-def test_plan_refusals_are_user_errors() -> None:
+def test_preflight_refusals_are_user_errors() -> None:
     prepared = TokenizedSet(folder=Path("."), num_rows=10, num_tokens=1000, num_sentinels=0, kinds={"lm": 10},
                         dropped_for_length=0, from_cache=True)
     with pytest.raises(ClozeMathError, match="too few training samples"):
-        check_plan(experiment(num_workers=2, micro_batch_size=8), prepared)
+        preflight_checks(experiment(num_workers=2, micro_batch_size=8), prepared)
     with pytest.raises(ClozeMathError, match="fail_at_step"):
-        check_plan(experiment(micro_batch_size=1, checkpoint_every=4, fail_at_step=3), prepared)
+        preflight_checks(experiment(micro_batch_size=1, checkpoint_every=4, fail_at_step=3), prepared)
 
 
 def test_a_small_training_set_goes_to_the_workers_as_one_object_in_equal_shares(tmp_path: Path) -> None:

@@ -83,3 +83,20 @@ def test_an_unknown_training_set_or_model_is_one_line_naming_the_known_ones(expe
         load_plan(experiment, ["data.dataset=nope"])
     with pytest.raises(ClozeMathError, match=r"unknown model 'tiny-llama' \(known: toy-llama\)$"):
         load_plan(experiment, ["model=tiny-llama"])
+
+
+def test_the_sample_code_covers_the_training_sets_and_their_rules() -> None:
+    """A training set's segmentation and gold rules shape its samples: their modules are part of the sample code that
+    a run's identity and its preprocessing cache key hash, found in the preprocessing steps' imports rather than listed
+    by hand; a module no step imports (the data statistics) is not."""
+    from clozemath.data.prepare import preprocessing_key, sample_code
+    from clozemath.data.sources import load_problems
+
+    code = sample_code()
+    assert {"clozemath.data.training_sets", "clozemath.data.gold", "clozemath.data.segment",
+            "clozemath.data.sources", "clozemath.data.tokenize", "clozemath.data.prepare"} <= code.keys()
+    assert "clozemath.data.stats" not in code
+    config = load_plan(ROOT / "configs" / "experiments" / "smoke.yaml").experiments[0]
+    problems = load_problems("gsm8k", "train", None, 4)
+    edited = {**code, "clozemath.data.training_sets": "0" * 16}
+    assert preprocessing_key(config, problems, edited) != preprocessing_key(config, problems, code)

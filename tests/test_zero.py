@@ -133,33 +133,50 @@ def test_a_zero3_engine_marks_the_decoder_layers_leaves_and_partitions_every_par
 def test_a_cpu_run_resolves_auto_to_zero2_and_keeps_a_set_stage() -> None:
     from test_train import experiment, tiny_peft_model
 
-    from clozemath.train.zero import with_zero_stage
+    from clozemath.train.layout import resolved_zero_stage
 
     model = tiny_peft_model()
-    resolved = with_zero_stage(experiment(zero_stage="auto"), model, torch.device("cpu"))
+    resolved = resolved_zero_stage(experiment(zero_stage="auto"), model, torch.device("cpu"))
     assert resolved.train.zero_stage == 2
-    assert with_zero_stage(experiment(zero_stage=3), model, torch.device("cpu")).train.zero_stage == 3
+    assert resolved_zero_stage(experiment(zero_stage=3), model, torch.device("cpu")).train.zero_stage == 3
 
 
-def test_a_set_zero3_where_the_model_fits_one_card_is_warned_about(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Two workers, rank 0, on a card of 80 GiB (then of 1 MiB): the tiny model fits the first, not the second."""
+class _LayoutReached(Exception):
+    """The training loop got past its ZeRO stage to the layout: far enough for these tests."""
+
+
+def test_a_worker_decides_its_stage_once_and_warns_of_a_needless_zero3_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """As a Ray worker runs (`ray_jobs.train.train_worker`): the stage is decided before its evaluation during
+    training is set up, then the training loop keeps the stage it is given. Two workers, rank 0, on a card of 80 GiB
+    (then of 1 MiB): a set ZeRO-3 of the tiny model, which fits the first, is warned about once; not on the second."""
     import io
     from types import SimpleNamespace
 
-    from test_train import experiment, tiny_peft_model
+    from test_train import PAD, SPECIALS, experiment, tiny_peft_model
 
     from clozemath import console
-    from clozemath.train import zero
+    from clozemath.train import layout, loop
 
     err = io.StringIO()
     monkeypatch.setattr(console, "_console", console.Console(io.StringIO(), err))
-    monkeypatch.setattr(zero, "dist", SimpleNamespace(is_initialized=lambda: True, get_world_size=lambda: 2,
-                                                      get_rank=lambda: 0))
+    two_ranks = SimpleNamespace(is_initialized=lambda: True, get_world_size=lambda: 2, get_rank=lambda: 0)
+    monkeypatch.setattr(layout, "dist", two_ranks)
+    monkeypatch.setattr(loop, "dist", two_ranks)
+    monkeypatch.setattr(loop, "init_distributed", lambda device: None)
+
+    def reached(*args: object, **kwargs: object) -> None:
+        raise _LayoutReached
+
+    monkeypatch.setattr(loop, "training_layout", reached)
     model = tiny_peft_model()
-    for card, warned in ((80 * GIB, True), (2**20, False)):
-        monkeypatch.setattr(zero, "card_bytes", lambda _device, _share, card=card: card)
+    for card, warnings in ((80 * GIB, 1), (2**20, 0)):
+        monkeypatch.setattr(layout, "card_bytes", lambda _device, _share, card=card: card)
         err.truncate(0)
         err.seek(0)
-        kept = zero.with_zero_stage(experiment(zero_stage=3), model, torch.device("cpu"))
-        assert kept.train.zero_stage == 3
-        assert ("train.zero_stage=3" in err.getvalue() and "fit one card (80 GiB)" in err.getvalue()) == warned
+        config = layout.resolved_zero_stage(experiment(zero_stage=3), model, torch.device("cpu"))
+        assert config.train.zero_stage == 3
+        with pytest.raises(_LayoutReached):
+            loop.train(model, [{"input_ids": [1, 2]}], config, specials=SPECIALS, pad_id=PAD, report=lambda *_: None)
+        assert err.getvalue().count("train.zero_stage=3") == warnings, err.getvalue()
+        if warnings:
+            assert "fit one card (80 GiB)" in err.getvalue()

@@ -2,7 +2,7 @@
 
 For every trial: its samples and tokens (the run's own preprocessing steps on the first `SAMPLE_PROBLEMS` problems,
 scaled to the set), the steps its layout makes (the ZeRO stage, row size and compilation the workers would choose on
-the card: `clozemath.train.zero`, `clozemath.train.layout.choose_layout`), and the time of its parts: training at the
+the card, decided by the workers' own functions: `clozemath.train.layout`), and the time of its parts: training at the
 measured tokens/s of its model on the card, evaluation at the measured problems/s, and the fixed costs (workers'
 start, model load, the first step's compilation, preprocessing). The grid's wall time is its trials laid on the GPUs
 in order, each starting when enough are free, as Tune runs them. The figures come from `configs/throughput.yaml`,

@@ -144,7 +144,7 @@ def _trials_table(result: GridEstimate) -> list[str]:
     rows = []
     for placed in result.scheduled:
         trial, layout = placed.trial, placed.trial.layout
-        rows.append([f"{trial.gpus:g}", f"{layout.plan.total_steps:,}" if layout else "-", _duration(trial.train_s),
+        rows.append([f"{trial.gpus:g}", f"{layout.steps.total_steps:,}" if layout else "-", _duration(trial.train_s),
                      _duration(trial.eval_s), _duration(trial.wall_s), f"{trial.gpus * trial.wall_s / 3600:.2f}"])
     widths = [max(len(header[i]), *(len(row[i]) for row in rows)) for i in range(len(header))]
     room = WIDTH - sum(widths) - 3 * len(widths) - 4
@@ -168,7 +168,7 @@ def _details(result: GridEstimate, cluster: str) -> list[str]:
     ]
     for placed in result.scheduled:
         trial, layout = placed.trial, placed.trial.layout
-        steps = f"{layout.plan.total_steps:,}" if layout else "-"
+        steps = f"{layout.steps.total_steps:,}" if layout else "-"
         row = "-" if layout is None else (f"{layout.row_tokens:,}" if layout.row_tokens else "padded")
         compiled = "-" if layout is None else ("yes" if layout.compiled else "no")
         rows.append(

@@ -17,9 +17,9 @@ from clozemath.data.sources import load_problems
 from clozemath.data.tokenize import IGNORE_INDEX
 from clozemath.errors import ClozeMathError
 from clozemath.train.budget import Footprint, matched_epochs
-from clozemath.train.layout import Layout, choose_layout
-from clozemath.train.packing import auto_pack_tokens, packs_needed
-from clozemath.train.zero import TrainingMemory, auto_zero_stage, model_memory, planned_row_tokens
+from clozemath.train.layout import Layout, choose_layout, packs, row_tokens, zero_stage
+from clozemath.train.packing import packs_needed
+from clozemath.train.zero import TrainingMemory, model_memory, planned_row_tokens
 
 SAMPLE_PROBLEMS = 500
 """Training problems whose samples are built and tokenized to count a set's (the counts are scaled to the set)."""
@@ -309,16 +309,13 @@ class Estimator:
             eval_s = self.evaluation_s(config, shape, gpus, None)
             return TrialCost(config.name, gpus, 0, 0, None, None, 0.0, 0.0, eval_s, load_s)
         data = self.count(config, counting, shape.tokenizer_note)
-        memory = model_memory(shape.model, planned_row_tokens(train, config.data.max_length))
-        stage = auto_zero_stage(memory, self.card.memory_bytes * train.gpu_share, train.num_workers) \
-            if train.zero_stage == "auto" else train.zero_stage
-        train = train.model_copy(update={"zero_stage": stage, "epochs": self.epochs(config, counting, shape, data,
-                                                                                      root)})
-        layout = self.layout(train, shape, memory, data)
+        train = train.model_copy(update={"epochs": self.epochs(config, counting, shape, data, root)})
+        stage, layout = self.shaped(config.model_copy(update={"train": train}), shape, data)
+        train = train.model_copy(update={"zero_stage": stage})
         rate = self.train_rate(config.model, shape, data, layout.compiled)
         scaling = self._note(f"tokens/s a GPU with {train.num_workers} worker(s) under ZeRO-{stage}, against one",
                              self.table.scaling_factor(stage, train.num_workers, layout.compiled))
-        trained = layout.plan.total_steps * train.grad_accum / layout.plan.micro_batches_per_epoch * data.tokens
+        trained = layout.steps.total_steps * train.grad_accum / layout.steps.micro_batches_per_epoch * data.tokens
         kind = "train_compiled" if layout.compiled else "train_eager"
         worker_rate = self.shared_rate(config.model, rate, train.gpu_share, kind)
         train_s = trained / (worker_rate * train.num_workers * scaling.value)
@@ -340,31 +337,37 @@ class Estimator:
         train = config.train
         if train.budget == "epochs":
             return train.epochs
-        from clozemath.plan import load_method
+        from clozemath.plan import budget_reference
 
-        reference = config.model_copy(update={"method": load_method(train.budget_reference, root)}, deep=True)
-        theirs = self.count(reference, counting, shape.tokenizer_note)
-        packed = train.pack_tokens is not None
+        theirs = self.count(budget_reference(config, root), counting, shape.tokenizer_note)
         return matched_epochs(train, Footprint(theirs.samples, theirs.tokens), Footprint(data.samples, data.tokens),
-                              packed)
+                              packs(train, gpu=True))
+
+    def shaped(self, config: ExperimentConfig, shape: Shape, data: DataCount) -> tuple[int, Layout]:
+        """The ZeRO stage and the layout the workers would choose on this card (`clozemath.train.layout`'s
+        `zero_stage` and `choose_layout`), from what the model would hold there (`model_memory` of its shape)."""
+        train = config.train
+        card = int(self.card.memory_bytes * train.gpu_share)
+        memory = model_memory(shape.model, planned_row_tokens(train, config.data.max_length))
+        stage = zero_stage(train, memory, card, train.num_workers)
+        return stage, self.layout(train.model_copy(update={"zero_stage": stage}), shape, memory, data)
 
     def layout(self, train: TrainConfig, shape: Shape, memory: TrainingMemory, data: DataCount) -> Layout:
-        """The workers' choice (`choose_layout`) on this card: a row sized to its memory beside the model, compiled
-        or not, and the steps; each worker's share of the samples as `ray_jobs.train.rows_of_rank` deals them."""
+        """The workers' choice (`choose_layout`) on this card: a row sized to its memory beside the model
+        (`row_tokens`), compiled or not, and the steps; each worker's share of the samples as
+        `ray_jobs.train.rows_of_rank` deals them."""
         workers = train.num_workers
         shards = [data.lengths[rank::workers] for rank in range(workers)]
         longest = max(data.lengths, default=1)
 
-        def per_epoch(budget: int | None) -> int:
-            if budget is None:
+        def per_epoch(row: int | None) -> int:
+            if row is None:
                 return int(min(map(len, shards)) * data.scale) // train.micro_batch_size
-            return math.ceil(max(packs_needed(shard, budget) for shard in shards) * data.scale)
+            return math.ceil(max(packs_needed(shard, row) for shard in shards) * data.scale)
 
-        budget: int | None = train.pack_tokens if isinstance(train.pack_tokens, int) else None
-        if train.pack_tokens == "auto":
-            beside = self.card.memory_bytes * train.gpu_share - memory.frozen_bytes - 4 * memory.trained_params
-            budget = auto_pack_tokens(shape.config, int(beside), longest)
-        return choose_layout(train, budget, longest, torch.device("cuda"), per_epoch)
+        beside = self.card.memory_bytes * train.gpu_share - memory.loaded_bytes
+        return choose_layout(train, row_tokens(train, shape.config, int(beside), longest), longest,
+                             torch.device("cuda"), per_epoch)
 
     def evaluation_s(self, config: ExperimentConfig, shape: Shape, gpus: float,
                      trained: tuple[Layout, int] | None) -> float:
@@ -387,7 +390,7 @@ class Estimator:
         evaluated = config.eval.during_training()
         if trained is not None and evaluated is not None:
             layout, stage = trained
-            points, problems = curve_evaluations(config, layout.plan.total_steps)
+            points, problems = curve_evaluations(config, layout.steps.total_steps)
             decoding = evaluated[1]
             alone = self.eval_rate(config.model, shape, decoding, "eager")
             ranks = 1 if stage == 3 else config.train.num_workers  # ZeRO-3's ranks decode every problem in step

@@ -3,22 +3,24 @@
 
 from __future__ import annotations
 
+import ast
 import hashlib
+import importlib
 import inspect
 import itertools
 import json
 import sys
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from types import ModuleType
 from typing import Any, Literal, TextIO
 
 from transformers import PreTrainedTokenizerBase
 
-from clozemath.config import DataConfig, ExperimentConfig, MethodConfig
-from clozemath.data import objectives, samples, segment, sources, tokenize
-from clozemath.data.objectives import TokenOffsets, balance, build_samples, lm_repeats, needs_offsets
+from clozemath.config import DataConfig, ExperimentConfig, MethodConfig, ModelConfig
+from clozemath.data import objectives
+from clozemath.data.objectives import TokenOffsets, balance, build_samples, lm_repeats, needs_offsets, sample_inputs
 from clozemath.data.samples import Sample
 from clozemath.data.sources import Problem, load_problems
 from clozemath.data.tokenize import (
@@ -31,17 +33,99 @@ from clozemath.data.tokenize import (
 )
 from clozemath.errors import ClozeMathError
 
+# --------------------------------------------------------------------------------------------------------------
+# What a prepared training set depends on: the code that makes a sample, and the settings it reads
+
+DATA_PACKAGE = "clozemath.data"
+
+
+def _imported_data_modules(module: ModuleType) -> list[ModuleType]:
+    """The `clozemath.data` modules that `module`'s source imports, at the top or inside a function."""
+    names: set[str] = set()
+    for node in ast.walk(ast.parse(inspect.getsource(module))):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module is not None and node.level == 0:
+            names.add(node.module)
+            names.update(f"{node.module}.{alias.name}" for alias in node.names)  # a submodule imported by its name
+    found = []
+    for name in sorted(names):
+        if not name.startswith(f"{DATA_PACKAGE}."):
+            continue
+        try:
+            found.append(importlib.import_module(name))
+        except ModuleNotFoundError:  # a function or class imported from a module, not a module
+            continue
+    return found
+
+
 def sample_modules() -> list[ModuleType]:
-    """Every module that decides what a sample's token ids are: the problems' reading, segmentation, the objectives
-    (registered ones included), tokenization and these steps."""
-    return [sources, segment, samples, *objectives.source_modules(), tokenize, sys.modules[__name__]]
+    """Every module that decides what a sample's token ids are: these steps, the registered objectives'
+    (`objectives.source_modules`) and every `clozemath.data` module they import, directly or through another (the
+    problems' reading, the training sets and their segmentation rules, segmentation, tokenization), found in their
+    source rather than listed by hand."""
+    found: dict[str, ModuleType] = {}
+    pending = [sys.modules[__name__], *objectives.source_modules()]
+    while pending:
+        module = pending.pop()
+        if module.__name__ not in found:
+            found[module.__name__] = module
+            pending += _imported_data_modules(module)
+    return [found[name] for name in sorted(found)]
+
+
+def source_hashes(modules: Iterable[ModuleType]) -> dict[str, str]:
+    """A hash of each module's source, by module name."""
+    return {module.__name__: hashlib.sha256(inspect.getsource(module).encode()).hexdigest()[:16] for module in modules}
 
 
 def sample_code() -> dict[str, str]:
-    """A hash of each `sample_modules` module's source, by module: part of a run's identity (`clozemath.records`),
-    so that a change names the module."""
-    return {module.__name__: hashlib.sha256(inspect.getsource(module).encode()).hexdigest()[:16]
-            for module in sample_modules()}
+    """`source_hashes` of `sample_modules`: part of a run's identity (`clozemath.records`), so that a change names the
+    module, and of its preprocessing cache's key (`preprocessing_key`)."""
+    return source_hashes(sample_modules())
+
+
+def tokenizer_settings(model: ModelConfig) -> dict[str, Any]:
+    settings = {key: getattr(model, key) for key in ("path", "gguf_file", "tokenizer", "eos_token")}
+    if model.gguf_chunks is not None:  # only then: the keys of earlier caches stay what they were
+        settings["gguf_chunks"] = model.gguf_chunks.model_dump(mode="json", exclude={"cache_dir"})
+    return settings
+
+
+def sample_settings(config: ExperimentConfig) -> list[dict[str, Any]]:
+    """What a prepared training set depends on in a config besides its problems: what of the method and the seed
+    reaches a sample (`sample_inputs`: IT, MFT and it_prefixlm share one set at every seed), the data settings that
+    shape a sample, the tokenizer's settings."""
+    data = config.data
+    return [sample_inputs(config.method, data.seed), {"prompt_template": data.prompt_template,
+                                                      "max_length": data.max_length},
+            tokenizer_settings(config.model)]
+
+
+def _sha256(*parts: str) -> str:
+    digest = hashlib.sha256()
+    for part in parts:
+        digest.update(part.encode())
+        digest.update(b"\0")
+    return digest.hexdigest()
+
+
+def preprocessing_key(config: ExperimentConfig, problems: list[Problem], code: Mapping[str, str]) -> str:
+    """The key of a prepared training set in the preprocessing cache: a hash of everything its token ids depend on
+    and nothing else: the problems, `sample_settings` and `code` (`sample_code`, with the source of the steps'
+    runner where it is another module: `ray_jobs.preprocess`)."""
+    return _sha256(
+        _sha256(*(json.dumps(p.to_dict(), sort_keys=True) for p in problems)),
+        *(json.dumps(part, sort_keys=True) for part in sample_settings(config)),
+        json.dumps(code, sort_keys=True),
+    )[:24]
+
+
+def training_set_identity(config: ExperimentConfig) -> str:
+    """`preprocessing_key`'s inputs as a config states them (the data settings name the problems; the code is this
+    process's), with the cache's folder: two configs alike here prepare the same rows into one folder."""
+    data = config.data.model_dump(mode="json", exclude={"seed"})
+    return json.dumps([data, *sample_settings(config), config.train.output_dir], sort_keys=True)
 
 
 # --------------------------------------------------------------------------------------------------------------

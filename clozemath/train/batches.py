@@ -13,7 +13,7 @@ from clozemath.config import ExperimentConfig, TrainConfig
 from clozemath.data.objectives.mft import apply_mft_noise, mft_rate
 from clozemath.data.tokenize import collate, collate_packs
 from clozemath.model.attention import attention_inputs, flex_kernel_options, head_dim
-from clozemath.train.layout import Plan
+from clozemath.train.layout import StepCounts
 from clozemath.train.packing import epoch_packs
 
 LENGTH_WINDOW = 32
@@ -41,28 +41,28 @@ def epoch_micro_batches(
 
 
 def micro_batch_rows(
-    lengths: Sequence[int], plan: Plan, train: TrainConfig, row_tokens: int | None, seed: int, start: int
+    lengths: Sequence[int], steps: StepCounts, train: TrainConfig, row_tokens: int | None, seed: int, start: int
 ) -> Iterator[list[int]]:
     """Row indices of micro-batch `start`, `start + 1`, ... of the endless stream of epochs (with packing, a
     micro-batch is one packed row)."""
     index = start
     while True:
-        epoch, offset = divmod(index, plan.micro_batches_per_epoch)
+        epoch, offset = divmod(index, steps.micro_batches_per_epoch)
         if row_tokens is None:
             batches = epoch_micro_batches(
-                lengths, plan.micro_batches_per_epoch, train.micro_batch_size, seed, epoch, train.group_by_length
+                lengths, steps.micro_batches_per_epoch, train.micro_batch_size, seed, epoch, train.group_by_length
             )
         else:
-            batches = epoch_packs(lengths, row_tokens, plan.micro_batches_per_epoch, seed, epoch)
+            batches = epoch_packs(lengths, row_tokens, steps.micro_batches_per_epoch, seed, epoch)
         yield from batches[offset:]
-        index = (epoch + 1) * plan.micro_batches_per_epoch
+        index = (epoch + 1) * steps.micro_batches_per_epoch
 
 
 def tokens_before(
-    lengths: Sequence[int], plan: Plan, train: TrainConfig, row_tokens: int | None, seed: int, micro_batches: int
+    lengths: Sequence[int], steps: StepCounts, train: TrainConfig, row_tokens: int | None, seed: int, micro_batches: int
 ) -> int:
     """The real tokens of the stream's first `micro_batches` micro-batches (what a run resumed there trained before)."""
-    stream = micro_batch_rows(lengths, plan, train, row_tokens, seed, start=0)
+    stream = micro_batch_rows(lengths, steps, train, row_tokens, seed, start=0)
     return sum(lengths[i] for indices in itertools.islice(stream, micro_batches) for i in indices)
 
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from clozemath.config import TrainConfig
 from clozemath.errors import ClozeMathError
-from clozemath.train.layout import plan_steps
+from clozemath.train.layout import count_steps
 
 
 @dataclass(frozen=True)
@@ -27,7 +27,7 @@ class Footprint:
 
 def planned_steps(footprint: Footprint, train: TrainConfig) -> int:
     """The optimizer steps a run of one sample a row makes: `max_steps`, else `epochs` over its training set."""
-    return plan_steps(footprint.samples // train.num_workers // train.micro_batch_size, train).total_steps
+    return count_steps(footprint.samples // train.num_workers // train.micro_batch_size, train).total_steps
 
 
 def planned_tokens(footprint: Footprint, train: TrainConfig, packed: bool = False) -> int | None:

@@ -19,27 +19,27 @@ from clozemath.data.tokenize import SpecialTokens
 from clozemath.errors import ClozeMathError
 from clozemath.files import write_text_atomic
 from clozemath.model.load import save_adapter
-from clozemath.train.layout import Plan
+from clozemath.train.layout import StepCounts
 
 CHECKPOINT_TAG = "state"
 """DeepSpeed's tag (sub-folder) for the engine state inside a checkpoint folder."""
 
 
-def save_checkpoint(engine: Any, folder: Path, step: int, plan: Plan, next_micro_batch: int) -> None:
+def save_checkpoint(engine: Any, folder: Path, step: int, steps: StepCounts, next_micro_batch: int) -> None:
     """Engine state (trainable weights, optimizer partitions, schedule), the step and the data position (the next
     micro-batch of the stream); every rank writes its part, frozen base weights are left out."""
-    state = {"step": step, "total_steps": plan.total_steps, "next_micro_batch": next_micro_batch}
+    state = {"step": step, "total_steps": steps.total_steps, "next_micro_batch": next_micro_batch}
     engine.save_checkpoint(str(folder), tag=CHECKPOINT_TAG, client_state=state, exclude_frozen_parameters=True)
 
 
-def load_checkpoint(engine: Any, folder: Path, plan: Plan) -> tuple[int, int]:
+def load_checkpoint(engine: Any, folder: Path, steps: StepCounts) -> tuple[int, int]:
     """Restore the engine from `folder`; returns the step it was taken at and the next micro-batch to read."""
     path, client_state = engine.load_checkpoint(str(folder), tag=CHECKPOINT_TAG, load_module_strict=False)
     if path is None:
         raise ClozeMathError(f"{folder}: no DeepSpeed checkpoint '{CHECKPOINT_TAG}' in it")
-    if client_state["total_steps"] != plan.total_steps:
+    if client_state["total_steps"] != steps.total_steps:
         raise ClozeMathError(
-            f"{folder}: checkpoint planned {client_state['total_steps']} steps, this run plans {plan.total_steps}"
+            f"{folder}: checkpoint planned {client_state['total_steps']} steps, this run plans {steps.total_steps}"
             " (data or train.* changed?)"
         )
     return int(client_state["step"]), int(client_state["next_micro_batch"])

@@ -40,9 +40,8 @@ from clozemath.train.compilation import compile_decoder_layers, compiled_shape_k
 from clozemath.train.determinism import deterministic_kernels, seed_everything
 from clozemath.train.distributed import all_ranks_reduce, all_ranks_sum, init_distributed
 from clozemath.train.flops import TrainingShape, peak_flops, sample_flops
-from clozemath.train.layout import Layout, plan_line, training_layout
+from clozemath.train.layout import Layout, layout_line, resolved_zero_stage, training_layout
 from clozemath.train.step import StepTally, accumulate, build_engine
-from clozemath.train.zero import with_zero_stage
 
 
 class InjectedFailure(RuntimeError):
@@ -109,7 +108,8 @@ def train(
     Checkpoints are written under `scratch_dir` (default: the system's temp folder) and removed after `report`.
     `compile_cache`: the folder this process compiles into (`use_compile_cache`), where `compile: auto` looks for a
     compiled step of this run's shape and marks its own after the first step.
-    `train.zero_stage: auto` is resolved here (`clozemath.train.zero.with_zero_stage`)."""
+    `train.zero_stage: auto` is resolved here (`clozemath.train.layout.resolved_zero_stage`) unless the caller did
+    (a Ray worker, once: its evaluation during training decodes by the stage)."""
     with deterministic_kernels(config.train.deterministic):
         device = next(model.parameters()).device
         if device.type == "cpu" and model.config._attn_implementation == "flex_attention":
@@ -117,32 +117,33 @@ def train(
                 "model.attn_implementation=flex_attention cannot train on CPU (no backward there): use sdpa"
             )
         init_distributed(device)
-        config = with_zero_stage(config, model, device)
+        if config.train.zero_stage == "auto":
+            config = resolved_zero_stage(config, model, device)
         rank = dist.get_rank()
         seed_everything(config.train.seed)
         lengths = [len(row["input_ids"]) for row in rows]
         layout = training_layout(config, model, lengths, device, compile_cache)
-        plan = layout.plan
+        steps = layout.steps
         if layout.compiled:
             compile_decoder_layers(model, config.train.zero_stage)
         if rank == 0:
-            console.phase(f"[{config.name}] training: {plan_line(layout, config.train)}")
+            console.phase(f"[{config.name}] training: {layout_line(layout, config.train)}")
         shape = TrainingShape.of(model)  # before the engine: ZeRO-3 leaves a partitioned weight with no elements
         row_flops = [sample_flops(shape, row, config.method.attention == "prefix_lm") for row in rows]
-        engine = build_engine(model, config.train, plan.total_steps, plan.warmup_steps)
-        step, next_micro_batch = load_checkpoint(engine, resume_from, plan) if resume_from is not None else (0, 0)
+        engine = build_engine(model, config.train, steps.total_steps, steps.warmup_steps)
+        step, next_micro_batch = load_checkpoint(engine, resume_from, steps) if resume_from is not None else (0, 0)
         order_seed = config.train.seed * 1009 + rank
-        stream = micro_batch_rows(lengths, plan, config.train, layout.row_tokens, order_seed, next_micro_batch)
+        stream = micro_batch_rows(lengths, steps, config.train, layout.row_tokens, order_seed, next_micro_batch)
         worker = _Worker(engine, model, rows, config, layout, specials, pad_id, rank, device, stream, row_flops)
         if next_micro_batch:  # the tokens of the steps before the checkpoint: the stream is a function of the seed
-            before = tokens_before(lengths, plan, config.train, layout.row_tokens, order_seed, next_micro_batch)
+            before = tokens_before(lengths, steps, config.train, layout.row_tokens, order_seed, next_micro_batch)
             worker.trained_tokens = int(all_ranks_sum([before], device)[0])
         # after the first step, rank 0 tells the compile cache that it holds this shape's compiled step
         # (`compile: auto`)
         unmarked = (compile_cache, compiled_shape_key(config, layout.row_tokens, device)) if (
             layout.compiled and layout.row_tokens is not None and compile_cache is not None and rank == 0) else None
         engine.train()
-        while step < plan.total_steps:
+        while step < steps.total_steps:
             if config.train.fail_at_step == step + 1 and resume_from is None and rank == 0:
                 raise InjectedFailure(f"train.fail_at_step={config.train.fail_at_step}: failing on purpose")
             metrics = worker.step(step)
@@ -197,11 +198,11 @@ class _Worker:
             indices = next(self.stream)
             taken.extend(indices)
             batch = micro_batch(self.rows, indices, self.layout.row_tokens, self.pad_id)
-            yield noised(batch, self.config, step, self.layout.plan.total_steps, self.mask_id, self.noise_ids)
+            yield noised(batch, self.config, step, self.layout.steps.total_steps, self.mask_id, self.noise_ids)
 
     def metrics(self, tally: StepTally, flops: float, step: int, started: float, lr: float) -> StepMetrics:
         """`flops`: the training FLOPs of this rank's rows in the step."""
-        device, plan = self.device, self.layout.plan
+        device, steps = self.device, self.layout.steps
         loss_sum, micro_batches, tokens, positions, flops = all_ranks_sum(
             [float(tally.loss), tally.micro_batches, tally.tokens, tally.positions, flops], device
         )
@@ -212,8 +213,8 @@ class _Worker:
             if device.type == "cuda" else 0
         return StepMetrics(
             step=step,
-            total_steps=plan.total_steps,
-            epoch=step * self.config.train.grad_accum / plan.micro_batches_per_epoch,
+            total_steps=steps.total_steps,
+            epoch=step * self.config.train.grad_accum / steps.micro_batches_per_epoch,
             loss=loss_sum / micro_batches,
             lr=lr,
             tokens=int(tokens),
@@ -229,12 +230,12 @@ class _Worker:
     def report(self, metrics: StepMetrics, report: Report, scratch_dir: Path | None) -> None:
         """Hand the step's metrics to `report`, with a checkpoint every `checkpoint_every` steps and at the last (which
         also holds the adapter)."""
-        step, plan, train = metrics.step, self.layout.plan, self.config.train
-        if step % train.checkpoint_every and step != plan.total_steps:
+        step, steps, train = metrics.step, self.layout.steps, self.config.train
+        if step % train.checkpoint_every and step != steps.total_steps:
             report(metrics, None)
             return
         with checkpoint_folder(scratch_dir) as folder:
-            save_checkpoint(self.engine, folder, step, plan, next_micro_batch=step * train.grad_accum)
-            if step == plan.total_steps:
+            save_checkpoint(self.engine, folder, step, steps, next_micro_batch=step * train.grad_accum)
+            if step == steps.total_steps:
                 export_adapter(self.engine, folder / ADAPTER_DIR, self.specials)
             report(metrics, folder)

@@ -15,7 +15,6 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from clozemath import console
 from clozemath.config import ExperimentConfig, TrainConfig
 from clozemath.train.packing import MIN_PACK_TOKENS, activation_bytes_per_token
 
@@ -41,6 +40,11 @@ class TrainingMemory:
     @property
     def total(self) -> int:
         return self.frozen_bytes + self.trained_params * OPTIMIZER_BYTES_PER_TRAINED + self.row_bytes
+
+    @property
+    def loaded_bytes(self) -> int:
+        """What the loaded model holds before the engine starts: the frozen weights and the trained ones in fp32."""
+        return self.frozen_bytes + 4 * self.trained_params
 
 
 def planned_row_tokens(train: TrainConfig, max_length: int) -> int:
@@ -72,30 +76,14 @@ def model_memory(model: torch.nn.Module, row_tokens: int) -> TrainingMemory:
     return TrainingMemory(frozen, trained, int(row_tokens * activation_bytes_per_token(model.config)))
 
 
-def with_zero_stage(config: ExperimentConfig, model: torch.nn.Module, device: torch.device) -> ExperimentConfig:
-    """The config with `train.zero_stage: auto` made 2 or 3 for this model on this card (this process's share of
-    it); every rank takes the highest any rank chose. A set stage is kept; a set ZeRO-3 where the model fits one card
-    is warned about."""
-    train = config.train
-    if train.zero_stage == 2:
-        return config
-    card = card_bytes(device, train.gpu_share)
-    workers = dist.get_world_size() if dist.is_initialized() else 1
-    memory = model_memory(model, planned_row_tokens(train, config.data.max_length))
-    stage = auto_zero_stage(memory, card, workers)
-    if train.zero_stage == 3:
-        if stage == 2 and card is not None and workers > 1 and dist.get_rank() == 0:
-            held, card_gib = memory.total / 2**30, card / 2**30
-            console.warn(f"train.zero_stage=3: the frozen model, the optimizer state and a row ({held:.1f} GiB) fit "
-                         f"one card ({card_gib:.0f} GiB), where ZeRO-2 trains faster: ZeRO-3 gathers every layer from "
-                         "the other cards, forward and backward (SmolLM2 on 2 GPUs ran 66% of one GPU alone). `auto` "
-                         "takes ZeRO-2 here")
-        return config
-    if workers > 1:
+def with_zero_stage(config: ExperimentConfig, stage: int, device: torch.device) -> ExperimentConfig:
+    """The config with ZeRO `stage`, this rank's choice (`clozemath.train.layout.resolved_zero_stage`): under
+    `train.zero_stage: auto` every rank takes the highest any rank chose, so that all run one stage."""
+    if config.train.zero_stage == "auto" and dist.is_initialized() and dist.get_world_size() > 1:
         chosen = torch.tensor([stage], device=device)
         dist.all_reduce(chosen, op=dist.ReduceOp.MAX)
         stage = int(chosen.item())
-    return config.model_copy(update={"train": train.model_copy(update={"zero_stage": stage})})
+    return config.model_copy(update={"train": config.train.model_copy(update={"zero_stage": stage})})
 
 
 def card_bytes(device: torch.device, share: float) -> int | None:
@@ -118,7 +106,7 @@ def deepspeed_config(train: TrainConfig, bf16: bool, layer: torch.nn.Module | No
     as it comes (a copy, a kernel launch and Python per tensor); left apart, the bucket is flattened once when it is
     reduced. That buffer exists to keep a large model's gradients from fragmenting memory, and LoRA's are a few MB."""
     if train.zero_stage == "auto":
-        raise ValueError("train.zero_stage 'auto' must be resolved first (with_zero_stage)")
+        raise ValueError("train.zero_stage 'auto' must be resolved first (layout.resolved_zero_stage)")
     zero: dict[str, Any] = {"stage": train.zero_stage, "contiguous_gradients": False}
     if train.zero_stage == 3:
         if layer is None:

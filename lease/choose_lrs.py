@@ -1,9 +1,9 @@
 """From stage 1 to stage 2 of the matched-compute replication: each method's learning rate, the one with the best
 accuracy on the problems the sweep held out, written into the grids that train at it.
 
-    python bench/choose_lrs.py --experiment replication-matched-lr \
+    python lease/choose_lrs.py --experiment replication-matched-lr \
         --grids configs/grids/replication_matched.yaml configs/grids/table4.yaml [--tracking-uri sqlite:///mlruns.db]
-    python bench/choose_lrs.py --trials bench/results/<slices>/rates-*/trials.json --grids ...
+    python lease/choose_lrs.py --trials bench/results/<slices>/rates-*/trials.json --grids ...
 
 It reads the sweep's latest grid run (`clozemath.report.grid_runs`), or the `trials.json` files that `clozemath
 report` wrote for its parts (a sweep run in slices, each a grid run of its own): per trial its method (tag), rate
@@ -108,7 +108,7 @@ def rewritten(text: str, sweep: Sweep, where: str) -> tuple[str, list[str]]:
             raise ClozeMathError(f"{where}: a rate rule for '{method}', which the sweep did not train "
                                  f"(it trained: {', '.join(sorted(sweep))})")
         rate = best_rate(sweep[method])
-        comment = f"  # held out: {_accuracies(sweep[method])} (bench/choose_lrs.py)"
+        comment = f"  # held out: {_accuracies(sweep[method])} (lease/choose_lrs.py)"
         lines.append(f"{found['head']}{rate_text(rate)}{found['tail']}{comment}\n")
         methods.append(method)
     return "".join(lines), methods

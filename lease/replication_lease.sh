@@ -1,15 +1,15 @@
 #!/usr/bin/env bash
 # The matched-compute replication in one lease of 4 GPUs (issue 25; bench/results/replication.md): stage 1 (each
-# method's rate on problems held out of train), the rates written into the grids (bench/choose_lrs.py), stage 2 (the
+# method's rate on problems held out of train), the rates written into the grids (lease/choose_lrs.py), stage 2 (the
 # main grid and Table 4's ablations side by side on one Ray cluster), the reports, and the files that come back.
 # A command on the GPU machine lasts at most 10 minutes and the chain about 15, so `start` runs it detached (a new
 # process session outlives the command), `wait` follows it, `collect` puts at most 8 files of < 16 MiB into $OUT.
 #
 #   export MODEL_DIR=/tmp/m CLOZEMATH_DATA_DIR=$PWD/shared/data HF_HUB_OFFLINE=1   # the GGUF's folder, the data
-#   bash bench/replication_lease.sh start      # returns at once
-#   bash bench/replication_lease.sh wait 570   # progress (and, where $OUT is set, `collect`); call again at once,
+#   bash lease/replication_lease.sh start      # returns at once
+#   bash lease/replication_lease.sh wait 570   # progress (and, where $OUT is set, `collect`); call again at once,
 #                                                # within the machine's 30 s, until "chain: done": read it meanwhile
-#   bash bench/replication_lease.sh collect    # the results into $OUT
+#   bash lease/replication_lease.sh collect    # the results into $OUT
 #
 # REPLICATION picks the model: `smollm2` (default; MODEL_DIR the folder of its GGUF) or `qwen` (issue 26: Qwen2.5-
 # Coder-1.5B-Instruct from its chunk packages, configs/grids/replication_qwen1.5b.yaml; its rates swept by the same
@@ -115,7 +115,7 @@ chain() {
     if has rates; then
         echo "chain: stage 1, the rates"
         grid "$RATE_GRID" "${RATE_ARGS[@]}" $RATE_OVERRIDES
-        if ! run "$PY" bench/choose_lrs.py --experiment "$RATE_EXPERIMENT" --tracking-uri "$STORE" \
+        if ! run "$PY" lease/choose_lrs.py --experiment "$RATE_EXPERIMENT" --tracking-uri "$STORE" \
                 --grids "${RATE_GRIDS[@]}" --out "$REPORTS/rates.md"; then
             echo "chain: no rates chosen; stopping"; finish "$started"; return
         fi
