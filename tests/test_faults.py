@@ -61,6 +61,26 @@ def test_a_run_folder_refuses_edited_data_naming_it_and_the_way_out(tmp_path: Pa
         claim_run_folder(folder, experiments, run_inputs(experiments))
 
 
+def test_a_run_recorded_before_a_field_was_added_is_still_its_run_but_a_change_inside_a_list_is_not(
+    tmp_path: Path
+) -> None:
+    """A newer clozemath gave evaluation sets `ids` (off: None): a folder recorded before (its `eval.sets` written
+    without it) resumes; a setting changed inside that list is still another config."""
+    experiments = load_plan(ROOT / SMOKE, outputs(tmp_path)).experiments
+    folder = tmp_path / "runs" / "smoke"
+    claim_run_folder(folder, experiments, run_inputs(experiments))
+    (folder / "adapter").mkdir()
+    record = json.loads((folder / RUN_RECORD).read_text())
+    (settings,) = record["settings"].values()
+    assert "'ids': None" in settings["eval.sets"]
+    settings["eval.sets"] = settings["eval.sets"].replace("'ids': None, ", "")  # as the older clozemath wrote it
+    (folder / RUN_RECORD).write_text(json.dumps(record))
+    claim_run_folder(folder, experiments, run_inputs(experiments))  # a resume
+    changed = load_plan(ROOT / SMOKE, [*outputs(tmp_path), "eval.sets=[{dataset: gsm8k, limit: 5}]"]).experiments
+    with pytest.raises(ClozeMathError, match=r"holds the run of another config \(eval.sets: "):
+        claim_run_folder(folder, changed, run_inputs(changed))
+
+
 def test_a_run_folder_refuses_changed_sample_code_naming_the_module(tmp_path: Path) -> None:
     experiments = load_plan(ROOT / SMOKE, outputs(tmp_path)).experiments
     inputs = run_inputs(experiments)
