@@ -486,12 +486,14 @@ def loss_line(tracking_uri: str, run_id: str, of: str | None = None) -> list[str
 
 
 def sample_line(folder: Path, of: str | None = None) -> list[str]:
-    """`sample:` the first prediction of the run's first evaluation set: the start of the model's answer, the answer
-    found in it, the gold one, its verdict; none without predictions. `of`: the trial, named first."""
+    """`sample:` the first prediction of the run's first evaluation set that says something (an empty generation
+    shows nothing of the pipeline): the start of the model's answer, the answer found in it, the gold one, its
+    verdict; none without predictions. `of`: the trial, named first."""
     files = sorted(path for path in folder.glob("*.jsonl") if not path.name.endswith(".partial.jsonl"))
     if not files:
         return []
-    first = read_predictions(files[0])[0]
+    predictions = read_predictions(files[0])
+    first = next((p for p in predictions if p.generation.strip()), predictions[0])
     text = " ".join(first.generation.split())
     shown = text if len(text) <= SAMPLE_CHARS else text[:SAMPLE_CHARS] + "…"
     cut = ", cut at eval.max_new_tokens" if first.finish_reason == "length" else ""

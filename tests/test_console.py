@@ -278,7 +278,9 @@ def test_a_method_beside_its_base_model_closes_side_by_side_with_each_ones_evide
         answer = Prediction(id="gsm8k-test-0", dataset="gsm8k", decoding="greedy", prompt="Q", generation="6 * 3 = 18\n"
                             "#### 18", extracted="18", gold="18", correct=True, confidence=None, finish_reason="eos")
         (folder / PREDICTIONS_ARTIFACTS).mkdir(parents=True)
-        write_predictions(folder / PREDICTIONS_ARTIFACTS / "gsm8k.jsonl", [answer])
+        silent = Prediction(id="gsm8k-test-1", dataset="gsm8k", decoding="greedy", prompt="Q", generation=" \n",
+                            extracted=None, gold="7", correct=False, confidence=None, finish_reason="stop")
+        write_predictions(folder / PREDICTIONS_ARTIFACTS / "gsm8k.jsonl", [silent, answer])  # the first says nothing
         metrics = {"eval/gsm8k/greedy/accuracy": correct / 50, "eval/gsm8k/greedy/correct": correct,
                    "eval/gsm8k/greedy/total": 50, "eval/gsm8k/greedy/cut_share": 0.0}
         trials.append(TrialOutcome(name, "TERMINATED", run.run_id, metrics, folder=folder,
