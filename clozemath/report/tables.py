@@ -171,6 +171,11 @@ def _seconds(value: float | None) -> str:
     return "–" if value is None else f"{value:,.0f}"
 
 
+def timed_trials(results: list[TrialResult]) -> list[TrialResult]:
+    """The trials that ended and recorded their evaluation's seconds: those a share of time spent evaluating is of."""
+    return [r for r in results if r.seconds and EVAL_SECONDS in r.metrics]
+
+
 def evaluation_time_table(results: list[TrialResult]) -> str:
     """Each trial's run time, its evaluation's, and of that the start-up (until the first actor could decode:
     `EVAL_STARTUP_S`) and the decoding (markdown); then the grid's share of its trials' time spent evaluating and
@@ -183,7 +188,7 @@ def evaluation_time_table(results: list[TrialResult]) -> str:
     lines += [f"| {set_title(r.train_set)} | {model_name(r.model)} | {method_name(r.method)} | {r.seed} | "
               f"{_seconds(r.seconds)} | {_seconds(r.metrics.get(EVAL_SECONDS))} | "
               f"{_seconds(r.metrics.get(EVAL_STARTUP_S))} | {_seconds(r.metrics.get(EVAL_DECODE_S))} |" for r in rows]
-    timed = [r for r in rows if r.seconds and EVAL_SECONDS in r.metrics]
+    timed = timed_trials(rows)
     if timed:
         run = sum(r.seconds or 0.0 for r in timed)
         share = sum(r.metrics[EVAL_SECONDS] for r in timed) / run
