@@ -67,8 +67,8 @@ made it was ready to decode (`Evaluator.ready_at`, seconds since the epoch)."""
 
 
 class Evaluator:
-    """A Ray Data actor: one model (on this actor's GPU, else on CPU), built once and shared by every set and decoding
-of each batch of problems."""
+    """A Ray Data actor: one model (on this actor's GPU, else on CPU), built once and
+    shared by every set and decoding of each batch of problems."""
 
     def __init__(self, experiment: dict[str, Any], adapter: Path | None, cpu_threads: int):
         import torch

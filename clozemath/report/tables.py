@@ -194,7 +194,8 @@ def evaluation_time_table(results: list[TrialResult]) -> str:
         share = sum(r.metrics[EVAL_SECONDS] for r in timed) / run
         started = [r for r in timed if EVAL_STARTUP_S in r.metrics]
         partly = "" if len(started) == len(timed) else f" ({len(started)} of {len(timed)} trials recorded it)"
-        startup = f", {sum(r.metrics[EVAL_STARTUP_S] for r in started) / run:.0%} starting it{partly}" if started else ""
+        starting = sum(r.metrics[EVAL_STARTUP_S] for r in started) / run
+        startup = f", {starting:.0%} starting it{partly}" if started else ""
         lines += ["", f"Evaluation: {share:.0%} of the trials' run time ({len(timed)} trials){startup}."]
     return "\n".join(lines)
 
