@@ -390,6 +390,13 @@ CURVE_PREFIX = "curve"
 """`curve/<set>/<decoding>/<stat>`: an evaluation during training, a point per `eval.every_steps` (or
 `eval.every_share`)."""
 EVAL_SECONDS = f"{EVAL_PREFIX}/seconds"
+"""An evaluation's wall time, from its request (its sets read) to its last prediction: `EVAL_STARTUP_S` and
+`EVAL_DECODE_S` add up to it."""
+EVAL_STARTUP_S = f"{EVAL_PREFIX}/startup_s"
+"""Of an evaluation's wall time, from its request to the first actor ready to decode (started, its model loaded; an
+engine that captures its graphs as it decodes counts that as decoding)."""
+EVAL_DECODE_S = f"{EVAL_PREFIX}/decode_s"
+"""Of an evaluation's wall time, from the first actor ready to decode to the last prediction in."""
 ACCURACY, CORRECT, TOTAL = "accuracy", "correct", "total"
 CUT_SHARE, PROBLEMS_PER_S = "cut_share", "problems_per_s"
 STRICT_ACCURACY, FLEXIBLE_ACCURACY = "strict_accuracy", "flexible_accuracy"

@@ -32,8 +32,10 @@ from clozemath.eval.evaluate import eval_problems, evaluate_batch, load_evaluate
 from clozemath.eval.predictions import Prediction, metrics, prediction_from_row, results_table, write_predictions
 from clozemath.model.memory import share_gpu
 from clozemath.records import (
+    EVAL_DECODE_S,
     EVAL_DIR,
     EVAL_SECONDS,
+    EVAL_STARTUP_S,
     METRICS_FILE,
     PREDICTIONS_DIR,
     PROBLEMS_PER_S,
@@ -59,12 +61,14 @@ _PREDICTION_TYPES = {
     "finish_reason": pa.string(), "generated_tokens": pa.int64(), "rule": pa.string(), "lenient": pa.bool_(),
 }
 SCHEMA = pa.schema([(field.name, _PREDICTION_TYPES[field.name]) for field in fields(Prediction)]
-                   + [("seconds", pa.float64())])
-"""A prediction per row, plus the actor-seconds its decoding took (its share of the batch's)."""
+                   + [("seconds", pa.float64()), ("ready_at", pa.float64())])
+"""A prediction per row, plus the actor-seconds its decoding took (its share of the batch's) and when the actor that
+made it was ready to decode (`Evaluator.ready_at`, seconds since the epoch)."""
 
 
 class Evaluator:
-    """A Ray Data actor: one model (on this actor's GPU, else on CPU), every decoding of each batch of problems."""
+    """A Ray Data actor: one model (on this actor's GPU, else on CPU), built once and
+    shared by every set and decoding of each batch of problems."""
 
     def __init__(self, experiment: dict[str, Any], adapter: Path | None, cpu_threads: int):
         import torch
@@ -81,6 +85,8 @@ class Evaluator:
         console.phase(f"[{config.name}] loading the model ({config.model.name}) on {device} for evaluation{with_adapter}",
                       once=True)
         self.loaded = load_evaluated_model(config, adapter, device)
+        self.ready_at = time.time()
+        """When this actor could decode (its model loaded): the evaluation's start-up ends with the first actor's."""
 
     def __call__(self, batch: pa.Table) -> pa.Table:
         problems = [Problem(**row) for row in batch.to_pylist()]
@@ -92,7 +98,8 @@ class Evaluator:
             started = time.perf_counter()
             predictions = evaluate_batch(self.loaded, chosen, decoding, self.config.eval, self.prompting)
             share = (time.perf_counter() - started) / len(predictions)
-            rows.extend({**asdict(prediction), "seconds": share} for prediction in predictions)
+            rows.extend({**asdict(prediction), "seconds": share, "ready_at": self.ready_at}
+                        for prediction in predictions)
         return pa.Table.from_pylist(rows, schema=SCHEMA)
 
 
@@ -170,7 +177,7 @@ class _SetProgress:
         """Predictions made now (those of a decoding restored before, remade with a problem's others, are dropped)."""
         held = self.held()
         rows = [row for row in rows if (row["id"], row["decoding"]) not in held]
-        predictions = [Prediction(**{k: v for k, v in row.items() if k != "seconds"}) for row in rows]
+        predictions = [Prediction(**{k: v for k, v in row.items() if k in _PREDICTION_TYPES}) for row in rows]
         write_predictions(self.partial, predictions, append=True)
         self.predictions.extend(predictions)
         for row in rows:
@@ -277,13 +284,14 @@ def evaluate_on_ray(config: ExperimentConfig, adapter: Path | None, folder: Path
     """Evaluate every set with every decoding on the Ray cluster (which must be up); write predictions and
     `metrics.json` under `folder`; the metrics (`eval/<set>/<decoding>/{accuracy,correct,total,problems_per_s}`).
     What an earlier evaluation of the same (model, adapter, settings) left there is taken up: its finished sets are
-    not evaluated again, nor the predictions a killed one had appended."""
+    not evaluated again, nor the predictions a killed one had appended; its seconds (`EVAL_SECONDS`), those it took
+    to start (`EVAL_STARTUP_S`) and to decode (`EVAL_DECODE_S`) when it had problems left."""
+    requested = time.time()
     sets = _sets(config, folder)
     if not any(progress.problems for progress in sets.values()):
         raise ClozeMathError("eval.sets: no problems to evaluate")
     earlier = _take_up(sets, folder, _source(config, adapter))
     values: dict[str, float] = {}
-    started = time.perf_counter()
     console.phase(f"[{config.name}] evaluating: " + ", ".join(
         f"{name} ({len(progress.problems)} problems, {'/'.join(progress.decodings)}"
         + (f"; {len(progress.predictions)} predictions from before" if progress.predictions else "") + ")"
@@ -295,17 +303,27 @@ def evaluate_on_ray(config: ExperimentConfig, adapter: Path | None, folder: Path
             values.update(progress.finish(folder, earlier))
     _write_metrics(folder, values)
     problems = [problem.to_dict() for progress in sets.values() for problem in progress.pending()]
-    if problems:
-        _evaluate_pending(config, adapter, folder, sets, problems, earlier, values)
-    values[EVAL_SECONDS] = time.perf_counter() - started
+    first_ready = _evaluate_pending(config, adapter, folder, sets, problems, earlier, values) if problems else None
+    finished = time.time()
+    values[EVAL_SECONDS] = finished - requested  # its sets read, its start-up and its decoding
+    if first_ready is not None:
+        values.update(startup_and_decoding(requested, first_ready, finished))
     _write_metrics(folder, values)
     return values
 
 
+def startup_and_decoding(requested: float, first_ready: float, finished: float) -> dict[str, float]:
+    """An evaluation's wall time (seconds since the epoch: `requested`, the first actor ready, `finished`) split into
+    its start-up and its decoding (`EVAL_STARTUP_S`, `EVAL_DECODE_S`)."""
+    ready = min(max(first_ready, requested), finished)  # another node's clock may be a little off
+    return {EVAL_STARTUP_S: ready - requested, EVAL_DECODE_S: finished - ready}
+
+
 def _evaluate_pending(config: ExperimentConfig, adapter: Path | None, folder: Path, sets: dict[str, _SetProgress],
-                      problems: list[dict[str, Any]], earlier: dict[str, float], values: dict[str, float]) -> None:
+                      problems: list[dict[str, Any]], earlier: dict[str, float], values: dict[str, float]) -> float:
     """The problems not yet evaluated, through the actor pool; each set's metrics into `values` (and
-    `metrics.json`) as it completes."""
+    `metrics.json`) as it completes. When the first actor was ready to decode (seconds since the epoch)."""
+    first_ready = float("inf")
     dataset = ray.data.from_items(problems).map_batches(
         Evaluator, batch_format="pyarrow",
         batch_size=AUTO_RAY_BATCH if config.eval.batch_size == "auto" else config.eval.batch_size * CALLS_PER_BATCH,
@@ -314,6 +332,7 @@ def _evaluate_pending(config: ExperimentConfig, adapter: Path | None, folder: Pa
     with _without_ray_progress_bars():
         for batch in dataset.iter_batches(batch_size=None, batch_format="pyarrow"):
             rows = batch.to_pylist()
+            first_ready = min([first_ready, *(row["ready_at"] for row in rows)])
             for name, progress in sets.items():
                 mine = [row for row in rows if row["dataset"] == name]
                 if not mine:
@@ -323,6 +342,7 @@ def _evaluate_pending(config: ExperimentConfig, adapter: Path | None, folder: Pa
                 if len(progress.predictions) == progress.expected:
                     values.update(progress.finish(folder, earlier))
                     _write_metrics(folder, values)
+    return first_ready
 
 
 def _write_metrics(folder: Path, values: dict[str, float]) -> None:

@@ -356,11 +356,14 @@ def test_clozemath_eval_runs_on_ray_data_and_logs_to_mlflow(ray_session, adapter
     for name in ("gsm8k/greedy", "gsm8k/cot", "gsm_p1/greedy", "gsm_p1/cot"):
         assert values[f"eval/{name}/total"] == (4 if name.startswith("gsm8k") else 3)
         assert 0.0 <= values[f"eval/{name}/accuracy"] <= 1.0 and values[f"eval/{name}/problems_per_s"] > 0
+    startup, decoding = values["eval/startup_s"], values["eval/decode_s"]  # the actor's start, then its decoding
+    assert startup > 0 and decoding > 0 and startup + decoding == pytest.approx(values["eval/seconds"])
 
     mlflow = MlflowClient(tracking_uri=store)
     (run,) = mlflow.search_runs([mlflow.get_experiment_by_name("smoke").experiment_id])
     assert run.info.run_name == "smoke/eval" and run.info.status == "FINISHED"
     assert run.data.metrics["eval/gsm8k/greedy/accuracy"] == values["eval/gsm8k/greedy/accuracy"]
+    assert run.data.metrics["eval/startup_s"] == startup and run.data.metrics["eval/decode_s"] == decoding
     assert run.data.params["eval.adapter"] == str(adapter)
     logged = {a.path for a in mlflow.list_artifacts(run.info.run_id, "eval/predictions")}
     assert logged == {"eval/predictions/gsm8k.jsonl", "eval/predictions/gsm_p1.jsonl"}
@@ -435,3 +438,49 @@ def test_few_shot_generations_are_cut_at_the_harness_stops(smoke):
     for decoding in DECODINGS:
         for prediction in evaluate_batch(loaded, problems, decoding, base.eval, prompting(base)):
             assert prediction.generation == " 7\n\n" and prediction.finish_reason == "stop", (decoding, prediction)
+
+
+# --------------------------------------------------------------------------------------------------------------
+# The evaluation actor
+
+
+def test_an_evaluation_actor_builds_its_model_once_for_every_set_decoding_and_batch(monkeypatch):
+    """Ray Data's actor (here in this process): 2 sets x 2 decodings in 3 batches, one model built; each row says
+    when the actor was ready to decode, which ends the evaluation's start-up."""
+    import time
+
+    import pyarrow as pa
+
+    from clozemath.config import to_wire
+    from clozemath.model import load
+    from ray_jobs.eval_job import SCHEMA, Evaluator
+
+    builds = []
+    build = load._random_model
+    monkeypatch.setattr(load, "_random_model", lambda *args, **kwargs: builds.append(1) or build(*args, **kwargs))
+    config = load_config(SMOKE, [
+        "method=base", "eval.decodings=[greedy,beam]", "eval.num_beams=2", "eval.max_new_tokens=4",
+        "eval.batch_size=2", "eval.sets=[{dataset: gsm8k, limit: 3}, {dataset: gsm_p1, limit: 2, per_template: 1}]",
+    ])
+    problems = [problem.to_dict() for set_cfg in config.eval.sets for problem in eval_problems(set_cfg)]
+    before = time.time()
+    actor = Evaluator(to_wire(config), None, cpu_threads=1)
+    assert before <= actor.ready_at <= time.time()
+    rows = []
+    for batch in (problems[:2], problems[2:4], problems[4:]):  # the second mixes the sets
+        made = actor(pa.Table.from_pylist(batch))
+        assert made.schema == SCHEMA
+        rows += made.to_pylist()
+    assert len(builds) == 1
+    assert sorted((row["dataset"], row["decoding"]) for row in rows) == sorted(
+        (p["dataset"], decoding) for p in problems for decoding in ("greedy", "beam"))
+    assert {row["ready_at"] for row in rows} == {actor.ready_at}
+
+
+def test_an_evaluations_seconds_split_into_its_start_up_and_its_decoding():
+    from ray_jobs.eval_job import startup_and_decoding
+
+    assert startup_and_decoding(100.0, 130.0, 160.0) == {"eval/startup_s": 30.0, "eval/decode_s": 30.0}
+    # an actor on a node whose clock runs behind or ahead: the start-up stays within the evaluation
+    assert startup_and_decoding(100.0, 99.0, 160.0) == {"eval/startup_s": 0.0, "eval/decode_s": 60.0}
+    assert startup_and_decoding(100.0, 170.0, 160.0) == {"eval/startup_s": 60.0, "eval/decode_s": 0.0}

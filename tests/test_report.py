@@ -222,3 +222,21 @@ def test_a_plot_with_no_curve_says_why(tmp_path: Path) -> None:
     said = plot_accuracy_vs_steps({}, tmp_path / "said.png", no_curve_reason([base]))
     silent = plot_accuracy_vs_steps({}, tmp_path / "silent.png", "")
     assert said.read_bytes() != silent.read_bytes()  # the reason is drawn on the panel
+
+
+def test_the_time_table_gives_each_trial_its_evaluation_and_start_up_and_the_grids_share() -> None:
+    from clozemath.report.runs import TrialResult
+    from clozemath.report.tables import evaluation_time_table
+
+    base = TrialResult("a", "m", "base", "gsm8k", "0", {"eval/seconds": 60.0, "eval/startup_s": 20.0,
+                                                        "eval/decode_s": 40.0}, seconds=80.0)
+    trained = TrialResult("b", "m", "it", "gsm8k", "0", {"eval/seconds": 100.0, "eval/startup_s": 30.0,
+                                                         "eval/decode_s": 70.0}, steps=10, seconds=320.0)
+    older = TrialResult("c", "m", "it", "gsm8k", "1", {"eval/seconds": 40.0}, steps=10, seconds=100.0)
+    running = TrialResult("d", "m", "it", "gsm8k", "2", {}, steps=10)
+    lines = evaluation_time_table([trained, base, older, running]).splitlines()
+    assert "| 80 | 60 | 20 | 40 |" in lines[4] and "| 320 | 100 | 30 | 70 |" in lines[5]
+    assert lines[6].endswith("| 100 | 40 | – | – |") and lines[7].endswith("| – | – | – | – |")
+    # (60 + 100 + 40) of (80 + 320 + 100) s evaluating, (20 + 30) of them starting
+    assert lines[-1] == ("Evaluation: 40% of the trials' run time (3 trials), 10% starting it (2 of 3 trials recorded "
+                         "it).")

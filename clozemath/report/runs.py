@@ -6,6 +6,7 @@ import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from mlflow import MlflowClient
 from mlflow.entities import Run
@@ -62,6 +63,8 @@ class TrialResult:
     params: dict[str, str] = field(default_factory=dict)
     rerun: int = 0
     """`train.rerun`: 0 for the run every table but the noise floor's uses, k for its k-th repetition."""
+    seconds: float | None = None
+    """The run's wall time, start to end (None: not ended, or read from a `trials.json` written before it was)."""
 
 
 def grid_runs(tracking_uri: str, experiment: str, parent_run_id: str | None = None) -> tuple[Run, list[TrialResult]]:
@@ -104,13 +107,16 @@ def _all_runs(client: MlflowClient, experiment_id: str, query: str) -> list[Run]
 
 def _trial_result(run: Run) -> TrialResult:
     tags = {k: v for k, v in run.data.tags.items() if not k.startswith("mlflow.")}
-    return trial_result(run.info.run_id, run.info.run_name or "", tags, dict(run.data.params), dict(run.data.metrics))
+    ended = run.info.end_time is not None and run.info.start_time is not None
+    seconds = (run.info.end_time - run.info.start_time) / 1000 if ended else None
+    return trial_result(run.info.run_id, run.info.run_name or "", tags, dict(run.data.params), dict(run.data.metrics),
+                        seconds)
 
 
-def trial_result(run_id: str, run_name: str, tags: dict[str, str], params: dict[str, str], metrics: dict[str, float]
-                 ) -> TrialResult:
-    """A trial from its run's tags (MLflow's `mlflow.*` ones left out), params and latest metrics: as the store holds
-    them, or as `trials.json` wrote them down."""
+def trial_result(run_id: str, run_name: str, tags: dict[str, str], params: dict[str, str], metrics: dict[str, float],
+                 seconds: float | None = None) -> TrialResult:
+    """A trial from its run's tags (MLflow's `mlflow.*` ones left out), params, latest metrics and wall seconds: as
+    the store holds them, or as `trials.json` wrote them down."""
     steps, planned, trained = (params.get(name) for name in (PLANNED_STEPS, PLANNED_TOKENS, TRAINED_TOKENS))
     steps = params.get(TRAINED_STEPS, steps)
     model, method = tags[MODEL_TAG], tags[METHOD_TAG]
@@ -119,7 +125,7 @@ def trial_result(run_id: str, run_name: str, tags: dict[str, str], params: dict[
     return TrialResult(
         run_id, model, f"{method} ({variant})" if variant else method, train_set, seed, metrics,
         *(None if value is None else int(value) for value in (steps, planned, trained)), run_name, tags, params,
-        int(params.get("train.rerun", "0")),
+        int(params.get("train.rerun", "0")), seconds,
     )
 
 
@@ -156,10 +162,10 @@ def experiments_runs(tracking_uri: str, experiments: Sequence[str], parent_run_i
 
 
 def trials_json(results: list[TrialResult]) -> str:
-    """Every trial's run id and name, tags, params and latest metrics (`TRIALS_FILE`)."""
+    """Every trial's run id and name, tags, params, latest metrics and wall seconds (`TRIALS_FILE`)."""
     in_order = sorted(results, key=lambda r: (r.train_set, r.model, r.method, r.seed, r.run_id))
-    trials = [{"run_id": r.run_id, "run_name": r.run_name, "tags": r.tags, "params": r.params, "metrics": r.metrics}
-              for r in in_order]
+    trials = [{"run_id": r.run_id, "run_name": r.run_name, "tags": r.tags, "params": r.params, "metrics": r.metrics,
+               "seconds": r.seconds} for r in in_order]
     return json.dumps(trials, indent=1, sort_keys=True) + "\n"
 
 
@@ -170,12 +176,18 @@ def read_trials_json(path: Path) -> list[TrialResult]:
         if not isinstance(rows, list):
             raise ValueError("not a list of trials")
         return [trial_result(row["run_id"], row.get("run_name", ""), _strings(row["tags"]), _strings(row["params"]),
-                             {key: float(value) for key, value in row["metrics"].items()}) for row in rows]
+                             {key: float(value) for key, value in row["metrics"].items()}, _seconds(row))
+                for row in rows]
     except OSError as exc:
         raise ClozeMathError(f"{path}: cannot be read ({exc.strerror})") from None
     except (ValueError, KeyError, TypeError, AttributeError) as exc:
         what = f"no {exc}" if isinstance(exc, KeyError) else str(exc)
         raise ClozeMathError(f"{path}: not a trials.json file `clozemath report` wrote ({what})") from None
+
+
+def _seconds(row: dict[str, Any]) -> float | None:
+    """A trial's wall seconds in `trials.json` (none in one written before they were)."""
+    return None if row.get("seconds") is None else float(row["seconds"])
 
 
 def _strings(values: dict[str, object]) -> dict[str, str]:

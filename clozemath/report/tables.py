@@ -13,6 +13,9 @@ from clozemath.records import (
     ACCURACY,
     CORRECT,
     CUT_SHARE,
+    EVAL_DECODE_S,
+    EVAL_SECONDS,
+    EVAL_STARTUP_S,
     FALLBACK_SHARE,
     FLEXIBLE_ACCURACY,
     LENIENT_ACCURACY,
@@ -151,7 +154,8 @@ def _count(value: int | None) -> str:
 
 def compute_table(results: list[TrialResult]) -> str:
     """Each trained trial's optimizer steps and the tokens they trained on, beside those its budget planned
-    (markdown): what a comparison of methods spent. Runs from before trained tokens were recorded show none."""
+    (markdown): what a comparison of methods spent. Runs from before trained tokens were recorded show none. Then
+    each trial's time (`evaluation_time_table`)."""
     trained = sorted((r for r in results if r.steps is not None), key=lambda r: (r.train_set, r.model, r.method))
     lines = ["**Compute: steps and tokens trained per trial** (real tokens, padding aside; planned: the budget's "
              "epochs over the training set, or the share of them its train.max_steps reach; runs logged before "
@@ -160,6 +164,39 @@ def compute_table(results: list[TrialResult]) -> str:
              "| --- | --- | --- | --- | ---: | ---: | ---: |"]
     lines += [f"| {set_title(r.train_set)} | {model_name(r.model)} | {method_name(r.method)} | {r.seed} | "
               f"{r.steps:,} | {_count(r.trained_tokens)} | {_count(r.planned_tokens)} |" for r in trained]
+    return "\n".join(lines) + "\n\n" + evaluation_time_table(results)
+
+
+def _seconds(value: float | None) -> str:
+    return "–" if value is None else f"{value:,.0f}"
+
+
+def timed_trials(results: list[TrialResult]) -> list[TrialResult]:
+    """The trials that ended and recorded their evaluation's seconds: those a share of time spent evaluating is of."""
+    return [r for r in results if r.seconds and EVAL_SECONDS in r.metrics]
+
+
+def evaluation_time_table(results: list[TrialResult]) -> str:
+    """Each trial's run time, its evaluation's, and of that the start-up (until the first actor could decode:
+    `EVAL_STARTUP_S`) and the decoding (markdown); then the grid's share of its trials' time spent evaluating and
+    starting to. Runs from before the start-up was recorded show none."""
+    rows = sorted(results, key=lambda r: (r.train_set, r.model, r.method, r.seed))
+    lines = ["**Compute: time per trial** (seconds; evaluation: from its request to its last prediction, start-up: "
+             "until the first actor could decode)", "",
+             "| Training set | Model | Method | Seed | Run | Evaluation | Start-up | Decoding |",
+             "| --- | --- | --- | --- | ---: | ---: | ---: | ---: |"]
+    lines += [f"| {set_title(r.train_set)} | {model_name(r.model)} | {method_name(r.method)} | {r.seed} | "
+              f"{_seconds(r.seconds)} | {_seconds(r.metrics.get(EVAL_SECONDS))} | "
+              f"{_seconds(r.metrics.get(EVAL_STARTUP_S))} | {_seconds(r.metrics.get(EVAL_DECODE_S))} |" for r in rows]
+    timed = timed_trials(rows)
+    if timed:
+        run = sum(r.seconds or 0.0 for r in timed)
+        share = sum(r.metrics[EVAL_SECONDS] for r in timed) / run
+        started = [r for r in timed if EVAL_STARTUP_S in r.metrics]
+        partly = "" if len(started) == len(timed) else f" ({len(started)} of {len(timed)} trials recorded it)"
+        starting = sum(r.metrics[EVAL_STARTUP_S] for r in started) / run
+        startup = f", {starting:.0%} starting it{partly}" if started else ""
+        lines += ["", f"Evaluation: {share:.0%} of the trials' run time ({len(timed)} trials){startup}."]
     return "\n".join(lines)
 
 
