@@ -18,7 +18,8 @@ implementation (`warn_only`): where what still differs comes from.
 On the project's GPU machine (torch, transformers and peft of its own; deepspeed, ray and liger-kernel from
 `../shared/tools/gpu-site`'s bundle unpacked into /tmp/site, the GGUF put in /tmp/m as `../shared/tools/gpu-smollm2`
 says): `export PYTHONPATH=/tmp/site:$PWD HF_HUB_OFFLINE=1 CLOZEMATH_DATA_DIR=$PWD/shared/data` first.
-Overrides (`key=value`) apply to `configs/experiments/quickstart.yaml` after the benchmark's own (`SETTINGS`).
+Overrides (`key=value`) apply to `configs/experiments/quickstart_gpu.yaml`'s ClozeMath trial after the
+benchmark's own (`SETTINGS`).
 Writes `reproducibility.json` and `reproducibility.md` under `--out`; the runs' adapters stay in `--work`.
 """
 
@@ -51,14 +52,17 @@ from clozemath.errors import ClozeMathError  # noqa: E402
 from clozemath.files import write_text_atomic  # noqa: E402
 from clozemath.records import ADAPTER_DIR  # noqa: E402
 
-BASE = ROOT / "configs" / "experiments" / "quickstart.yaml"
+BASE = ROOT / "configs" / "experiments" / "quickstart_gpu.yaml"
 SETTINGS = [
-    "name=reproducibility", "data.limit=1000", "train.max_steps=120", "train.pack_tokens=4096", "train.compile=false",
-    "train.lr=1.0e-3", "train.warmup_ratio=0.03", "train.checkpoint_every=120", "model.lora.dropout=0.05",
+    "name=reproducibility", "axes.method=[clozemath]", "data.limit=1000", "train.epochs=1.0", "train.max_steps=120",
+    "train.num_workers=1", "train.gpu_share=1.0", "train.zero_stage=2", "train.micro_batch_size=4",
+    "train.pack_tokens=4096",
+    "train.compile=false", "train.lr=1.0e-3", "train.warmup_ratio=0.03", "train.checkpoint_every=120",
     "eval.sets=[]",
 ]
-"""quickstart_gpu's recipe (ClozeMath, its rate, packed rows, LoRA dropout), cut to 120 steps of ~490k tokens in all:
-enough for differences to grow, a few minutes for four runs on an H200. Uncompiled (compiling would take minutes)."""
+"""quickstart_gpu's ClozeMath trial (its rate, packed rows, LoRA dropout), cut to 120 steps of ~490k tokens in all:
+enough for differences to grow, a few minutes for four runs on an H200. Uncompiled (compiling would take minutes).
+The settings of the run of 2026-12-02 (then written over the CPU quickstart's experiment, which is a grid now)."""
 MODES = {"deterministic": True, "default": False}
 ADAPTER_FILE = "adapter_model.safetensors"
 NONDETERMINISTIC_HINT = "does not have a deterministic implementation"
@@ -66,12 +70,12 @@ NONDETERMINISTIC_HINT = "does not have a deterministic implementation"
 
 
 def bench_config(overrides: Sequence[str]) -> ExperimentConfig:
-    from clozemath.plan import load_config
+    from clozemath.plan import load_plan
 
-    config = load_config(BASE, [*SETTINGS, *overrides])
-    if not isinstance(config, ExperimentConfig):
-        raise ClozeMathError(f"{BASE}: not a single experiment")
-    return config
+    experiments = load_plan(BASE, [*SETTINGS, *overrides]).experiments
+    if len(experiments) != 1:
+        raise ClozeMathError(f"{BASE}: {len(experiments)} trials with these overrides, not one")
+    return experiments[0]
 
 
 # --------------------------------------------------------------------------------------------------------------
