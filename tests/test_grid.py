@@ -155,7 +155,8 @@ def test_the_smoke_grid_runs_as_a_ray_job_to_the_end_tracked_as_parent_and_child
     experiments = [with_absolute_paths(e) for e in expand_grid(grid, ROOT / "configs", SMOKE)]
     runs = assert_grid_tracked(tracking_of(folder), [e.name for e in experiments])
     summary = re.findall(r"^  (\S+) +(finished|failed: .*?) +.*run (\S+)$", job.stdout, re.MULTILINE)
-    assert summary == [(e.name, "finished", runs[e.name].info.run_id) for e in experiments], job.stdout[-3000:]
+    assert summary == [(e.name, "finished", runs[e.name].info.run_id) for e in in_start_order(experiments)], (
+        job.stdout[-3000:])  # the trials as Tune started them: the base model's first
     for experiment in experiments:  # params: the resolved config, readable, for the MLflow UI to compare
         params = runs[experiment.name].data.params
         assert {key: params[key] for key in readable_params(experiment)} == readable_params(experiment)

@@ -27,7 +27,7 @@ import pytest
 
 RECORD = Path(__file__).with_name("tiers.json")
 DURATIONS = Path(__file__).resolve().parents[1] / "test-durations.json"
-UNIT_TEST_MAX_S = 3.0
+UNIT_TEST_MAX_S = 2.0
 """A test recorded slower than this (setup, call and teardown) runs in the full tier only."""
 UNIT_TIER_BUDGET_S = 180.0
 """The unit tier's tests, summed, on a 2-core machine."""
