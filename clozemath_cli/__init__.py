@@ -193,7 +193,7 @@ def _add_eval(commands: argparse._SubParsersAction) -> None:
 def _eval(args: argparse.Namespace) -> None:
     from clozemath.eval.evaluate import resolve_adapter
 
-    config = _one_experiment(args.config, args.overrides, "eval", trained=True)
+    config = _one_experiment(args.config, args.overrides, "eval")
     _check_before_work([config])
     adapter = resolve_adapter(config)  # a missing adapter fails here, before Ray starts
 
@@ -233,7 +233,7 @@ def _add_prepare(commands: argparse._SubParsersAction) -> None:
 def _prepare(args: argparse.Namespace) -> None:
     from clozemath.data.prepare import show_prepared
 
-    show_prepared(_one_experiment(args.config, args.overrides, "prepare", trained=True), args.limit, args.show,
+    show_prepared(_one_experiment(args.config, args.overrides, "prepare"), args.limit, args.show,
                   args.format)
 
 
@@ -365,7 +365,7 @@ def _generate(args: argparse.Namespace) -> None:
     from clozemath.eval.ask import ask
 
     device = ("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device
-    for answer in ask(_one_experiment(args.config, args.overrides, "generate", trained=True), args.question, device):
+    for answer in ask(_one_experiment(args.config, args.overrides, "generate"), args.question, device):
         cut = " (cut at eval.max_new_tokens)" if answer.finish_reason == "length" else ""
         print(f"question: {answer.question}\n{answer.generation.strip()}\nanswer: {answer.answer or '(none found)'}"
               f"{cut}\n")
@@ -384,7 +384,7 @@ def _export(args: argparse.Namespace) -> None:
     from clozemath.eval.evaluate import resolve_adapter
     from clozemath.model.load import export_merged
 
-    config = _one_experiment(args.config, args.overrides, "export", trained=True)
+    config = _one_experiment(args.config, args.overrides, "export")
     adapter = resolve_adapter(config)
     if adapter is None:
         raise ClozeMathError(f"method '{config.method.name}' trains no adapter: nothing to merge")
@@ -392,15 +392,15 @@ def _export(args: argparse.Namespace) -> None:
           f"{config.model.name})")
 
 
-def _one_experiment(path: str, overrides: Sequence[str], command: str, trained: bool = False) -> ExperimentConfig:
+def _one_experiment(path: str, overrides: Sequence[str], command: str) -> ExperimentConfig:
     """The experiment a command that takes one acts on: an experiment's config, or the one trial of a grid its
-    `axes.<axis>=<value>` overrides leave (`trained`: or the one trial of the grid that trains an adapter, as the
-    quickstart's beside its base model)."""
+    `axes.<axis>=<value>` overrides leave, or else the one trial of the grid that trains an adapter (the
+    quickstart's, beside its base model)."""
     from clozemath.plan import load_plan
 
     plan = load_plan(path, list(overrides))
     candidates = plan.experiments
-    if len(candidates) > 1 and trained:
+    if len(candidates) > 1:
         candidates = [experiment for experiment in candidates if experiment.method.trains]
     if len(candidates) != 1:
         axes = ", ".join(f"axes.{axis}=<one of: {', '.join(map(str, values))}>"

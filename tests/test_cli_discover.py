@@ -114,9 +114,9 @@ def test_commands_that_take_one_experiment_take_a_grids_one_trial(capsys: pytest
     from clozemath_cli import _one_experiment
 
     grid = str(ROOT / "configs" / "experiments" / "quickstart.yaml")
-    trained = _one_experiment(grid, [], "generate", trained=True)
+    trained = _one_experiment(grid, [], "generate")
     assert trained.method.trains and trained.method.name == load_config(grid).axes["method"][0]
-    assert _one_experiment(grid, ["axes.method=base"], "eval", trained=True).method.name == "base"
+    assert _one_experiment(grid, ["axes.method=base"], "eval").method.name == "base"
     smoke_grid = ROOT / "configs" / "grids" / "smoke.yaml"  # more than one trained trial: refused in one line
     axes = load_config(smoke_grid).axes
     assert main(["eval", str(smoke_grid), "axes.model=[tiny-llama]", "axes.dataset=[gsm8k]"]) == 2
@@ -161,4 +161,4 @@ def test_every_documented_command_parses_and_its_config_loads(monkeypatch: pytes
         overrides = list(getattr(args, "overrides", []))
         assert load_plan(config, overrides).experiments, (page, command)
         if argv[0] in ("eval", "generate", "export", "prepare"):  # the commands that take one experiment
-            _one_experiment(config, overrides, argv[0], trained=True)
+            _one_experiment(config, overrides, argv[0])
