@@ -228,6 +228,15 @@ def prepare(args: argparse.Namespace) -> str:
 # On the GPU machine: receive
 
 
+def write_ray_command(site: Path) -> None:
+    """`site/bin/ray`: wheels unpacked have no scripts. Written again after wheels are installed into `site`, since
+    pip's `--target --upgrade` replaces the whole `bin` folder with the wheels' own (ray was gone so, 2026-12-02)."""
+    (site / "bin").mkdir(exist_ok=True)
+    ray = site / "bin" / "ray"
+    ray.write_text('#!/bin/sh\nexec python3 -m ray.scripts.scripts "$@"\n')
+    ray.chmod(0o755)
+
+
 def unpack_site(bundle: Path, site: Path) -> str:
     """gpu-site's bundle into `site` (once), with a `ray` command in `site/bin` (wheels unpacked have no scripts)."""
     marker = site / ".unpacked"
@@ -238,10 +247,7 @@ def unpack_site(bundle: Path, site: Path) -> str:
     site.mkdir(parents=True, exist_ok=True)
     with tarfile.open(bundle) as tar:
         tar.extractall(site, filter="tar")  # keeps each file's mode: Ray's servers stay executable
-    (site / "bin").mkdir(exist_ok=True)
-    ray = site / "bin" / "ray"
-    ray.write_text('#!/bin/sh\nexec python3 -m ray.scripts.scripts "$@"\n')
-    ray.chmod(0o755)
+    write_ray_command(site)
     marker.touch()
     bundle.unlink()
     return f"site: unpacked into {site} (put {site} on PYTHONPATH and {site / 'bin'} on PATH)"
@@ -299,6 +305,7 @@ def receive(args: argparse.Namespace) -> str:
     if wheels:
         subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--no-compile",
                         "--target", str(args.site), "--upgrade", *map(str, wheels)], check=True)
+        write_ray_command(args.site)
         shutil.rmtree(args.ship / WHEELS_DIR)
         lines.append(f"wheels: {len(wheels)} installed into {args.site}")
     done = sorted(args.chunks_into.glob("part*.bin"))

@@ -88,7 +88,8 @@ def committed_metrics(results: Path) -> dict[tuple[str, str | None], set[str]]:
             raise ClozeMathError(f"{path}: not a trials.json file ({exc})") from None
         for row in rows:
             rate = row["params"].get("train.lr")
-            found.setdefault((row["run_name"], None if rate is None else repr(float(rate))), set()).update(
+            name = row["params"].get("name") or row["run_name"]  # run names are readable since 2026-12-02
+            found.setdefault((name, None if rate is None else repr(float(rate))), set()).update(
                 row["metrics"])
     return found
 

@@ -103,6 +103,44 @@ def test_a_piece_of_another_model_fails_the_check_in_one_line(model, tmp_path: P
     assert len(error) == 1 and "the pieces join into 13 bytes" in error[0] and "prepare and ship them again" in error[0]
 
 
+def test_wheels_with_scripts_installed_into_the_site_leave_its_ray_command(model, tmp_path: Path) -> None:
+    """The site bundle unpacked, then a call carrying a wheel that has a script of its own (as gguf's and antlr4's
+    do): pip's `--target --upgrade` replaces the site's `bin` folder, and `ray` must be there after it (the first
+    Qwen session's chain failed at `ray start` so)."""
+    config, _ = model
+    bundle = tmp_path / "site.tar.xz"
+    with tarfile.open(bundle, "w:xz") as tar:
+        info = tarfile.TarInfo("pkg/__init__.py")
+        info.size = 0
+        tar.addfile(info, io.BytesIO(b""))
+    ship_dir = _fresh(tmp_path / "ship")
+    _wheel_with_script(_fresh(ship_dir / ship.WHEELS_DIR) / "toolpkg-1.0-py3-none-any.whl")
+    site = tmp_path / "site"
+    out = _main(["--model-config", str(config), "--ship", str(ship_dir), "receive", "--site-bundle", str(bundle),
+                 "--site", str(site), "--held", str(tmp_path / "held"), "--data-into", str(tmp_path / "d"),
+                 "--chunks-into", str(tmp_path / "joined")])
+    assert "wheels: 1 installed" in out
+    assert (site / "bin" / "tool").is_file() and (site / "toolpkg" / "__init__.py").is_file()
+    assert (site / "bin" / "ray").stat().st_mode & 0o111 and "ray.scripts" in (site / "bin" / "ray").read_text()
+
+
+def _wheel_with_script(path: Path) -> None:
+    """A minimal wheel: a package and a script in its `.data/scripts` (pip puts it in the target's `bin`)."""
+    import base64
+    import zipfile
+
+    files = {"toolpkg/__init__.py": b"", "toolpkg-1.0.data/scripts/tool": b"#!python\nprint(1)\n",
+             "toolpkg-1.0.dist-info/METADATA": b"Metadata-Version: 2.1\nName: toolpkg\nVersion: 1.0\n",
+             "toolpkg-1.0.dist-info/WHEEL": b"Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\n"
+                                             b"Tag: py3-none-any\n"}
+    record = [f"{name},sha256={base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b'=').decode()},"
+              f"{len(data)}" for name, data in files.items()]
+    with zipfile.ZipFile(path, "w") as wheel:
+        for name, data in files.items():
+            wheel.writestr(name, data)
+        wheel.writestr("toolpkg-1.0.dist-info/RECORD", "\n".join([*record, "toolpkg-1.0.dist-info/RECORD,,"]) + "\n")
+
+
 def _fresh(folder: Path) -> Path:
     shutil.rmtree(folder, ignore_errors=True)
     folder.mkdir(parents=True)

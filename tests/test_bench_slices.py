@@ -39,7 +39,7 @@ SMOKE_LR = load_plan(ROOT / SMOKE).experiments[0].train.lr
 def commit(tmp_path: Path, folder: str, trials: dict[str, list[tuple[str, str]]], lr: float = SMOKE_LR) -> None:
     """A slice's report as committed: a trials.json holding each trial, trained at `lr`, with its accuracy on the
     (set, decoding)s given."""
-    rows = [{"run_id": name, "run_name": name, "tags": {}, "params": {"train.lr": str(lr)},
+    rows = [{"run_id": name, "run_name": f"{name} (readable)", "tags": {}, "params": {"name": name, "train.lr": str(lr)},
              "metrics": {f"eval/{s}/{d}/accuracy": 0.5 for s, d in sets}} for name, sets in trials.items()]
     (tmp_path / "results" / folder / "report").mkdir(parents=True)
     (tmp_path / "results" / folder / "report" / "trials.json").write_text(json.dumps(rows))
