@@ -13,13 +13,16 @@ narrowed to the values its unfinished trials take (a finished trial inside that 
 
 The estimate is `clozemath run --dry-run`'s (`clozemath.cost.estimate`) for each slice on one card of the plan's kind,
 less Ray's start and the GGUF parse, which a session pays once (with the machine's start, shipping the model and the
-last collect: `session`); slices are then packed, in the plan's order, into sessions of the device time left.
+last collect: `session`), times the plan's `session.calibration` (what slices measured took over their dry-run);
+the slices not yet done are then packed, in the plan's order, into sessions of the device time left. Beside each
+estimate stands what the slice measured, read from its committed console.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -170,9 +173,29 @@ class SliceEstimate:
     piece: Slice
     trials: int
     seconds: float
-    """The slice's wall time on one card, less Ray's start and the GGUF parse."""
+    """The slice's wall time on one card, less Ray's start and the GGUF parse: the dry-run's times the plan's
+    `session.calibration` (what slices measured took over what the dry-run said)."""
     once_s: float
     """Ray's start and the GGUF parse: once a session."""
+    dry_run_s: float | None = None
+    """The dry-run's figure, before the calibration."""
+    measured_s: float | None = None
+    """What its grid runs took, from the committed consoles (`<slice>/driver.log`, `<slice>-2/driver.log`...)."""
+    done: bool = False
+    """Every trial finished in the committed results: in no session."""
+
+
+RUN_EXIT = re.compile(r"^\[[0-9:]+\] exit \d+ after (\d+) s$")
+"""bench/slice_lease.sh's line after the grid's run, in the slice's driver.log."""
+
+
+def measured_seconds(plan: Plan, name: str) -> float | None:
+    """The seconds of the slice's grid runs (its first part and any `<slice>-N` rerun of what was left), or None."""
+    found = []
+    for log in [plan.results / name / "driver.log", *sorted(plan.results.glob(f"{name}-*/driver.log"))]:
+        lines = log.read_text(encoding="utf-8", errors="replace").splitlines() if log.is_file() else []
+        found += [float(m.group(1)) for m in map(RUN_EXIT.match, lines) if m][-1:]
+    return sum(found) if found else None
 
 
 def estimate_slice(plan: Plan, piece: Slice) -> SliceEstimate:
@@ -180,16 +203,20 @@ def estimate_slice(plan: Plan, piece: Slice) -> SliceEstimate:
 
     result = estimate(load_plan(piece.grid, piece.overrides), 1, plan.card)
     once = result.ray_start_s + result.gguf_parse_s
-    return SliceEstimate(piece, len(result.scheduled), result.wall_s - once, once)
+    dry = result.wall_s - once
+    done = all(slice_trials(plan, piece).finished)
+    return SliceEstimate(piece, len(result.scheduled), dry * plan.session.get("calibration", 1.0), once, dry,
+                         measured_seconds(plan, piece.name), done)
 
 
 def sessions(plan: Plan, estimates: list[SliceEstimate]) -> tuple[float, list[list[SliceEstimate]]]:
-    """The seconds a session leaves for slices, and the slices (not the reserve) packed into sessions in order."""
+    """The seconds a session leaves for slices, and the slices still to run (not the reserve, not those done) packed
+    into sessions in order."""
     once = max((e.once_s for e in estimates), default=0.0)
     session = plan.session
     window = session["device_s"] - session["start_s"] - session["ship_s"] - session["collect_s"] - once
     packed: list[list[SliceEstimate]] = []
-    for e in (e for e in estimates if not e.piece.reserve):
+    for e in (e for e in estimates if not e.piece.reserve and not e.done):
         if packed and sum(x.seconds for x in packed[-1]) + e.seconds <= window:
             packed[-1].append(e)
         else:
@@ -201,19 +228,25 @@ def estimate_text(plan: Plan, estimates: list[SliceEstimate]) -> str:
     window, packed = sessions(plan, estimates)
     minutes = lambda seconds: f"{seconds / 60:.1f}"  # noqa: E731
     session_of = {e.piece.name: index + 1 for index, group in enumerate(packed) for e in group}
-    rows = [f"| slice | grid | trials | estimate (min) | session |", "| --- | --- | ---: | ---: | ---: |"]
+    calibration = plan.session.get("calibration", 1.0)
+    rows = [f"| slice | grid | trials | dry-run (min) | estimate (min, x{calibration:g}) | measured (min) | session |",
+            "| --- | --- | ---: | ---: | ---: | ---: | ---: |"]
     for e in estimates:
-        where = "reserve" if e.piece.reserve else str(session_of[e.piece.name])
-        over = " (over a session)" if e.seconds > window else ""
-        rows.append(f"| {e.piece.name} | {e.piece.grid.name} | {e.trials} | {minutes(e.seconds)}{over} | {where} |")
-    planned = [e for e in estimates if not e.piece.reserve]
+        where = "reserve" if e.piece.reserve else "done" if e.done else str(session_of[e.piece.name])
+        over = " (over a session)" if e.seconds > window and not e.done else ""
+        dry = "-" if e.dry_run_s is None else minutes(e.dry_run_s)
+        measured = "-" if e.measured_s is None else minutes(e.measured_s)
+        rows.append(f"| {e.piece.name} | {e.piece.grid.name} | {e.trials} | {dry} | {minutes(e.seconds)}{over} | "
+                    f"{measured} | {where} |")
+    planned = [e for e in estimates if not e.piece.reserve and not e.done]
     reserve = [e for e in estimates if e.piece.reserve]
     once = max((e.once_s for e in estimates), default=0.0)
     overhead = plan.session["device_s"] - window
     rows += [
         "",
-        f"Slices: {minutes(sum(e.seconds for e in planned))} min ({len(planned)} slices, "
-        f"{sum(e.trials for e in planned)} trials); reserve {minutes(sum(e.seconds for e in reserve))} min.",
+        f"Left to run: {minutes(sum(e.seconds for e in planned))} min ({len(planned)} slices, "
+        f"{sum(e.trials for e in planned)} trials); done: {sum(e.done for e in estimates)} slices; reserve "
+        f"{minutes(sum(e.seconds for e in reserve))} min.",
         f"A session of {minutes(plan.session['device_s'])} min leaves {minutes(window)} min for slices: the machine's "
         f"start {minutes(plan.session['start_s'])}, shipping {minutes(plan.session['ship_s'])}, Ray's start and the "
         f"GGUF parse {minutes(once)}, the last collect {minutes(plan.session['collect_s'])}.",

@@ -121,9 +121,36 @@ def test_slices_are_packed_into_sessions_in_the_plans_order_the_reserve_apart(tm
     assert window == pytest.approx(21.5 * 60)
     assert [[e.piece.name for e in group] for group in packed] == [["a", "b"], ["c"], ["d"], ["e"]]
     text = slices.estimate_text(plan, [estimate("a", 8), estimate("d", 25), estimate("r", 5, reserve=True)])
-    assert "| d | smoke.yaml | 3 | 25.0 (over a session) | 2 |" in text
-    assert "| r | smoke.yaml | 3 | 5.0 | reserve |" in text
+    assert "| d | smoke.yaml | 3 | - | 25.0 (over a session) | - | 2 |" in text
+    assert "| r | smoke.yaml | 3 | - | 5.0 | - | reserve |" in text
     assert "Sessions: 2 " in text
+
+
+def test_the_estimate_is_calibrated_a_finished_slice_is_in_no_session_and_its_measured_time_stands_beside(
+        tmp_path: Path) -> None:
+    """A plan calibrated x1.5: slice a (its one trial finished in the committed results, its console saying the grid
+    ran 600 s, and a rerun of what was left 120 s) is done and packed nowhere; slice b's dry-run is scaled by 1.5."""
+    name = "smoke-grid/model=tiny-llama,method=mft,dataset=gsm8k,seed=0"
+    path = write_plan(tmp_path, {
+        "a": {"grid": SMOKE, "set": ["axes.model=[tiny-llama]", "axes.method=[mft]", "axes.dataset=[gsm8k]"]},
+        "b": {"grid": SMOKE, "set": ["axes.model=[tiny-llama]", "axes.method=[clozemath]", "axes.dataset=[gsm8k]"]}})
+    raw = json.loads(path.read_text())
+    raw["session"]["calibration"] = 1.5
+    path.write_text(json.dumps(raw))
+    commit(tmp_path, "a", {name: GSM8K_SETS})
+    for folder, seconds in (("a", 600), ("a-2", 120)):
+        (tmp_path / "results" / folder).mkdir(exist_ok=True)
+        (tmp_path / "results" / folder / "driver.log").write_text(
+            f"[08:19:03] $ python3 -m clozemath_cli run ...\ntrial x: finished\n[08:29:03] exit 0 after {seconds} s\n")
+    plan = slices.read_plan(path)
+    a, b = (slices.estimate_slice(plan, plan.slice(n)) for n in ("a", "b"))
+    assert a.done and a.measured_s == 720 and not b.done and b.measured_s is None
+    assert b.seconds == pytest.approx(1.5 * b.dry_run_s)
+    window, packed = slices.sessions(plan, [a, b])
+    assert [[e.piece.name for e in group] for group in packed] == [["b"]]
+    text = slices.estimate_text(plan, [a, b])
+    assert f"| a | smoke.yaml | 1 | {a.dry_run_s / 60:.1f} | {a.seconds / 60:.1f} | 12.0 | done |" in text
+    assert "Left to run: " in text and "(1 slices, 1 trials); done: 1 slices" in text
 
 
 def test_every_slice_of_the_issue_46_plan_expands_and_they_cover_each_grid_once() -> None:
