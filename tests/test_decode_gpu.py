@@ -68,7 +68,8 @@ def test_graphs_give_the_tokens_of_the_same_steps_run_eagerly(loaded, prompts, s
     assert tokens(graphs) == tokens(static)
     assert [g.finish_reason for g in graphs] == [g.finish_reason for g in static]
     if attention == "causal":  # SmolLM2 was not trained with bidirectional prompts: there it may never stop
-        assert any(g.finish_reason == "eos" for g in graphs)  # a real model ends rows at different steps
+        # a real model ends rows at different steps (at EOS or a stop string; Qwen's CoT branches, 2026-12-02: by stops)
+        assert any(b.finish_reason != "length" for g in graphs for b in g.branches or [g])
     assert stats.refills == (0 if scheme == "beam" else len(prompts) - 16)  # beam search keeps its batches
 
 
