@@ -460,3 +460,15 @@ def test_reruns_of_a_seed_give_the_noise_floor_and_stay_out_of_the_other_tables(
     floor = out.split("**Run-to-run noise floor: SmolLM2-135M-Instruct trained on GSM8K")[1]
     assert cells(floor, "GSM8K greedy", "IT") == ["1", "0.50", "0.50", "2.5"]
     assert len(json.loads((out_folder / "trials.json").read_text())) == 3
+
+
+def test_grid_variants_sit_at_their_methods_place_ordered_by_their_numbers() -> None:
+    """A rate sweep's methods: IT's rates 5e-05 < 0.0001 < 0.0003 < 0.001 in that order (not as strings, where
+    '5e-05' sorts last), each method's variants at its place in the preferred order, unknown names after."""
+    from clozemath.report.names import ordered
+
+    names = ["mft (lr=0.001)", "it (lr=5e-05)", "zeta", "it (lr=0.001)", "base (lr=5e-05)", "it (lr=0.0001)",
+             "mft (lr=5e-05)", "it (lr=0.0003)", "it"]
+    assert ordered(names, ["base", "it", "mft"]) == [
+        "base (lr=5e-05)", "it", "it (lr=5e-05)", "it (lr=0.0001)", "it (lr=0.0003)", "it (lr=0.001)",
+        "mft (lr=5e-05)", "mft (lr=0.001)", "zeta"]

@@ -5,6 +5,7 @@ a report is made, so that one declared or registered there is reported too."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Sequence
 
 from clozemath.tasks import get_task, task_names
@@ -55,8 +56,24 @@ def method_name(method: str, names: dict[str, str] = REPLICATION_NAMES) -> str:
 
 
 def ordered(names: Iterable[str], preferred: Sequence[str]) -> list[str]:
-    present = set(names)
-    return [name for name in preferred if name in present] + sorted(present - set(preferred))
+    """In `preferred`'s order, a grid variant (`it (lr=0.0001)`) after its method's place, variants by the numbers in
+    them (5e-05 before 0.0001), the names `preferred` lacks after, alphabetically."""
+
+    def key(name: str) -> tuple[int, str, list[str | float]]:
+        base, _, variant = name.partition(" (")
+        known = name in preferred or base in preferred
+        place = preferred.index(name if name in preferred else base) if known else len(preferred)
+        return place, "" if known else base, _natural(variant)
+
+    return sorted(set(names), key=key)
+
+
+NUMBER = re.compile(r"(\d+(?:\.\d+)?(?:e[-+]?\d+)?)")
+
+
+def _natural(text: str) -> list[str | float]:
+    """`text` split into its words and numbers, the numbers as numbers: words fall at even places, numbers at odd."""
+    return [float(part) if k % 2 else part for k, part in enumerate(NUMBER.split(text))]
 
 
 def rank(name: str, preferred: Sequence[str]) -> tuple[int, str]:
