@@ -339,6 +339,68 @@ def test_a_checkpoint_write_that_fails_midway_leaves_none_and_the_one_before_is_
     assert sorted(path.name for path in run.iterdir()) == [".rank0-checkpoint_a", "checkpoint_a", "checkpoint_b"]
 
 
+def _rank_writes_its_part(rank: int, port: int, folder: Path, failing_rank: int | None) -> None:
+    """One of two gloo ranks: its part of a checkpoint into `folder / "checkpoint_b"` (its copy failing on a full disk
+    where it is `failing_rank`); what it ended with in `folder / f"rank{rank}.txt"`."""
+    import errno
+
+    import torch
+    import torch.distributed as dist
+
+    from clozemath.train.checkpoint import mark_complete, write_checkpoint_whole
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+    part = folder / f"scratch{rank}"
+    (part / "state").mkdir(parents=True)
+    (part / "state" / f"zero_pp_rank_{rank}_optim_states.pt").write_bytes(os.urandom(8192))
+    mark_complete(part, rank, 2, 8)
+    if rank == failing_rank:
+        def full_disk(source: str, target: str, *, follow_symlinks: bool = True) -> str:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), target)
+
+        shutil.copyfile = full_disk
+    try:
+        write_checkpoint_whole(part, folder / "run" / "checkpoint_b", torch.device("cpu"))
+        ended = "written"
+    except ClozeMathError as exc:
+        ended = str(exc)
+    finally:
+        dist.destroy_process_group()
+    (folder / f"rank{rank}.txt").write_text(ended)
+
+
+@pytest.mark.slow  # two processes join torch.distributed
+@pytest.mark.parametrize("failing_rank", [None, 0, 1])
+def test_two_ranks_write_a_checkpoint_whole_or_leave_none(tmp_path: Path, failing_rank: int | None) -> None:
+    """Two ranks (gloo) each copy their part into rank 0's staging folder: the checkpoint appears whole, with both
+    parts; where either rank's copy fails, none appears, no staging is left and both ranks end in one line (never
+    waiting for each other)."""
+    import torch.multiprocessing
+
+    from clozemath.train.checkpoint import check_checkpoint
+
+    (tmp_path / "run").mkdir()
+    with closing(socket.socket()) as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    torch.multiprocessing.spawn(_rank_writes_its_part, args=(port, tmp_path, failing_rank), nprocs=2, join=True)
+    ended = [(tmp_path / f"rank{rank}.txt").read_text() for rank in range(2)]
+    target = tmp_path / "run" / "checkpoint_b"
+    if failing_rank is None:
+        assert ended == ["written", "written"]
+        checked = check_checkpoint(target)
+        assert checked.problem is None and checked.step == 8
+        assert sorted(path.name for path in (target / "state").iterdir()) == [
+            "zero_pp_rank_0_optim_states.pt", "zero_pp_rank_1_optim_states.pt"]
+        return
+    other = 1 - failing_rank
+    assert ended[failing_rank] == (f"{tmp_path / 'run'}: the checkpoint checkpoint_b was not written (No space left on "
+                                   "device); the checkpoints before it are kept whole, and a resume starts from the "
+                                   "newest")
+    assert ended[other] == ended[failing_rank].replace("No space left on device", f"rank {failing_rank}'s part failed")
+    assert list((tmp_path / "run").iterdir()) == []
+
+
 def _assert_same_adapter(resumed: Path, reference: Path) -> None:
     """The same LoRA and special-token weights (CPU training resumes exactly: same data order, dropout, noise)."""
     import torch

@@ -173,23 +173,31 @@ def write_checkpoint_whole(part: Path, target: Path, device: torch.device) -> No
     a dot name, which no resume reads and the next write removes. One line (`ClozeMathError`) on every rank names
     the folder, the fault and what was kept."""
     rank = world_rank()
-    if rank == 0:
-        remove_abandoned_staging(target.parent)  # what a write killed midway left
-    with staging_folder(target) if rank == 0 else nullcontext() as made:
-        staging = from_rank_zero(made, device)
-        fault = None
-        try:
-            _copy_files(part, staging)
-        except OSError as exc:
-            fault = exc
-        failed = all_ranks_reduce(rank + 1 if fault is not None else 0, dist.ReduceOp.MAX, device) - 1
-        if failed >= 0:
-            cause = (fault.strerror or str(fault)) if fault is not None else f"rank {failed}'s part failed"
-            raise ClozeMathError(f"{target.parent}: the checkpoint {target.name} was not written ({cause}); the "
-                                 "checkpoints before it are kept whole, and a resume starts from the newest")
+    try:
         if rank == 0:
-            os.rename(staging, target)
+            remove_abandoned_staging(target.parent)  # what a write killed midway left
+        with staging_folder(target) if rank == 0 else nullcontext() as made:
+            staging = from_rank_zero(made, device)
+            fault = None
+            try:
+                _copy_files(part, staging)
+            except OSError as exc:
+                fault = exc
+            failed = all_ranks_reduce(rank + 1 if fault is not None else 0, dist.ReduceOp.MAX, device) - 1
+            if fault is not None:
+                raise fault
+            if failed >= 0:
+                raise _not_written(target, f"rank {failed}'s part failed")
+            if rank == 0:
+                os.rename(staging, target)
+    except OSError as exc:  # the staging folder not made, a part not copied, the rename refused
+        raise _not_written(target, exc.strerror or str(exc)) from None
     all_ranks_reduce(0, dist.ReduceOp.MAX, device)  # no rank reports the checkpoint before it is in place
+
+
+def _not_written(target: Path, cause: str) -> ClozeMathError:
+    return ClozeMathError(f"{target.parent}: the checkpoint {target.name} was not written ({cause}); the checkpoints "
+                          "before it are kept whole, and a resume starts from the newest")
 
 
 def _copy_files(source: Path, target: Path) -> None:
