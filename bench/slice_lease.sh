@@ -23,6 +23,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}  # for the drivers and, through `ray start`, every Ray worker
+source lease/common.sh  # run: a command of the chain, timed (DRY_RUN: printed only)
 WORK=${WORK:-/tmp/lease}
 PY=${PYTHON:-python3}
 PLAN=${PLAN:-bench/slices_qwen1.5b.yaml}
@@ -32,16 +33,6 @@ RAY_PORT=${RAY_PORT:-6379}                # RAY_CPUS: the head's CPUs (default: 
 RAY_START_ARGS=${RAY_START_ARGS:-}        # more of `ray start`'s options (a shared machine: other ports; and
                                           # RAY_STOP=0 there, then stop the head's processes by their ids)
 FILE_LIMIT=$((15 * 1024 * 1024))          # below what comes back (16 MiB a file)
-
-run() {  # a command of the chain, timed into its log
-    echo "[$(date +%T)] \$ $*"
-    if [ -n "${DRY_RUN:-}" ]; then return 0; fi
-    local started=$SECONDS
-    "$@"
-    local code=$?
-    echo "[$(date +%T)] exit $code after $((SECONDS - started)) s"
-    return $code
-}
 
 driver() {  # clozemath run ARGS..., started once more if it fails within STARTUP_S
     local started=$SECONDS

@@ -22,6 +22,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}  # for the drivers and, through `ray start`, every Ray worker
+source lease/common.sh  # run: a command of the chain, timed (DRY_RUN: printed only)
 WORK=${WORK:-/tmp/lease}
 PY=${PYTHON:-python3}
 STORE="sqlite:///$WORK/mlruns.db"
@@ -54,16 +55,6 @@ ALL_OVERRIDES=${ALL_OVERRIDES:-}          # every grid's: e.g. a smoke run of th
 
 has() {  # whether STAGES names stage $1
     [[ " $STAGES " == *" $1 "* ]]
-}
-
-run() {  # a command of the chain, timed into its log
-    echo "[$(date +%T)] \$ $*"
-    if [ -n "${DRY_RUN:-}" ]; then return 0; fi
-    local started=$SECONDS
-    "$@"
-    local code=$?
-    echo "[$(date +%T)] exit $code after $((SECONDS - started)) s"
-    return $code
 }
 
 grid() {  # clozemath run GRID [OVERRIDE...] on the lease's store and model

@@ -4,7 +4,8 @@ Each worker loads the model, takes its shard of the token ids (split in a fixed 
 gets the same rows: Ray Data's streaming split, or for a small set a share of one object, `train.stream_above_mb`)
 and runs the loop. Every step's metrics go through `ray.train.report`; a checkpoint (DeepSpeed state + step + data
 position) goes with them every `checkpoint_every` steps and at the end, each rank's part marked complete first
-(`clozemath.train.checkpoint.mark_complete`). After a failure Ray restarts the workers (up to `max_failures` times)
+(`clozemath.train.checkpoint.mark_complete`), written beside its place in the run's storage and renamed into it whole
+(`whole_checkpoint_upload`). After a failure Ray restarts the workers (up to `max_failures` times)
 and each resumes from `ray.train.get_checkpoint()`; a trial started again resumes, in a Ray Train run of its own,
 from the newest whole checkpoint of its earlier runs (`resume_point`). The last checkpoint holds the adapter,
 which the driver copies into the run's output folder. The metrics reach MLflow through a callback on the Train
@@ -47,7 +48,7 @@ from clozemath.eval.during_training import evaluate_step, step_evaluation
 from clozemath.records import ADAPTER_DIR, RAY_TRAIN_DIR, compile_cache_folder, is_curve_metric, train_metric
 from clozemath.tracking import TrackedRun
 from clozemath.train.compilation import eager_inference
-from clozemath.train.checkpoint import Checked, check_checkpoint, mark_complete
+from clozemath.train.checkpoint import Checked, check_checkpoint, mark_complete, write_checkpoint_whole
 from clozemath.train.distributed import all_ranks_reduce, all_ranks_sum
 from clozemath.train.layout import count_steps, packs, resolved_zero_stage
 from clozemath.train.loop import StepMetrics
@@ -136,6 +137,7 @@ def train_worker(settings: dict[str, Any]) -> None:
 
     pending: list[dict[str, Any]] = []
     pace = ReportPace(config.train.report_every)
+    upload = whole_checkpoint_upload(device)
 
     def report(metrics: StepMetrics, checkpoint: Path | None) -> None:
         """Every step's metrics, reported to Ray in batches (a report waits for the controller's poll), paced by
@@ -157,6 +159,7 @@ def train_worker(settings: dict[str, Any]) -> None:
             ray.train.report(
                 {**values, STEPS_KEY: list(pending)},
                 checkpoint=Checkpoint.from_directory(checkpoint) if checkpoint else None,
+                checkpoint_upload_fn=upload,
             )
             pending.clear()
             pace.reported(metrics.step, lambda seconds: all_ranks_reduce(round(1000 * seconds), dist.ReduceOp.MAX,
@@ -174,6 +177,23 @@ def train_worker(settings: dict[str, Any]) -> None:
             resume_from=Path(resume_from) if resume_from is not None else None,
             compile_cache=compile_cache,
         )
+
+
+def whole_checkpoint_upload(device: Any) -> Callable[[Checkpoint, str], Checkpoint] | None:
+    """How a worker hands Ray Train its part of a checkpoint on a local (or mounted) storage: written beside its
+    place and renamed into it whole (`write_checkpoint_whole`), where Ray's own upload would copy it file by file
+    into its place. None (Ray's upload) on remote storage (`s3://`...), which has no rename; the marks of
+    completeness tell a partial checkpoint there."""
+    storage = ray.train.get_context().get_storage()
+    if storage.storage_filesystem.type_name != "local":
+        return None
+
+    def upload(checkpoint: Checkpoint, dir_name: str) -> Checkpoint:
+        target = Path(storage.experiment_fs_path) / dir_name
+        write_checkpoint_whole(Path(checkpoint.path), target, device)
+        return Checkpoint(path=str(target), filesystem=storage.storage_filesystem)
+
+    return upload
 
 
 REPORT_EVERY_S = 15.0

@@ -234,6 +234,45 @@ def test_the_estimator_counts_the_evaluations_during_training_that_the_workers_m
     assert evaluated  # some grids' trials do evaluate during training
 
 
+@pytest.mark.parametrize("ids", ["math500", "three"])
+@pytest.mark.parametrize("limit", [None, 2, 100, 1000])
+def test_the_estimate_prices_the_problems_an_ids_file_lists_then_its_limit_as_the_evaluation_takes_them(
+    tmp_path: Path, ids: str, limit: int | None,
+) -> None:
+    """A set chosen by an ids file (MATH-500, or three ids) with a limit above, within or below the list: the dry-run
+    counts the problems the evaluation decodes (`eval_problems`), never the limit where the list is shorter."""
+    from clozemath.config import EvalSetConfig
+    from clozemath.cost.trials import problems_evaluated
+    from clozemath.eval.evaluate import eval_problems
+
+    listing = ROOT / "configs" / "ids" / "math500.txt"
+    if ids == "three":
+        listing = tmp_path / "three.txt"
+        listing.write_text("math-test-4  # a comment\n\nmath-test-0\nmath-test-4999\n")
+    set_cfg = EvalSetConfig(dataset="math", split="test", ids=str(listing), limit=limit)
+    evaluated = len(eval_problems(set_cfg))
+    assert problems_evaluated(set_cfg) == evaluated
+    assert evaluated == min(limit or 5000, 500 if ids == "math500" else 3)
+
+
+@pytest.mark.slow  # ~10 s: the model's shape and the throughput table
+def test_the_dry_run_prices_an_ids_list_shorter_than_its_limit_as_the_list() -> None:
+    """MATH-500 with `limit: 1000` costs what MATH-500 alone costs, and half what a 1,000-problem MATH test subset
+    costs."""
+    from clozemath.cost import estimate
+
+    def eval_seconds(*sets: str) -> float:
+        overrides = ["method=base", f"eval.sets=[{','.join(sets)}]"]  # nothing to train: evaluation alone
+        plan = load_plan(ROOT / "configs" / "experiments" / "smoke.yaml", overrides)
+        (trial,) = [s.trial for s in estimate(plan, 1, "H200").scheduled]
+        return trial.eval_s
+
+    math500 = ROOT / "configs" / "ids" / "math500.txt"
+    listed = eval_seconds(f"{{dataset: math, ids: {math500}}}")
+    assert eval_seconds(f"{{dataset: math, ids: {math500}, limit: 1000}}") == pytest.approx(listed)
+    assert eval_seconds("{dataset: math, limit: 1000}") == pytest.approx(2 * listed)
+
+
 SAMPLE_LENGTHS = [48 + (97 * k) % 400 for k in range(1500)]
 """One worker's samples in the layout parity test (every worker gets the same: the ranks' agreement is then any
 one rank's choice, which a test in one process can make)."""

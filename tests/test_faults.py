@@ -243,7 +243,7 @@ def _checkpoint(run: Path, name: str, step: int, ranks: int = 2) -> Path:
         if rank == 0:
             (part / "latest").write_text("state")
         mark_complete(part, rank, ranks, step)
-        subprocess.run(["cp", "-r", f"{part}/.", str(folder)], check=True)
+        shutil.copytree(part, folder, dirs_exist_ok=True)
     return folder
 
 
@@ -287,6 +287,118 @@ def test_a_checkpoint_without_its_marks_is_skipped_and_none_whole_is_one_line(tm
                        rf"{storage / 'train-key'}-\* to train it afresh"):
         resume_point(storage, "train-key", "smoke")
     assert resume_point(storage, "train-other", "smoke") is None  # another trial's: nothing to resume
+
+
+def test_a_checkpoint_write_that_fails_midway_leaves_none_and_the_one_before_is_resumed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A full disk after part of a checkpoint was copied: no half-written checkpoint where a resume would read it,
+    the one before whole and resumed, one line naming the folder and what was kept; the next write lands whole."""
+    import errno
+
+    import torch
+
+    from clozemath.files import storage_fault_advice
+    from clozemath.train.checkpoint import check_checkpoint, mark_complete, write_checkpoint_whole
+    from ray_jobs.train import resume_point
+
+    storage = tmp_path / "ray"
+    run = storage / "train-key-1"
+    older = _checkpoint(run, "checkpoint_a", 4, ranks=1)
+    part = tmp_path / "scratch"  # what the worker wrote (a temporary folder of its own)
+    (part / "state").mkdir(parents=True)
+    (part / "latest").write_text("state")
+    (part / "state" / "zero_pp_rank_0_optim_states.pt").write_bytes(os.urandom(8192))
+    mark_complete(part, 0, 1, 8)
+    cut: list[str] = []
+    copy = shutil.copyfile
+
+    def full_disk(source: str, target: str, *, follow_symlinks: bool = True) -> str:
+        if Path(source).stat().st_size <= 4096:
+            return copy(source, target, follow_symlinks=follow_symlinks)
+        Path(target).write_bytes(Path(source).read_bytes()[:4096])  # half the file, then the disk is full
+        cut.append(target)
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), target)
+
+    monkeypatch.setattr(shutil, "copyfile", full_disk)
+    with pytest.raises(ClozeMathError) as failed:
+        write_checkpoint_whole(part, run / "checkpoint_b", torch.device("cpu"))
+    assert len(cut) == 1 and not Path(cut[0]).exists()  # it was written in part, then removed with its folder
+    message = str(failed.value)
+    assert message == (f"{run}: the checkpoint checkpoint_b was not written (No space left on device); the "
+                       "checkpoints before it are kept whole, and a resume starts from the newest")
+    assert "\n" not in storage_fault_advice(message) and "run the same command" in storage_fault_advice(message)
+    assert sorted(path.name for path in run.iterdir()) == [".rank0-checkpoint_a", "checkpoint_a"]
+    assert check_checkpoint(older).problem is None
+    assert resume_point(storage, "train-key", "smoke").folder == older
+
+    monkeypatch.setattr(shutil, "copyfile", copy)  # room again
+    write_checkpoint_whole(part, run / "checkpoint_b", torch.device("cpu"))
+    found = resume_point(storage, "train-key", "smoke")
+    assert found.folder == run / "checkpoint_b" and found.step == 8 and found.problem is None
+    assert sorted(path.name for path in run.iterdir()) == [".rank0-checkpoint_a", "checkpoint_a", "checkpoint_b"]
+
+
+def _rank_writes_its_part(rank: int, port: int, folder: Path, failing_rank: int | None) -> None:
+    """One of two gloo ranks: its part of a checkpoint into `folder / "checkpoint_b"` (its copy failing on a full disk
+    where it is `failing_rank`); what it ended with in `folder / f"rank{rank}.txt"`."""
+    import errno
+
+    import torch
+    import torch.distributed as dist
+
+    from clozemath.train.checkpoint import mark_complete, write_checkpoint_whole
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+    part = folder / f"scratch{rank}"
+    (part / "state").mkdir(parents=True)
+    (part / "state" / f"zero_pp_rank_{rank}_optim_states.pt").write_bytes(os.urandom(8192))
+    mark_complete(part, rank, 2, 8)
+    if rank == failing_rank:
+        def full_disk(source: str, target: str, *, follow_symlinks: bool = True) -> str:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), target)
+
+        shutil.copyfile = full_disk
+    try:
+        write_checkpoint_whole(part, folder / "run" / "checkpoint_b", torch.device("cpu"))
+        ended = "written"
+    except ClozeMathError as exc:
+        ended = str(exc)
+    finally:
+        dist.destroy_process_group()
+    (folder / f"rank{rank}.txt").write_text(ended)
+
+
+@pytest.mark.slow  # two processes join torch.distributed
+@pytest.mark.parametrize("failing_rank", [None, 0, 1])
+def test_two_ranks_write_a_checkpoint_whole_or_leave_none(tmp_path: Path, failing_rank: int | None) -> None:
+    """Two ranks (gloo) each copy their part into rank 0's staging folder: the checkpoint appears whole, with both
+    parts; where either rank's copy fails, none appears, no staging is left and both ranks end in one line (never
+    waiting for each other)."""
+    import torch.multiprocessing
+
+    from clozemath.train.checkpoint import check_checkpoint
+
+    (tmp_path / "run").mkdir()
+    with closing(socket.socket()) as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    torch.multiprocessing.spawn(_rank_writes_its_part, args=(port, tmp_path, failing_rank), nprocs=2, join=True)
+    ended = [(tmp_path / f"rank{rank}.txt").read_text() for rank in range(2)]
+    target = tmp_path / "run" / "checkpoint_b"
+    if failing_rank is None:
+        assert ended == ["written", "written"]
+        checked = check_checkpoint(target)
+        assert checked.problem is None and checked.step == 8
+        assert sorted(path.name for path in (target / "state").iterdir()) == [
+            "zero_pp_rank_0_optim_states.pt", "zero_pp_rank_1_optim_states.pt"]
+        return
+    other = 1 - failing_rank
+    assert ended[failing_rank] == (f"{tmp_path / 'run'}: the checkpoint checkpoint_b was not written (No space left on "
+                                   "device); the checkpoints before it are kept whole, and a resume starts from the "
+                                   "newest")
+    assert ended[other] == ended[failing_rank].replace("No space left on device", f"rank {failing_rank}'s part failed")
+    assert list((tmp_path / "run").iterdir()) == []
 
 
 def _assert_same_adapter(resumed: Path, reference: Path) -> None:
@@ -679,13 +791,18 @@ def test_a_compile_cache_mark_in_the_way_is_a_warning_never_a_failure(tmp_path: 
 def test_sigkill_while_a_checkpoint_is_written_then_the_same_command_ends_with_the_same_adapter(
     tmp_path: Path, straight_adapter: Path,
 ) -> None:
-    """Killed (the whole process group, SIGKILL: no chance to clean up) as soon as the step-8 checkpoint's folder
-    appears, while Ray writes it: the same command resumes from the newest whole checkpoint and ends with the
-    adapter of a run never interrupted."""
+    """Killed (the whole process group, SIGKILL: no chance to clean up) as soon as the step-8 checkpoint's staging
+    folder (or, past it, the checkpoint itself) appears, while it is written: the same command resumes from the
+    newest whole checkpoint and ends with the adapter of a run never interrupted."""
     log = tmp_path / "killed.log"
     first = _start_run(tmp_path, log, *TWELVE_STEPS)
     storage = tmp_path / "runs" / "smoke" / "ray"
-    _wait_for(first, lambda: len(list(storage.glob("train-*-1/checkpoint_*"))) >= 2)
+
+    def step_8_written() -> bool:
+        staging = [path for path in storage.glob("train-*-1/.checkpoint_*") if path.is_dir()]
+        return len(list(storage.glob("train-*-1/checkpoint_*"))) + bool(staging) >= 2
+
+    _wait_for(first, step_8_written)
     os.killpg(first.pid, signal.SIGKILL)
     first.wait()
     again = _start_run(tmp_path, tmp_path / "again.log", *TWELVE_STEPS)

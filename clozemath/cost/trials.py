@@ -10,10 +10,10 @@ from typing import Any
 
 import torch
 
-from clozemath.config import ExperimentConfig, ModelConfig, TrainConfig
+from clozemath.config import EvalSetConfig, ExperimentConfig, ModelConfig, TrainConfig
 from clozemath.cost.shapes import Shape, meta_shape, training_flops_per_token
 from clozemath.cost.throughput import Card, Figure, Throughput
-from clozemath.data.sources import load_problems
+from clozemath.data.sources import load_problems, read_problem_ids
 from clozemath.data.tokenize import IGNORE_INDEX
 from clozemath.errors import ClozeMathError
 from clozemath.train.budget import Footprint, matched_epochs
@@ -373,15 +373,12 @@ class Estimator:
                      trained: tuple[Layout, int] | None) -> float:
         """Every set with each of its decodings after training, and the evaluations during training, on the trial's
         GPUs (the graph engine after training; a model in training decodes without graphs)."""
-        from clozemath.eval.evaluate import eval_problems
-
         length = config.eval.max_new_tokens / FIGURE_NEW_TOKENS
         seconds = 0.0
         for set_cfg in config.eval.sets:
             key = set_cfg.model_dump_json()
             if key not in self._problems:  # a grid names the same sets in many trials: read once
-                # a set with a limit is taken to hold that many (generating GSM-Symbolic's takes a minute)
-                self._problems[key] = set_cfg.limit or len(eval_problems(set_cfg))
+                self._problems[key] = problems_evaluated(set_cfg)
             problems = self._problems[key]
             for decoding in config.eval.decodings_of(set_cfg):
                 rate = self.shared_rate(config.model, self.eval_rate(config.model, shape, decoding, "graphs"),
@@ -399,11 +396,23 @@ class Estimator:
         return seconds
 
 
+def problems_evaluated(set_cfg: EvalSetConfig) -> int:
+    """The problems an evaluation set decodes, taken as `clozemath.eval.evaluate.eval_problems` takes them: those its
+    `ids` file lists (each one checked to be in the set before work), then `limit` of them. Without ids, a set with
+    a limit is taken to hold that many (counting GSM-Symbolic's means generating them: a minute)."""
+    from clozemath.eval.evaluate import eval_problems
+
+    if set_cfg.ids is not None:
+        listed = len(read_problem_ids(set_cfg.ids))
+        return listed if set_cfg.limit is None else min(set_cfg.limit, listed)
+    return set_cfg.limit or len(eval_problems(set_cfg))
+
+
 def curve_evaluations(config: ExperimentConfig, total_steps: int) -> tuple[int, int]:
     """The evaluations during training of a run of `total_steps` (`EvalConfig.during_training_steps`, as the workers
-    evaluate) and the problems each decodes (the subset's limit: the set is taken to hold that many)."""
+    evaluate) and the problems each decodes (`problems_evaluated` of the subset)."""
     evaluated = config.eval.during_training()
     if evaluated is None:
         return 0, 0
     subset, _ = evaluated
-    return len(config.eval.during_training_steps(total_steps)), subset.limit or 0
+    return len(config.eval.during_training_steps(total_steps)), problems_evaluated(subset)

@@ -1,24 +1,29 @@
 """Checkpoints of a training run: the engine state with the step and the data position (exact resume), and the
 trained adapter in the last one; each rank's part marked complete (its files' sizes and hashes), so that a resume
-tells a whole checkpoint from one a crash, a full disk or a stray write damaged."""
+tells a whole checkpoint from one a crash, a full disk or a stray write damaged; written beside their place and
+renamed into it whole (`write_checkpoint_whole`), so that a failed write leaves no checkpoint at all."""
 
 from __future__ import annotations
 
 import hashlib
 import json
+import os
+import shutil
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from tempfile import TemporaryDirectory
 from typing import Any
 
+import torch
 import torch.distributed as dist
 
 from clozemath.data.tokenize import SpecialTokens
 from clozemath.errors import ClozeMathError
-from clozemath.files import write_text_atomic
+from clozemath.files import remove_abandoned_staging, staging_folder, write_text_atomic
 from clozemath.model.load import save_adapter
+from clozemath.train.distributed import all_ranks_reduce, from_rank_zero, world_rank
 from clozemath.train.layout import StepCounts
 
 CHECKPOINT_TAG = "state"
@@ -158,3 +163,47 @@ def check_checkpoint(folder: Path) -> Checked:
                 return Checked(folder, step, problem)
     counts = [marks[0].get(key) for key in ("total_steps", "trained_tokens")]
     return Checked(folder, step, None, *(count if isinstance(count, int) else None for count in counts))
+
+
+def write_checkpoint_whole(part: Path, target: Path, device: torch.device) -> None:
+    """Every rank's part of a checkpoint (`part`: its files and its mark) into `target`, which appears whole or not
+    at all: the parts are copied into a staging folder beside `target` (rank 0's `staging_folder`), which rank 0
+    renames to `target` once every rank's copy succeeded. A failed copy (a full disk) leaves no `target` and no
+    staging folder, so that a resume takes the checkpoint before it; one killed midway leaves a staging folder under
+    a dot name, which no resume reads and the next write removes. One line (`ClozeMathError`) on every rank names
+    the folder, the fault and what was kept."""
+    rank = world_rank()
+    try:
+        if rank == 0:
+            remove_abandoned_staging(target.parent)  # what a write killed midway left
+        with staging_folder(target) if rank == 0 else nullcontext() as made:
+            staging = from_rank_zero(made, device)
+            fault = None
+            try:
+                _copy_files(part, staging)
+            except OSError as exc:
+                fault = exc
+            failed = all_ranks_reduce(rank + 1 if fault is not None else 0, dist.ReduceOp.MAX, device) - 1
+            if fault is not None:
+                raise fault
+            if failed >= 0:
+                raise _not_written(target, f"rank {failed}'s part failed")
+            if rank == 0:
+                os.rename(staging, target)
+    except OSError as exc:  # the staging folder not made, a part not copied, the rename refused
+        raise _not_written(target, exc.strerror or str(exc)) from None
+    all_ranks_reduce(0, dist.ReduceOp.MAX, device)  # no rank reports the checkpoint before it is in place
+
+
+def _not_written(target: Path, cause: str) -> ClozeMathError:
+    return ClozeMathError(f"{target.parent}: the checkpoint {target.name} was not written ({cause}); the checkpoints "
+                          "before it are kept whole, and a resume starts from the newest")
+
+
+def _copy_files(source: Path, target: Path) -> None:
+    """Copy the files under `source` into the folder `target`, beside what other ranks copied there; the first
+    fault raised as it is (`shutil.copytree` gathers them into one `shutil.Error` without the fault's errno)."""
+    for file in sorted(path for path in source.rglob("*") if path.is_file()):
+        copy = target / file.relative_to(source)
+        copy.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(file, copy)

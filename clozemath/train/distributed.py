@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import socket
+from typing import TypeVar
 
 import torch
 import torch.distributed as dist
@@ -33,16 +34,37 @@ def init_distributed(device: torch.device) -> None:
     deepspeed.init_distributed(dist_backend="nccl" if device.type == "cuda" else "gloo")
 
 
+def world_size() -> int:
+    """The ranks taking part (1 outside torch.distributed: one process alone)."""
+    return dist.get_world_size() if dist.is_initialized() else 1
+
+
+def world_rank() -> int:
+    return dist.get_rank() if dist.is_initialized() else 0
+
+
 def all_ranks_sum(values: list[float], device: torch.device) -> list[float]:
     """Sums over the ranks (on `device`: NCCL reduces GPU tensors only)."""
     tensor = torch.tensor(values, dtype=torch.float64, device=device)
-    if dist.get_world_size() > 1:
+    if world_size() > 1:
         dist.all_reduce(tensor)
     return tensor.tolist()
 
 
 def all_ranks_reduce(value: int, op: dist.ReduceOp, device: torch.device) -> int:
     tensor = torch.tensor([value], dtype=torch.int64, device=device)
-    if dist.get_world_size() > 1:
+    if world_size() > 1:
         dist.all_reduce(tensor, op=op)
     return int(tensor.item())
+
+
+T = TypeVar("T")
+
+
+def from_rank_zero(value: T, device: torch.device) -> T:
+    """Rank 0's `value` (picklable) on every rank."""
+    if world_size() == 1:
+        return value
+    box = [value]
+    dist.broadcast_object_list(box, src=0, device=device)
+    return box[0]
