@@ -31,6 +31,7 @@ Needs vllm 0.26.0 (built on torch 2.11 and CUDA 13, as the GPU machine's torch) 
 from __future__ import annotations
 
 import argparse
+import gc
 import math
 import os
 import sys
@@ -83,9 +84,13 @@ def rows_per_prompt(schemes: Sequence[str], num_beams: int, cot_k: int) -> int:
 
 
 def prepare(spec: str, data: str | None, limit: int, max_new_tokens: int, folder: Path) -> Prepared:
-    """The fine-tuned causal prompts of the first `limit` GSM8K test problems, and the model written into `folder`."""
+    """The fine-tuned causal prompts of the first `limit` GSM8K test problems, and the model written into `folder`.
+    Built on the GPU when there is one (a random shape is built there in seconds, on the CPU in float32 first), and
+    freed before vLLM starts (which then starts its engine by spawning, as it does once CUDA is initialised)."""
+    import torch
+
     cfg = model_config(spec).model_copy(update={"dtype": "bfloat16"})
-    loaded = load_model(cfg, 0, "cpu", training=False)
+    loaded = load_model(cfg, 0, "cuda" if torch.cuda.is_available() else "cpu", training=False)
     problems = load_problems("gsm8k", "test", data)
     problems = problems[:limit] if limit else problems
     prompting = Prompting(False, "causal", DataConfig().prompt_template)
@@ -96,6 +101,10 @@ def prepare(spec: str, data: str | None, limit: int, max_new_tokens: int, folder
         loaded.model.save_pretrained(folder)
     loaded.tokenizer.save_pretrained(folder)
     decoding = Decoding(max_new_tokens, (loaded.tokenizer.eos_token_id,), stop_strings("gsm8k", prompting))
+    del loaded
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
     return Prepared(ids, str(folder), bool(cfg.random_init), decoding)
 
 
