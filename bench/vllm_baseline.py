@@ -95,7 +95,8 @@ def prepare(spec: str, data: str | None, limit: int, max_new_tokens: int, folder
     problems = problems[:limit] if limit else problems
     prompting = Prompting(False, "causal", DataConfig().prompt_template)
     ids = [prompt.ids for prompt in build_prompts(problems, loaded, prompting)]
-    if cfg.random_init:
+    loaded.model.config.architectures = [type(loaded.model).__name__]  # vLLM picks its model class by it; a model
+    if cfg.random_init:  # built from a config has none until `save_pretrained` writes its weights
         loaded.model.config.save_pretrained(folder)
     else:
         loaded.model.save_pretrained(folder)

@@ -137,13 +137,14 @@ def test_bad_arguments_stop_with_a_usage_error(argv: list[str], capsys) -> None:
 
 
 def test_a_random_shape_is_written_as_the_config_and_tokenizer_vllm_reads_with_dummy_weights(tmp_path: Path) -> None:
-    """vLLM sizes its embedding from the written config: it must hold the vocabulary with our special tokens (the
-    prompts' `<SEP>` among them), and no weights are written for a random model."""
+    """vLLM picks its model class by the written config's architecture and sizes its embedding from it: it must hold
+    the vocabulary with our special tokens (the prompts' `<SEP>` among them); no weights for a random model."""
     from transformers import AutoConfig, AutoTokenizer
 
     prepared = baseline.prepare("tiny-llama", None, 3, 8, tmp_path)
     config, tokenizer = AutoConfig.from_pretrained(tmp_path), AutoTokenizer.from_pretrained(tmp_path)
     assert prepared.dummy and prepared.folder == str(tmp_path) and len(prepared.ids) == 3
     assert not list(tmp_path.glob("*.safetensors"))
+    assert config.architectures == ["LlamaForCausalLM"]
     assert config.vocab_size >= len(tokenizer) > max(max(row) for row in prepared.ids)
     assert prepared.decoding == baseline.Decoding(8, (tokenizer.eos_token_id,), ())
