@@ -15,7 +15,9 @@ in a process of its own for a greedy batch of B rows. Rows stop at the tokenizer
 too) and at `max_new_tokens`; the model folder's generation config is not applied (`generation_config="vllm"`),
 so no other stop token. FlashInfer's top-k/top-p sampler is off (`VLLM_USE_FLASHINFER_SAMPLER=0`): every request
 here is greedy (temperature 0), which never samples, and the sampler's kernels would be JIT-compiled at the engine's
-start on a fresh machine.
+start on a fresh machine (vLLM 0.26 ships no FlashInfer cubins); so is FlashInfer's autotuning at the start
+(`enable_flashinfer_autotune=False`): a dense model on a Hopper card attends with FlashAttention 3 (vLLM's first
+choice there) and runs none of FlashInfer's kernels.
 
 Causal prompts only (vLLM has no PrefixLM prompts). The model: built by our loader (`clozemath.model.load`), then
 written into a folder vLLM reads: a random shape of configs/models (`random_init`) as its config and tokenizer, run
@@ -204,7 +206,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         llm, start = timed(lambda: LLM(
             model=prepared.folder, dtype="bfloat16", load_format="dummy" if prepared.dummy else "auto", seed=0,
             gpu_memory_utilization=args.gpu_memory_utilization, max_num_seqs=max_num_seqs,
-            max_model_len=max(map(len, prepared.ids)) + args.max_new_tokens, generation_config="vllm"))
+            max_model_len=max(map(len, prepared.ids)) + args.max_new_tokens, generation_config="vllm",
+            enable_flashinfer_autotune=False))
         prompts = [TokensPrompt(prompt_token_ids=row) for row in prepared.ids]
         decoding = prepared.decoding
         runs: dict[str, Callable[[list[Any]], int]] = {
