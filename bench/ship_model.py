@@ -53,7 +53,6 @@ CALL_LIMIT = 64 * MIB
 """What one call carries: the tracked tree, untracked files git does not ignore, and the carried paths."""
 MARGIN = 1 * MIB
 READ = 16 * MIB
-PIECE = re.compile(r"^model\.(\d+)-of-(\d+)$")
 PIECES = re.compile(r"^(?P<stem>\w+)\.(?P<index>\d+)-of-(?P<count>\d+)$")
 """Any bundle's pieces: the model's (`model.`) and a wheel lock's (`<lock's stem>.`)."""
 DATA_FILE = "data.tar.xz"
@@ -332,10 +331,15 @@ def unpack_site(bundle: Path, site: Path) -> str:
     return f"site: unpacked into {site} (put {site} on PYTHONPATH and {site / 'bin'} on PATH)"
 
 
+def piece_counts(pieces: list[Path]) -> set[int]:
+    """The piece counts the pieces' names give (one, unless pieces of two preparations are mixed)."""
+    return {int(match["count"]) for piece in pieces if (match := PIECES.match(piece.name))}
+
+
 def join_pieces(held: Path, chunks_into: Path, chunked: Chunked) -> str:
     """Every piece, in order, cut into the config's chunk files, checked against its size and SHA-256."""
     pieces = sorted(held.glob("model.*-of-*"), key=_natural)
-    counts = {int(PIECE.match(p.name)[2]) for p in pieces if PIECE.match(p.name)}
+    counts = piece_counts(pieces)
     if len(counts) > 1:
         raise ShipError(f"{held}: pieces of different preparations ({', '.join(map(str, sorted(counts)))} pieces)")
     if not pieces or len(pieces) < min(counts):
@@ -403,7 +407,7 @@ def install_locked(held: Path, lock: Path, target: Path) -> str:
     stem = lock.stem
     marker = target / f".installed-{stem}-{hashlib.sha256(lock.read_bytes()).hexdigest()[:16]}"
     pieces = sorted(held.glob(f"{stem}.*-of-*"), key=_natural)
-    counts = {int(m["count"]) for p in pieces if (m := PIECES.match(p.name))}
+    counts = piece_counts(pieces)
     if len(counts) > 1:
         raise ShipError(f"{held}: {stem} pieces of different preparations ({', '.join(map(str, sorted(counts)))})")
     if marker.exists() and not pieces:
