@@ -5,6 +5,7 @@ it off (`clozemath.eval.folder`, `ray_jobs.train.EvaluatedHere`)."""
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -125,3 +126,48 @@ def test_an_evaluation_that_finds_every_prediction_made_keeps_the_seconds_of_the
     again = eval_folder.evaluate_into_folder(config, adapter, tmp_path / "eval", nothing_left)
     assert again == made
     assert json.loads((tmp_path / "eval" / "metrics.json").read_text()) == made
+
+
+def test_the_worker_merges_the_weights_an_actor_loads_to_the_bit(tmp_path):
+    from clozemath.model.load import load_for_inference, trained_for_inference
+
+    config = _config()
+    adapter = tmp_path / "adapter"
+    merged = trained_for_inference(config.model, _trained(config, adapter), adapter).model
+    loaded = load_for_inference(config.model, adapter, "cpu").model
+    assert type(merged) is type(loaded) and not merged.training
+    assert merged.config._attn_implementation == loaded.config._attn_implementation
+    theirs = loaded.state_dict()
+    assert merged.state_dict().keys() == theirs.keys()
+    assert all(torch.equal(tensor, theirs[name]) for name, tensor in merged.state_dict().items())
+
+
+def test_a_run_of_one_worker_is_evaluated_in_it_as_clozemath_eval_evaluates_its_adapter(smoke_samples, tmp_path,
+                                                                                         ray_session):
+    """The smoke run on one ZeRO-2 worker: its evaluation is the worker's (no actor loads a model; the start-up is
+    the adapter's merge), logged by the trial as ever; `clozemath eval` of its adapter on the actors writes the same
+    predictions."""
+    from mlflow import MlflowClient
+
+    from clozemath_cli import main
+    from tests.conftest import LEARNS, run_smoke
+
+    shutil.copytree(smoke_samples, tmp_path / "runs" / "cache")
+    overrides = [*LEARNS, "train.num_workers=1", "eval.sets=[{dataset: gsm8k, limit: 3}]", "eval.max_new_tokens=8"]
+    code, lines = run_smoke(tmp_path, *overrides)
+    console = "\n".join(lines)
+    assert code == 0, console[-3000:]
+    assert "[smoke] evaluating in the training worker" in console and "for evaluation with the adapter" not in console
+    folder = tmp_path / "runs" / "smoke" / "eval"
+    values = json.loads((folder / "metrics.json").read_text())
+    assert values["eval/load_s"] == values["eval/startup_s"] and values["eval/gsm8k/greedy/total"] == 3
+    store = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'mlruns.db'}")
+    (trial,) = [run for run in store.search_runs([store.get_experiment_by_name("smoke").experiment_id])
+                if "eval/startup_s" in run.data.metrics]
+    assert trial.data.metrics["eval/startup_s"] == values["eval/startup_s"]
+
+    adapter = tmp_path / "runs" / "smoke" / "adapter"
+    assert main(["eval", str(SMOKE), *overrides, f"eval.adapter={adapter}", f"train.output_dir={tmp_path / 'evals'}",
+                 f"tracking.uri=sqlite:///{tmp_path / 'eval.db'}"]) == 0
+    (actors,) = (tmp_path / "evals" / "evals").glob("smoke-*/eval")
+    assert _predictions(actors) == _predictions(folder)
