@@ -350,13 +350,16 @@ def evaluates_in_worker(config: ExperimentConfig) -> bool:
 
 def evaluate_trained(config: ExperimentConfig, trained: Loaded, adapter: Path, folder: Path) -> dict[str, float]:
     """`evaluate_into_folder` with the model a training worker has just trained (its optimizer gone, its layers
-    uncompiled), made the model an evaluation actor loads from `adapter` (`trained_for_inference`): the same
-    predictions and metrics, less the actor's start and the second model load. `trained` is spent."""
+    uncompiled), made the model an evaluation actor loads from `adapter` (`trained_for_inference`) once the sets are
+    read, as an actor starts once they are: the same predictions and metrics, less the actor's start and the second
+    model load. `trained` is spent."""
     from clozemath.model.load import trained_for_inference
 
-    requested = time.time()
+    def predict(problems: list[Problem]) -> Iterator[list[dict[str, Any]]]:
+        merging = time.time()
+        loaded = trained_for_inference(config.model, trained, adapter)
+        ready_at = time.time()
+        yield from predict_here(ReadyModel(loaded, config, prompting(config), ready_at, ready_at - merging))(problems)
+
     console.phase(f"[{config.name}] evaluating in the training worker (the model it trained, the adapter merged)")
-    loaded = trained_for_inference(config.model, trained, adapter)
-    ready_at = time.time()
-    model = ReadyModel(loaded, config, prompting(config), ready_at, ready_at - requested)
-    return evaluate_into_folder(config, adapter, folder, predict_here(model), requested)
+    return evaluate_into_folder(config, adapter, folder, predict)
