@@ -145,7 +145,7 @@ def test_the_worker_merges_the_weights_an_actor_loads_to_the_bit(tmp_path):
 def test_a_run_of_one_worker_is_evaluated_in_it_as_clozemath_eval_evaluates_its_adapter(smoke_samples, tmp_path,
                                                                                          ray_session):
     """The smoke run on one ZeRO-2 worker: its evaluation is the worker's (no actor loads a model; the start-up is
-    the adapter's merge), logged by the trial as ever; `clozemath eval` of its adapter on the actors writes the same
+    reading the set and merging the adapter), logged by the trial as ever; `clozemath eval` of its adapter on the actors writes the same
     predictions."""
     from mlflow import MlflowClient
 
@@ -160,7 +160,7 @@ def test_a_run_of_one_worker_is_evaluated_in_it_as_clozemath_eval_evaluates_its_
     assert "[smoke] evaluating in the training worker" in console and "for evaluation with the adapter" not in console
     folder = tmp_path / "runs" / "smoke" / "eval"
     values = json.loads((folder / "metrics.json").read_text())
-    assert values["eval/load_s"] == values["eval/startup_s"] and values["eval/gsm8k/greedy/total"] == 3
+    assert 0 < values["eval/load_s"] <= values["eval/startup_s"] and values["eval/gsm8k/greedy/total"] == 3
     store = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'mlruns.db'}")
     (trial,) = [run for run in store.search_runs([store.get_experiment_by_name("smoke").experiment_id])
                 if "eval/startup_s" in run.data.metrics]
