@@ -329,6 +329,11 @@ class EvalConfig(_Strict):
     evaluated at the same points of their budgets, and at a matched budget (`train.budget: steps`) at nearly the
     same steps, so that methods' curves (the paper's Figure 3) share their points."""
     during_training_limit: AtLeastOne = 100
+    in_worker: Literal["auto", False] = "auto"
+    """auto: a trial trained by one worker (ZeRO-2 or less) is evaluated in that worker as training ends, on the model
+    it trained with its adapter merged as an evaluation actor merges it (the same tokens come out), without a new
+    process or a second model load; false: always by Ray Data's evaluation actors (as the base model, a trial of
+    several workers and `clozemath eval` always are)."""
 
     @model_validator(mode="after")
     def _sets_apart(self) -> EvalConfig:

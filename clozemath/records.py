@@ -393,10 +393,15 @@ EVAL_SECONDS = f"{EVAL_PREFIX}/seconds"
 """An evaluation's wall time, from its request (its sets read) to its last prediction: `EVAL_STARTUP_S` and
 `EVAL_DECODE_S` add up to it."""
 EVAL_STARTUP_S = f"{EVAL_PREFIX}/startup_s"
-"""Of an evaluation's wall time, from its request to the first actor ready to decode (started, its model loaded; an
-engine that captures its graphs as it decodes counts that as decoding)."""
+"""Of an evaluation's wall time, from its request to the first model ready to decode (an actor started, its model
+loaded; or the training worker's model, its adapter merged: `eval.in_worker`); an engine that captures its graphs as
+it decodes counts that as decoding."""
 EVAL_DECODE_S = f"{EVAL_PREFIX}/decode_s"
-"""Of an evaluation's wall time, from the first actor ready to decode to the last prediction in."""
+"""Of an evaluation's wall time, from the first model ready to decode to the last prediction in."""
+EVAL_LOAD_S = f"{EVAL_PREFIX}/load_s"
+"""Of `EVAL_STARTUP_S`, the seconds the first model ready took to load (the base model, the adapter merged in); the
+rest is the actor's start (Ray Data's pipeline, its scheduling, the process and its imports). An evaluation in the
+training worker (`eval.in_worker`) has only this: its model is the one it trained, its adapter merged."""
 ACCURACY, CORRECT, TOTAL = "accuracy", "correct", "total"
 CUT_SHARE, PROBLEMS_PER_S = "cut_share", "problems_per_s"
 STRICT_ACCURACY, FLEXIBLE_ACCURACY = "strict_accuracy", "flexible_accuracy"

@@ -24,6 +24,7 @@ from clozemath.records import (
     PLANNED_TOKENS,
     TRAINED_STEPS,
     TRAINED_TOKENS,
+    eval_folder,
     headline_percent,
     run_folder,
 )
@@ -79,7 +80,8 @@ def run_experiment(
                 **({} if planned is None else {PLANNED_TOKENS: planned}), "train.mfu_convention": MFU_CONVENTION,
             })
             with user_errors_surfaced():
-                trained = fit(config, prepared, run_folder(config).resolve(), run, train_run_name, train_callbacks)
+                trained = fit(config, prepared, run_folder(config).resolve(), run, train_run_name, train_callbacks,
+                              eval_folder(config).resolve() if config.eval.sets else None)
             adapter, steps = trained.adapter, trained.steps
             run.log_params({PLANNED_STEPS: trained.planned_steps, TRAINED_STEPS: trained.steps,
                             **({} if trained.tokens is None else {TRAINED_TOKENS: trained.tokens})})

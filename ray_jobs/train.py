@@ -45,6 +45,7 @@ from clozemath.config import ExperimentConfig, from_wire, to_wire
 from clozemath.errors import ClozeMathError
 from clozemath.files import copy_folder_atomic
 from clozemath.eval.during_training import evaluate_step, step_evaluation
+from clozemath.eval.folder import evaluates_in_worker
 from clozemath.records import ADAPTER_DIR, RAY_TRAIN_DIR, compile_cache_folder, is_curve_metric, train_metric
 from clozemath.tracking import TrackedRun
 from clozemath.train.compilation import eager_inference
@@ -155,6 +156,8 @@ def train_worker(settings: dict[str, Any]) -> None:
         if checkpoint is not None:  # whole once written: a resume can tell it from one a crash cut short
             mark_complete(checkpoint, context.get_world_rank(), context.get_world_size(), metrics.step,
                           metrics.total_steps, metrics.trained_tokens)
+            if evaluated is not None and metrics.step == metrics.total_steps:  # the adapter `fit` will copy there
+                copy_folder_atomic(checkpoint / ADAPTER_DIR, evaluated.adapter)
         if checkpoint is not None or due or any(map(is_curve_metric, values)):
             ray.train.report(
                 {**values, STEPS_KEY: list(pending)},
@@ -165,9 +168,10 @@ def train_worker(settings: dict[str, Any]) -> None:
             pace.reported(metrics.step, lambda seconds: all_ranks_reduce(round(1000 * seconds), dist.ReduceOp.MAX,
                                                                          device) / 1000)
 
+    evaluated = EvaluatedHere.of(settings["evaluate_here"], config)
     latest = ray.train.get_checkpoint()  # this run's latest (its workers restarted), else the one `fit` chose
     with latest.as_directory() if latest is not None else nullcontext(settings["resume_from"]) as resume_from:
-        train(
+        engine = train(
             loaded.model,
             rows,
             config,
@@ -177,6 +181,45 @@ def train_worker(settings: dict[str, Any]) -> None:
             resume_from=Path(resume_from) if resume_from is not None else None,
             compile_cache=compile_cache,
         )
+    if evaluated is not None and evaluated.adapter.is_dir():
+        del engine  # the optimizer's state and the gradients
+        evaluated.evaluate(config, loaded)
+
+
+@dataclass(frozen=True)
+class EvaluatedHere:
+    """A trial evaluated in its training worker as training ends (`clozemath.eval.folder.evaluates_in_worker`):
+    its adapter and evaluation folders, the driver's (whose evaluation then finds every prediction made)."""
+
+    adapter: Path
+    folder: Path
+
+    @classmethod
+    def of(cls, folders: dict[str, str] | None, config: ExperimentConfig) -> EvaluatedHere | None:
+        """None where the driver did not ask for it, or the worker's resolved ZeRO stage is 3."""
+        if folders is None or config.train.zero_stage == 3:
+            return None
+        return cls(Path(folders["adapter"]), Path(folders["folder"]))
+
+    def evaluate(self, config: ExperimentConfig, loaded: Any) -> None:
+        """Free what training held, uncompile the layers, evaluate (`clozemath.eval.folder.evaluate_trained`)."""
+        import gc
+
+        import torch
+
+        from clozemath.eval.folder import evaluate_trained
+        from clozemath.train.compilation import uncompile_decoder_layers
+
+        gc.collect()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+        uncompile_decoder_layers(loaded.model)
+        try:
+            with torch.no_grad():
+                evaluate_trained(config, loaded, self.adapter, self.folder)
+        except Exception as exc:  # the training stands; the trial's evaluation on actors takes up what was made
+            console.warn(f"[{config.name}] the evaluation in the training worker failed ({type(exc).__name__}: "
+                         f"{exc}); the trial's evaluation actors take it up")
 
 
 def whole_checkpoint_upload(device: Any) -> Callable[[Checkpoint, str], Checkpoint] | None:
@@ -268,13 +311,16 @@ def fit(
     run: TrackedRun,
     run_name: str | None = None,
     callbacks: Sequence[UserCallback] = (),
+    eval_folder: Path | None = None,
 ) -> Trained:
     """Train on Ray; returns the adapter folder (`<run_folder>/adapter`) and what the training did.
 
     `run_name`: names the trial's Ray Train runs (`<run_name>-<n>` under `<run_folder>/ray` or `train.storage`); a
     trial started again under it resumes from the newest whole checkpoint of its runs (`resume_point`), in a run of
     its own (a grid trial restarted after its driver died). Default: a new, time-stamped one.
-    `callbacks`: more Train callbacks (a Tune trial's `TuneReportCallback`)."""
+    `callbacks`: more Train callbacks (a Tune trial's `TuneReportCallback`). `eval_folder`: the trial's evaluation
+    folder, where a worker that evaluates as training ends writes (`eval.in_worker`; the driver's evaluation then
+    finds its predictions made)."""
     preflight_checks(config, prepared)
     storage = config.train.storage or str(run_folder / RAY_TRAIN_DIR)
     local = run_name is not None and "://" not in storage  # elsewhere Ray's own latest checkpoint is resumed
@@ -298,7 +344,9 @@ def fit(
     trainer = TorchTrainer(
         train_worker,
         train_loop_config={"experiment": to_wire(config), "num_sentinels": prepared.num_sentinels, "rows": table,
-                           "resume_from": None if resume is None else str(resume.folder)},
+                           "resume_from": None if resume is None else str(resume.folder),
+                           "evaluate_here": {"adapter": str(adapter), "folder": str(eval_folder)}
+                           if eval_folder is not None and evaluates_in_worker(config) else None},
         scaling_config=ScalingConfig(
             num_workers=config.train.num_workers, use_gpu=gpu,
             resources_per_worker={"GPU": config.train.gpu_share} if gpu else None,

@@ -133,3 +133,33 @@ def test_beam_batches_on_graphs_are_freed_without_the_cycle_collector(loaded, pr
         assert torch.cuda.memory_allocated() == before
     finally:
         gc.enable()
+
+
+def test_the_model_a_worker_trained_decodes_the_tokens_of_the_actors_model_in_float32(prompts, tmp_path):
+    """Evaluation in the training worker (`eval.in_worker`): the model trained on the card (flex attention, LoRA and
+    the special-token rows moved off their start as steps would, the adapter saved) made the evaluated model in
+    place, against the base model loaded afresh with the saved adapter merged (the evaluation actor's): the same
+    weights to the bit, and the auto engine (CUDA graphs) gives the same tokens, greedy, in float32."""
+    from clozemath.model.load import load_for_inference, load_model, save_adapter, trained_for_inference
+
+    spec = os.environ.get("CLOZEMATH_GPU_MODEL", "smollm2-135m")
+    path = Path(spec) if spec.endswith((".yaml", ".yml")) else ROOT / "configs" / "models" / f"{spec}.yaml"
+    cfg = ModelConfig.model_validate(read_yaml(path)).model_copy(update={"dtype": "float32"})
+    trained = load_model(cfg, 0, torch.device("cuda"), training=True, seed=0)
+    generator = torch.Generator(device="cuda").manual_seed(1)
+    with torch.no_grad():
+        for parameter in trained.model.parameters():
+            if parameter.requires_grad:
+                parameter.add_(0.02 * torch.randn(parameter.shape, generator=generator, device="cuda"))
+    adapter = save_adapter(trained.model, tmp_path / "adapter", trained.specials)
+    worker = trained_for_inference(cfg, trained, adapter)
+    actor = load_for_inference(cfg, adapter, torch.device("cuda"))
+    theirs = actor.model.state_dict()
+    assert all(torch.equal(tensor, theirs[name]) for name, tensor in worker.model.state_dict().items())
+
+    def run(loaded):
+        return decode(loaded.model, loaded.tokenizer, prompts[:16], "greedy", DecodeSettings(
+            max_new_tokens=32, batch_size=8, engine="auto", eos_token_ids=loaded.tokenizer.eos_token_id,
+        ))
+
+    assert tokens(run(worker)) == tokens(run(actor))

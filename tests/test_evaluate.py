@@ -478,7 +478,7 @@ def test_an_evaluation_actor_builds_its_model_once_for_every_set_decoding_and_ba
 
 
 def test_an_evaluations_seconds_split_into_its_start_up_and_its_decoding():
-    from ray_jobs.eval_job import startup_and_decoding
+    from clozemath.eval.folder import startup_and_decoding
 
     assert startup_and_decoding(100.0, 130.0, 160.0) == {"eval/startup_s": 30.0, "eval/decode_s": 30.0}
     # an actor on a node whose clock runs behind or ahead: the start-up stays within the evaluation

@@ -813,18 +813,18 @@ def test_sigkill_while_a_checkpoint_is_written_then_the_same_command_ends_with_t
 
 
 def test_predictions_a_killed_evaluation_appended_are_taken_up_less_a_line_cut_short(tmp_path: Path) -> None:
-    from ray_jobs.eval_job import _read_restored
+    from clozemath.eval.folder import read_restored
 
     rows = [{"id": f"gsm8k/test/{i}", "dataset": "gsm8k", "decoding": "greedy", "generation": "#### 1", "gold": "1"}
             for i in range(3)]
     partial = tmp_path / "gsm8k.partial.jsonl"
     partial.write_text("".join(json.dumps(row) + "\n" for row in rows) + '{"id": "gsm8k/te')
-    assert [p.id for p in _read_restored(partial, cut_tail=True)] == [row["id"] for row in rows]
+    assert [p.id for p in read_restored(partial, cut_tail=True)] == [row["id"] for row in rows]
     assert partial.read_text().endswith("}\n")  # the cut line is gone from the file: appends follow whole lines
     partial.write_text(json.dumps(rows[0]) + "\n{oops\n" + json.dumps(rows[1]) + "\n")
     with pytest.raises(ClozeMathError, match=rf"{partial}:2: not valid JSON .*: a damaged predictions file; remove "
                        rf"{partial} and run again \(the set is evaluated afresh\)"):
-        _read_restored(partial, cut_tail=True)
+        read_restored(partial, cut_tail=True)
 
 
 def _eval_args(tmp_path: Path) -> list[str]:

@@ -392,7 +392,24 @@ def load_for_inference(cfg: ModelConfig, adapter_folder: str | Path, device: tor
     folder = Path(adapter_folder)
     saved = _saved_specials(folder)
     num_sentinels = len(saved["tokens"]) - len(special_names(0))
-    loaded = load_model(cfg, num_sentinels, device, training=False)
+    return _merged(cfg, load_model(cfg, num_sentinels, device, training=False), folder)
+
+
+def trained_for_inference(cfg: ModelConfig, trained: Loaded, adapter_folder: str | Path) -> Loaded:
+    """The model a worker trained (`load_model(training=True)`) made what `load_for_inference` loads from the adapter
+    it saved, without loading the base model again: LoRA and the trainable token rows taken off (the base weights
+    were frozen: they are the loaded ones), inference's attention, the saved adapter merged in as there (so the same
+    weights, to the bit, whatever precision training kept its adapter in). `trained` is spent."""
+    base = trained.model.unload()
+    device = next(base.parameters()).device
+    base.set_attn_implementation(attention_implementation(cfg, device, training=False))
+    return _merged(cfg, Loaded(model=base.eval(), tokenizer=trained.tokenizer, specials=trained.specials),
+                   Path(adapter_folder))
+
+
+def _merged(cfg: ModelConfig, loaded: Loaded, folder: Path) -> Loaded:
+    """A base model loaded for inference, the adapter saved in `folder` merged into its weights, in eval mode."""
+    saved = _saved_specials(folder)
     if loaded.specials.ids != saved["ids"]:
         raise ClozeMathError(
             f"{folder / SPECIALS_FILE}: special-token ids {saved['ids']} differ from model '{cfg.name}''s {loaded.specials.ids}"

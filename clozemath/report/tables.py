@@ -177,12 +177,12 @@ def timed_trials(results: list[TrialResult]) -> list[TrialResult]:
 
 
 def evaluation_time_table(results: list[TrialResult]) -> str:
-    """Each trial's run time, its evaluation's, and of that the start-up (until the first actor could decode:
-    `EVAL_STARTUP_S`) and the decoding (markdown); then the grid's share of its trials' time spent evaluating and
+    """Each trial's run time, its evaluation's, and of that the start-up (until a model could decode, the first
+    actor's or the training worker's: `EVAL_STARTUP_S`) and the decoding (markdown); then the grid's share of its trials' time spent evaluating and
     starting to. Runs from before the start-up was recorded show none."""
     rows = sorted(results, key=lambda r: (r.train_set, r.model, r.method, r.seed))
     lines = ["**Compute: time per trial** (seconds; evaluation: from its request to its last prediction, start-up: "
-             "until the first actor could decode)", "",
+             "until a model could decode, the first actor's or the training worker's)", "",
              "| Training set | Model | Method | Seed | Run | Evaluation | Start-up | Decoding |",
              "| --- | --- | --- | --- | ---: | ---: | ---: | ---: |"]
     lines += [f"| {set_title(r.train_set)} | {model_name(r.model)} | {method_name(r.method)} | {r.seed} | "

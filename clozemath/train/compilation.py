@@ -94,6 +94,14 @@ def compile_decoder_layers(model: torch.nn.Module, zero_stage: int) -> None:
             layer.compile(dynamic=False)
 
 
+def uncompile_decoder_layers(model: torch.nn.Module) -> None:
+    """Undo `compile_decoder_layers` outside ZeRO-3 for good (a model done training, decoded from then on, whose
+    shapes change every call): `Module.compile` only sets `_compiled_call_impl`, which torch 2.x has no public call to
+    clear."""
+    for layer in decoder_layers(model):
+        layer._compiled_call_impl = None
+
+
 @contextmanager
 def eager_inference(model: torch.nn.Module) -> Iterator[None]:
     """Decoding with a training model: compiled layers run eagerly (decoding's shapes change every call) and attention
