@@ -113,9 +113,10 @@ def test_an_evaluation_killed_in_the_worker_is_taken_up_by_the_actors(ray_sessio
     assert _predictions(folder) == _predictions(tmp_path / "whole")
 
 
-def test_an_evaluation_that_finds_every_prediction_made_keeps_the_seconds_of_the_one_that_made_them(tmp_path):
-    """The trial's driver evaluates after its worker did: nothing is decoded again, and the seconds are the
-    worker's evaluation's (the report's time table reads them)."""
+def test_an_evaluation_that_finds_every_prediction_made_keeps_the_seconds_of_the_one_that_made_them(tmp_path,
+                                                                                                    capsys):
+    """The trial's driver evaluates after its worker did: nothing is decoded again, the seconds are the worker's
+    evaluation's (the report's time table reads them), and the console says so in one line, with no second bar."""
     config = _config("eval.sets=[{dataset: gsm8k, limit: 2}]", "eval.decodings=[greedy]")
     adapter = tmp_path / "adapter"
     made = evaluate_trained(config, _trained(config, adapter), adapter, tmp_path / "eval")
@@ -123,9 +124,13 @@ def test_an_evaluation_that_finds_every_prediction_made_keeps_the_seconds_of_the
     def nothing_left(problems):
         raise AssertionError(f"decoded again: {problems}")
 
+    capsys.readouterr()
     again = eval_folder.evaluate_into_folder(config, adapter, tmp_path / "eval", nothing_left)
+    printed = "".join(capsys.readouterr())
     assert again == made
     assert json.loads((tmp_path / "eval" / "metrics.json").read_text()) == made
+    assert f"[{config.name}] evaluated before, taken up: gsm8k (2 problems, greedy)" in printed
+    assert "evaluating" not in printed and "eval gsm8k" not in printed
 
 
 def test_the_worker_merges_the_weights_an_actor_loads_to_the_bit(tmp_path):

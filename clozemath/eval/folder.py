@@ -275,17 +275,18 @@ def evaluate_into_folder(config: ExperimentConfig, adapter: Path | None, folder:
         raise ClozeMathError("eval.sets: no problems to evaluate")
     earlier = _take_up(sets, folder, _source(config, adapter))
     values: dict[str, float] = {}
-    console.phase(f"[{config.name}] evaluating: " + ", ".join(
+    problems = [problem for progress in sets.values() for problem in progress.pending()]
+    console.phase(f"[{config.name}] {'evaluating' if problems else 'evaluated before, taken up'}: " + ", ".join(
         f"{name} ({len(progress.problems)} problems, {'/'.join(progress.decodings)}"
-        + (f"; {len(progress.predictions)} predictions from before" if progress.predictions else "") + ")"
-        for name, progress in sets.items()
+        + (f"; {len(progress.predictions)} predictions from before" if progress.predictions and problems else "")
+        + ")" for name, progress in sets.items()
     ))
     for progress in sets.values():
-        progress.show(config.name)  # the bars' clocks start now: a rate counts the whole evaluation, model loading too
+        if problems:  # the bars' clocks start now: a rate counts the whole evaluation, model loading too
+            progress.show(config.name)
         if len(progress.predictions) == progress.expected:
             values.update(progress.finish(folder, earlier))
     write_metrics(folder, values)
-    problems = [problem for progress in sets.values() for problem in progress.pending()]
     if problems:
         first = _evaluate_pending(config, folder, sets, predict(problems), earlier, values, requested)
         finished = time.time()
