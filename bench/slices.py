@@ -192,7 +192,7 @@ RUN_EXIT = re.compile(r"^\[[0-9:]+\] exit \d+ after (\d+) s$")
 def measured_seconds(plan: Plan, name: str) -> float | None:
     """The seconds of the slice's grid runs (its first part and any `<slice>-N` rerun of what was left), or None."""
     found = []
-    for log in [plan.results / name / "driver.log", *sorted(plan.results.glob(f"{name}-*/driver.log"))]:
+    for log in [plan.results / name / "driver.log", *sorted(plan.results.glob(f"{name}-[0-9]*/driver.log"))]:
         lines = log.read_text(encoding="utf-8", errors="replace").splitlines() if log.is_file() else []
         found += [float(m.group(1)) for m in map(RUN_EXIT.match, lines) if m][-1:]
     return sum(found) if found else None

@@ -61,9 +61,10 @@ def ordered(names: Iterable[str], preferred: Sequence[str]) -> list[str]:
 
     def key(name: str) -> tuple[int, str, list[str | float]]:
         base, _, variant = name.partition(" (")
-        known = name in preferred or base in preferred
-        place = preferred.index(name if name in preferred else base) if known else len(preferred)
-        return place, "" if known else base, _natural(variant)
+        listed = name if name in preferred else base
+        if listed in preferred:
+            return preferred.index(listed), "", _natural(variant)
+        return len(preferred), base, _natural(variant)
 
     return sorted(set(names), key=key)
 
