@@ -7,6 +7,8 @@
 #   bash bench/slice_lease.sh start rates-1 rates-2      # returns at once
 #   bash bench/slice_lease.sh wait 480                   # progress, and (with $OUT set) collects; call again at
 #                                                        # once, within the machine's 30 s, until "chain: done"
+#                                                        # (on a fresh machine it says so at once, exit 3; a
+#                                                        # chain whose process died: "chain: stopped", exit 4)
 #   bash bench/slice_lease.sh collect                    # into $OUT: <slice>.tar.gz a slice, chain.log, gpu.csv.gz
 #
 # Resuming: a slice whose trials the committed trials.json files (the plan's `results`) all finish is skipped; one
@@ -122,15 +124,28 @@ finish() {
     touch "$WORK/done"
 }
 
-follow() {  # until the chain is done or $1 seconds passed; then where it is
-    local until=$((SECONDS + ${1:-480}))
-    while [ ! -e "$WORK/done" ] && [ $SECONDS -lt "$until" ]; do sleep 10; done
+follow() {  # until the chain is done or $1 seconds passed, or at once when no chain runs here; then where it is
+    local until=$((SECONDS + ${1:-480})) pid
+    if [ ! -e "$WORK/chain.log" ]; then  # a bare machine: waiting would only spend device time
+        echo "chain: none on this machine (a fresh one: the machine that ran it went back); start what is left again"
+        return 3
+    fi
+    pid=$(cat "$WORK/chain.pid" 2> /dev/null)
+    while [ ! -e "$WORK/done" ] && [ $SECONDS -lt "$until" ]; do
+        if [ -n "$pid" ] && ! kill -0 "$pid" 2> /dev/null; then
+            echo "chain: its process $pid ended without finishing (killed?); what it finished is collected below"
+            break
+        fi
+        sleep 10
+    done
     tail -n 20 "$WORK/chain.log"
     for log in "$WORK"/*/driver.log; do
         [ -e "$log" ] && { echo "--- $log"; grep -E "trial |finished|failed|error" "$log" | tail -n 6; }
     done
-    if [ -e "$WORK/done" ]; then echo "chain: done"; else echo "chain: running"; fi
     [ -z "${OUT:-}" ] || collect > /dev/null 2>&1  # what has finished comes back with every wait
+    if [ -e "$WORK/done" ]; then echo "chain: done"
+    elif [ -n "$pid" ] && ! kill -0 "$pid" 2> /dev/null; then echo "chain: stopped"; return 4
+    else echo "chain: running"; fi
 }
 
 snapshot() {  # a consistent copy of a slice's store, which its grid may be writing to (WAL mode)
@@ -169,9 +184,10 @@ case "${1:-}" in
         mkdir -p "$WORK"
         rm -f "$WORK/done"
         setsid nohup bash "$0" chain "$@" >> "$WORK/chain.log" 2>&1 < /dev/null &
+        echo $! > "$WORK/chain.pid"
         echo "chain: started $* (log $WORK/chain.log)";;
     chain) shift; chain "$@";;
-    wait) follow "${2:-480}";;
+    wait) follow "${2:-480}"; exit $?;;
     collect) collect;;
     *) echo "usage: $0 start SLICE... | wait [seconds] | collect   (DRY_RUN=1 $0 chain SLICE...: the commands)" >&2
        exit 2;;

@@ -198,3 +198,21 @@ def test_the_lease_chain_skips_a_finished_slice_and_runs_what_is_left_of_another
     assert (work / "done").exists() and not (work / "a").exists()
     usage = subprocess.run(["bash", "bench/slice_lease.sh", "start"], cwd=ROOT, capture_output=True, text=True)
     assert usage.returncode == 2 and "usage:" in usage.stderr
+
+
+def test_waiting_on_a_machine_without_the_chain_returns_at_once_and_a_dead_chain_is_said_stopped(
+        tmp_path: Path) -> None:
+    """A `wait` that reaches a fresh machine (the one running the chain went back between calls) must not spend its
+    seconds of device time waiting on nothing; one whose chain process died says so instead of 'running'."""
+    work = tmp_path / "work"
+    env = {**os.environ, "WORK": str(work), "PYTHON": sys.executable}
+    fresh = subprocess.run(["bash", "bench/slice_lease.sh", "wait", "300"], cwd=ROOT, env=env, capture_output=True,
+                           text=True, timeout=60)
+    assert fresh.returncode == 3 and "chain: none on this machine" in fresh.stdout
+    work.mkdir()
+    (work / "chain.log").write_text("chain: [10:00:00] slice a\n")
+    (work / "chain.pid").write_text("999999999\n")  # above any pid_max: no such process
+    dead = subprocess.run(["bash", "bench/slice_lease.sh", "wait", "300"], cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=60)
+    assert dead.returncode == 4, dead.stdout
+    assert "ended without finishing" in dead.stdout and dead.stdout.rstrip().endswith("chain: stopped")
