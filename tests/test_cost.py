@@ -213,6 +213,32 @@ def test_the_matched_grids_estimate_rises_by_its_curve_evaluations() -> None:
     assert curve_s > 60  # minutes a trial, no rounding error
 
 
+def test_a_trial_evaluated_in_its_training_worker_is_priced_without_an_actors_start_and_second_load() -> None:
+    """`eval.in_worker`: a one-worker trained trial starts its evaluation with the model it trained (the figure
+    measured for that), where `eval.in_worker=false`, ZeRO-3 and the base model pay an actor's start and a model load;
+    nothing else in the trial's price moves."""
+    from clozemath.cost import estimate
+    from clozemath.cost.throughput import Throughput
+
+    table = Throughput(ROOT / "configs")
+    in_worker, actor = table.overhead("eval_in_worker_start")["seconds"], table.overhead("eval_actor_start")["seconds"]
+    grid = ROOT / "configs" / "grids" / "replication_qwen1.5b_rates.yaml"
+    narrow = ["axes.method=[mft,base]", "axes.train.lr=[5.0e-5]", "axes.train.seed=[0]"]
+
+    def trials(*more: str) -> dict[str, object]:
+        return {s.trial.name.split("/")[1].split(",")[0]: s.trial
+                for s in estimate(load_plan(grid, [*narrow, *more]), 1, "H200").scheduled}
+
+    auto, off, zero3 = trials(), trials("eval.in_worker=false"), trials("train.zero_stage=3")
+    load_s = off["method=base"].fixed_s - actor  # the base model: an actor's start and one load, nothing else
+    assert load_s > 0
+    assert auto["method=mft"].fixed_s - off["method=mft"].fixed_s == pytest.approx(in_worker - actor - load_s)
+    assert zero3["method=mft"].fixed_s == pytest.approx(off["method=mft"].fixed_s)
+    assert auto["method=base"].fixed_s == pytest.approx(off["method=base"].fixed_s)
+    assert (auto["method=mft"].train_s, auto["method=mft"].eval_s) == (off["method=mft"].train_s,
+                                                                      off["method=mft"].eval_s)
+
+
 def test_the_estimator_counts_the_evaluations_during_training_that_the_workers_make() -> None:
     """For every trial of every committed grid and runs of several lengths: the dry-run's count of evaluations during
     training and of the problems each decodes equals what the workers' evaluator does (`step_evaluation`, asked at

@@ -42,11 +42,16 @@ def loaded32():
     return load("float32")
 
 
-@pytest.fixture(scope="module")
-def prompts(loaded) -> list[list[int]]:
-    problems = load_problems("gsm8k", "test", limit=32)
+def prompts_for(loaded, limit: int) -> list[list[int]]:
+    """The fine-tuned format's prompts of the first `limit` GSM8K test problems."""
+    problems = load_problems("gsm8k", "test", limit=limit)
     prompting = Prompting(few_shot=False, attention="causal", template=DataConfig().prompt_template)
     return [prompt.ids for prompt in build_prompts(problems, loaded, prompting)]
+
+
+@pytest.fixture(scope="module")
+def prompts(loaded) -> list[list[int]]:
+    return prompts_for(loaded, 32)
 
 
 def tokens(generations) -> list[list[list[int]]]:
@@ -135,7 +140,7 @@ def test_beam_batches_on_graphs_are_freed_without_the_cycle_collector(loaded, pr
         gc.enable()
 
 
-def test_the_model_a_worker_trained_decodes_the_tokens_of_the_actors_model_in_float32(prompts, tmp_path):
+def test_the_model_a_worker_trained_decodes_the_tokens_of_the_actors_model_in_float32(tmp_path):
     """Evaluation in the training worker (`eval.in_worker`): the model trained on the card (flex attention, LoRA and
     the special-token rows moved off their start as steps would, the adapter saved) made the evaluated model in
     place, against the base model loaded afresh with the saved adapter merged (the evaluation actor's): the same
@@ -157,8 +162,10 @@ def test_the_model_a_worker_trained_decodes_the_tokens_of_the_actors_model_in_fl
     theirs = actor.model.state_dict()
     assert all(torch.equal(tensor, theirs[name]) for name, tensor in worker.model.state_dict().items())
 
+    prompts = prompts_for(actor, 16)  # not the module's fixture: it loads a bfloat16 model first (109 s on Qwen)
+
     def run(loaded):
-        return decode(loaded.model, loaded.tokenizer, prompts[:16], "greedy", DecodeSettings(
+        return decode(loaded.model, loaded.tokenizer, prompts, "greedy", DecodeSettings(
             max_new_tokens=32, batch_size=8, engine="auto", eos_token_ids=loaded.tokenizer.eos_token_id,
         ))
 

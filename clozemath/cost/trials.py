@@ -307,7 +307,7 @@ class Estimator:
                                  shape.params)
         if not config.method.trains:
             eval_s = self.evaluation_s(config, shape, gpus, None)
-            return TrialCost(config.name, gpus, 0, 0, None, None, 0.0, 0.0, eval_s, load_s)
+            return TrialCost(config.name, gpus, 0, 0, None, None, 0.0, 0.0, eval_s, self.eval_start_s(config, load_s))
         data = self.count(config, counting, shape.tokenizer_note)
         train = train.model_copy(update={"epochs": self.epochs(config, counting, shape, data, root)})
         stage, layout = self.shaped(config.model_copy(update={"train": train}), shape, data)
@@ -328,7 +328,8 @@ class Estimator:
         prepare_s = 0.0 if prepare_key in self._prepared else self.overhead_s("prepare", samples=data.samples)
         self._prepared.add(prepare_key)
         eval_s = self.evaluation_s(config, shape, gpus, (layout, stage))
-        fixed = self.overhead_s("workers_start") + prepare_s + (2 if config.eval.sets else 1) * load_s
+        evaluated = config.model_copy(update={"train": train})
+        fixed = self.overhead_s("workers_start") + prepare_s + load_s + self.eval_start_s(evaluated, load_s)
         return TrialCost(config.name, gpus, data.samples, data.tokens, layout, stage, train_s, first, eval_s, fixed)
 
     def epochs(self, config: ExperimentConfig, counting: ModelConfig, shape: Shape, data: DataCount,
@@ -368,6 +369,18 @@ class Estimator:
         beside = self.card.memory_bytes * train.gpu_share - memory.loaded_bytes
         return choose_layout(train, row_tokens(train, shape.config, int(beside), longest), longest,
                              torch.device("cuda"), per_epoch)
+
+    def eval_start_s(self, config: ExperimentConfig, load_s: float) -> float:
+        """From a trial's request to evaluate to its first decoding step: the training worker's model made the
+        evaluated one (`eval.in_worker`: the adapter merged in place), or an evaluation actor's start and model load.
+        `config`: with the ZeRO stage the trial resolved."""
+        from clozemath.eval.folder import evaluates_in_worker
+
+        if not config.eval.sets:
+            return 0.0
+        if evaluates_in_worker(config):
+            return self.overhead_s("eval_in_worker_start")
+        return self.overhead_s("eval_actor_start") + load_s
 
     def evaluation_s(self, config: ExperimentConfig, shape: Shape, gpus: float,
                      trained: tuple[Layout, int] | None) -> float:
