@@ -38,7 +38,7 @@ def tokenizer():
 
 
 def tiny(family: str, tokenizer) -> torch.nn.Module:
-    """Peaked next-token distributions (few near-ties); Qwen2's q/k/v biases drawn too (transformers starts them at 0)."""
+    """Peaked next-token distributions (few near-ties); Qwen2's q/k/v biases drawn too (transformers zeroes them)."""
     model_class, config_class = FAMILIES[family]
     torch.manual_seed(0)
     model = model_class(config_class(

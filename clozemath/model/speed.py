@@ -173,7 +173,8 @@ def _liger(model: nn.Module) -> _Liger:
     """liger-kernel's swaps, or a one-line refusal where they cannot run (no GPU, no liger-kernel)."""
     device = next(model.parameters()).device
     if device.type != "cuda":
-        raise ClozeMathError(f"liger kernels need a GPU (liger-kernel's kernels are Triton's); the model is on {device}")
+        raise ClozeMathError(
+            f"liger kernels need a GPU (liger-kernel's kernels are Triton's); the model is on {device}")
     try:
         from liger_kernel.transformers.monkey_patch import _patch_rms_norm_module, _patch_swiglu_module
         from liger_kernel.transformers.rope import liger_rotary_pos_emb
