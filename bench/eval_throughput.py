@@ -35,6 +35,9 @@ share with the same text; CoT, the share whose k branches all have identical tok
     python bench/eval_throughput.py --model tiny-llama --limit 4 --max-new-tokens 8   # a CPU smoke run
 
 `--profile DIR` adds one more pass of ours over the first batch under torch.profiler, per scheme (bench/profiling.py).
+`--levers off,fused,liger,both` runs ours once per speed lever of a model loaded for inference (`clozemath.model.speed`:
+fused q/k/v and gate/up products, liger-kernel's kernels), in this process, on copies of the loaded model (all held at
+once: an auto batch is sized with them in memory); each lever's row gives its tokens' agreement with the first's.
 
 Needs torch, transformers, peft, tokenizers and this repository only.
 """
