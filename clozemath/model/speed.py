@@ -50,7 +50,8 @@ class SpeedLevers:
 
 
 INFERENCE_LEVERS = SpeedLevers(fused_projections=False, liger_kernels=False)
-"""What every model loaded for inference gets: off until measured on a GPU (`lease/decode_levers.sh`)."""
+"""What every model loaded for inference gets: off until measured on a GPU (`lease/decode_levers.sh`). liger's
+kernels refuse a model off a GPU: once measured, turn them on for CUDA loads only (the CPU runs the tests)."""
 PLAIN = SpeedLevers()
 """transformers' modules as they are (a merged model exported as a Hugging Face folder)."""
 
