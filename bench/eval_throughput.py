@@ -35,6 +35,9 @@ share with the same text; CoT, the share whose k branches all have identical tok
     python bench/eval_throughput.py --model tiny-llama --limit 4 --max-new-tokens 8   # a CPU smoke run
 
 `--profile DIR` adds one more pass of ours over the first batch under torch.profiler, per scheme (bench/profiling.py).
+`--levers off,fused,liger,both` runs ours once per speed lever of a model loaded for inference (`clozemath.model.speed`:
+fused q/k/v and gate/up products, liger-kernel's kernels), in this process, on copies of the loaded model (all held at
+once: an auto batch is sized with them in memory); each lever's row gives its tokens' agreement with the first's.
 
 Needs torch, transformers, peft, tokenizers and this repository only.
 """
@@ -42,6 +45,7 @@ Needs torch, transformers, peft, tokenizers and this repository only.
 from __future__ import annotations
 
 import argparse
+import copy
 import os
 import sys
 import time
@@ -75,6 +79,7 @@ from clozemath.errors import ClozeMathError  # noqa: E402
 from clozemath.files import write_text_atomic  # noqa: E402
 from clozemath.model.load import load_model  # noqa: E402
 from clozemath.model.memory import free_bytes  # noqa: E402
+from clozemath.model.speed import PLAIN, SpeedLevers, apply_levers  # noqa: E402
 from clozemath.safe_yaml import read_yaml  # noqa: E402
 from clozemath.tasks import answer_span, get_task  # noqa: E402
 from clozemath.train.flops import card_value  # noqa: E402
@@ -83,6 +88,13 @@ SCHEMES = ("greedy", "beam", "cot")
 """The decodings this bench has a reference for (`generate`, greedy or beam; CoT over it): a subset of the registry's
 (`decoding_names()`), not its list."""
 SIDES = ("ours", "eager", "generate", "generate-static")
+LEVERS = {
+    "off": PLAIN,
+    "fused": SpeedLevers(fused_projections=True),
+    "liger": SpeedLevers(liger_kernels=True),
+    "both": SpeedLevers(fused_projections=True, liger_kernels=True),
+}
+"""`--levers`: the speed levers of a model loaded for inference (`clozemath.model.speed`) ours runs with."""
 DEFAULT_PROBLEMS = 512
 
 
@@ -233,11 +245,12 @@ def agreement(scheme: str, ours: list[Generation], theirs: list, tokenizer, stop
     return sum(same) / len(same)
 
 
-def same_as_eager(ours: list[Generation], eager: list[Generation]) -> float:
+def same_as_ours(ours: list[Generation], other: list[Generation]) -> float:
+    """The share of prompts whose tokens (every branch's) are ours'."""
     def tokens(generation: Generation) -> list[list[int]]:
         return [branch.token_ids for branch in generation.branches or [generation]]
 
-    same = [tokens(o) == tokens(e) for o, e in zip(ours, eager)]
+    same = [tokens(o) == tokens(e) for o, e in zip(ours, other)]
     return sum(same) / len(same)
 
 
@@ -327,6 +340,10 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--schemes", default=",".join(SCHEMES), help="comma-separated (default: %(default)s)")
     parser.add_argument("--sides", default=",".join(SIDES),
                         help="comma-separated, ours always among them (default: %(default)s)")
+    parser.add_argument("--levers", default="off",
+                        help=f"comma-separated, of {', '.join(LEVERS)}: ours once with each (the first: the reference "
+                        "of the other rows and of every other side), each lever's model a copy of the loaded one with "
+                        "its levers applied, all in memory at once (default: %(default)s)")
     parser.add_argument("--num-beams", type=int, default=5)
     parser.add_argument("--cot-k", type=int, default=9)
     parser.add_argument("--prompt-attention", choices=["causal", "bidirectional"], default="causal")
@@ -359,9 +376,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         parser.error(f"unknown scheme(s) {unknown} (known: {', '.join(SCHEMES)})")
     if set(sides) - set(SIDES) or "ours" not in sides:
         parser.error(f"--sides: ours and any of {', '.join(SIDES[1:])}")
+    levers = args.levers.split(",")
+    if set(levers) - set(LEVERS) or len(set(levers)) != len(levers):
+        parser.error(f"--levers: distinct names among {', '.join(LEVERS)}, not '{args.levers}'")
     if args.batch_size != "auto" and not (args.batch_size.isdigit() and int(args.batch_size) > 0):
         parser.error(f"--batch-size: a positive number or auto, not '{args.batch_size}'")
-    args.schemes, args.sides = schemes, sides
+    args.schemes, args.sides, args.levers = schemes, sides, levers
     if args.data is None and not os.environ.get(DATA_DIR_ENV):
         os.environ[DATA_DIR_ENV] = str(ROOT.parent / "shared" / "data")
     return args
@@ -376,7 +396,8 @@ def header(args: argparse.Namespace, cfg: ModelConfig, device: torch.device, dty
         f"{cfg.attn_implementation}, {weight_bytes / 1e9:.2f} GB of weights a step), {n} GSM8K test problems, "
         f"{args.prompt} prompts with {args.prompt_attention} attention, batch {args.batch_size} prompts, "
         f"max_new_tokens {args.max_new_tokens}, beams {args.num_beams}, CoT k {args.cot_k}. generate runs {cudnn}; "
-        f"every side warmed on the first batch first. Our eager side: the `{args.eager_engine}` engine.{note}",
+        f"every side warmed on the first batch first. Our eager side: the `{args.eager_engine}` engine. Ours' levers "
+        f"(`clozemath.model.speed`): {', '.join(args.levers)}; every other side runs the first's model.{note}",
         "",
         f"{BANDWIDTH_CONVENTION}.",
         "",
@@ -396,6 +417,11 @@ class Measured:
     failed: str | None = None
 
 
+def lever_settings(lever: str, args: argparse.Namespace, rows: int) -> str:
+    levers = LEVERS[lever]
+    return side_settings("ours", args, rows) + ("" if levers == PLAIN else f", {levers.describe()}")
+
+
 def side_settings(side: str, args: argparse.Namespace, rows: int) -> str:
     return {
         "ours": f"clozemath decode, batch {rows}",
@@ -405,8 +431,11 @@ def side_settings(side: str, args: argparse.Namespace, rows: int) -> str:
     }[side]
 
 
-def run_scheme(scheme: str, args: argparse.Namespace, model, tokenizer, prompts, base: Settings) -> tuple[
-        list[Measured], Settings, list[Generation]]:
+def run_scheme(scheme: str, args: argparse.Namespace, models: dict[str, Any], tokenizer, prompts, base: Settings
+               ) -> tuple[list[Measured], Settings, list[Generation]]:
+    """Every side on `scheme`; ours once a lever (`models`: each lever's model, the first the reference of every
+    ratio and agreement, and the model of every other side), each warmed on the first batch before its timed pass."""
+    model = next(iter(models.values()))
     device = model.device
     copies = get_decoding(scheme).copies(decode_settings(base, args.prompt_attention), base.vocab)
     rows = batch_rows(args.batch_size, model, prompts, base.max_new_tokens, copies)
@@ -415,20 +444,28 @@ def run_scheme(scheme: str, args: argparse.Namespace, model, tokenizer, prompts,
     warm = replace(settings, max_new_tokens=max(2, min(args.warmup_tokens, settings.max_new_tokens)))
     attention = args.prompt_attention
 
-    _, warm_seconds = timed(device, lambda: ours(model, tokenizer, first_batch, scheme, settings, attention))
-    print(f"{scheme}: ours' warm-up over the first batch (full length: its compiles, at the run's shapes): "
-          f"{warm_seconds:.1f} s", flush=True)
-    our_generations, our_seconds = timed(device, lambda: ours(model, tokenizer, prompts, scheme, settings, attention))
-    measured = [Measured("ours", side_settings("ours", args, rows), our_seconds)]
+    def warmed_and_timed(lever: str, lever_model) -> tuple[list[Generation], float]:
+        _, warm_seconds = timed(device, lambda: ours(lever_model, tokenizer, first_batch, scheme, settings, attention))
+        print(f"{scheme}: ours' ({lever}) warm-up over the first batch (full length: its compiles, at the run's "
+              f"shapes): {warm_seconds:.1f} s", flush=True)
+        return timed(device, lambda: ours(lever_model, tokenizer, prompts, scheme, settings, attention))
+
+    levers = list(models)
+    our_generations, our_seconds = warmed_and_timed(levers[0], model)
+    measured = [Measured("ours", lever_settings(levers[0], args, rows), our_seconds)]
     if args.profile:
         profile_pass(args.profile, scheme, device, lambda: ours(model, tokenizer, first_batch, scheme, settings,
                                                                 attention))
+    for lever in levers[1:]:
+        generations, seconds = warmed_and_timed(lever, models[lever])
+        measured.append(Measured(f"ours {lever}", lever_settings(lever, args, rows), seconds,
+                                 agreement=f"{100 * same_as_ours(our_generations, generations):.1f}%"))
     if "eager" in args.sides:
         ours(model, tokenizer, first_batch, scheme, warm, attention, args.eager_engine)
         eager, seconds = timed(
             device, lambda: ours(model, tokenizer, prompts, scheme, settings, attention, args.eager_engine))
         measured.append(Measured("eager", side_settings("eager", args, rows), seconds,
-                                 agreement=f"{100 * same_as_eager(our_generations, eager):.1f}%"))
+                                 agreement=f"{100 * same_as_ours(our_generations, eager):.1f}%"))
 
     def backends() -> Any:
         return nullcontext() if args.reference_cudnn else sdpa_kernel(SDPA_BACKENDS)
@@ -511,14 +548,22 @@ def headline(scheme: str, measured: list[Measured], n: int, args: argparse.Names
     return Headline(claim, model_name, card, side(measured[0]), side(best), command_line("eval_throughput.py", argv))
 
 
+def lever_models(model, levers: Sequence[str]) -> dict[str, Any]:
+    """Each lever's model: copies of the plain `model` for all but the first, which is `model` itself, each with its
+    levers applied."""
+    copies = [copy.deepcopy(model) for _ in levers[1:]]
+    return {lever: apply_levers(each, LEVERS[lever]) for lever, each in zip(levers, [model, *copies])}
+
+
 def run(argv: list[str]) -> int:
     args = parse_args(argv)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     cfg = model_config(args.model).model_copy(update={"dtype": args.dtype, "attn_implementation": args.attn})
     if args.path:
         cfg = cfg.model_copy(update={"path": args.path})
-    loaded = load_model(cfg, 0, device, training=False)
+    loaded = load_model(cfg, 0, device, training=False, levers=PLAIN)
     model, tokenizer = loaded.model, loaded.tokenizer
+    models = lever_models(model, args.levers)
     problems = problems_of(args)
     prompting = Prompting(args.prompt == "few-shot", args.prompt_attention, DataConfig().prompt_template)
     prompts = [prompt.ids for prompt in build_prompts(problems, loaded, prompting)]
@@ -537,7 +582,7 @@ def run(argv: list[str]) -> int:
     failed = False
     for scheme in args.schemes:
         try:
-            measured, settings, generations = run_scheme(scheme, args, model, tokenizer, prompts, base)
+            measured, settings, generations = run_scheme(scheme, args, models, tokenizer, prompts, base)
         except Exception as exc:  # noqa: BLE001  ours broke: the scheme's line says so, the other schemes run
             traceback.print_exc()
             new_lines = [f"| {scheme} | ours | failed: {failure_note(exc)} |" + " - |" * 7]

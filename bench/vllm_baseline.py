@@ -52,6 +52,7 @@ from clozemath.config import DataConfig  # noqa: E402
 from clozemath.data.sources import load_problems  # noqa: E402
 from clozemath.eval.evaluate import Prompting, build_prompts, stop_strings  # noqa: E402
 from clozemath.model.load import load_model  # noqa: E402
+from clozemath.model.speed import PLAIN  # noqa: E402
 
 SCHEMES = ("greedy", "beam", "cot")
 
@@ -92,7 +93,8 @@ def prepare(spec: str, data: str | None, limit: int, max_new_tokens: int, folder
     import torch
 
     cfg = model_config(spec).model_copy(update={"dtype": "bfloat16"})
-    loaded = load_model(cfg, 0, "cuda" if torch.cuda.is_available() else "cpu", training=False)
+    loaded = load_model(cfg, 0, "cuda" if torch.cuda.is_available() else "cpu", training=False,
+                        levers=PLAIN)  # written out for vLLM: transformers' modules, as vLLM reads them
     problems = load_problems("gsm8k", "test", data)
     problems = problems[:limit] if limit else problems
     prompting = Prompting(False, "causal", DataConfig().prompt_template)

@@ -85,3 +85,20 @@ def test_profile_writes_what_one_pass_of_ours_spent_per_scheme(tmp_path: Path) -
     summary = (folder / "greedy.txt").read_text()
     assert "Self CPU" in summary and "aten::" in summary  # the operations the pass ran, by their time
     assert json.loads((folder / "greedy.trace.json").read_text())["traceEvents"]
+
+
+def test_levers_run_ours_once_each_on_copies_of_the_loaded_model(tmp_path: Path, capsys) -> None:
+    """`--levers off,fused`: a row of ours per lever (float32 on CPU: the fused products' tokens are the plain
+    model's), the other sides on the first lever's model; liger's kernels refused off a GPU, in one line."""
+    out = tmp_path / "table.md"
+    argv = ["--model", "tiny-llama", "--limit", "3", "--max-new-tokens", "4", "--schemes", "greedy,cot", "--cot-k",
+            "2", "--sides", "ours,eager", "--levers", "off,fused", "--out", str(out)]
+    assert bench.main(argv) == 0
+    rows = [line.split(" | ") for line in out.read_text().splitlines() if line.startswith(("| greedy", "| cot"))]
+    assert [(row[0].lstrip("| "), row[1]) for row in rows] == [
+        (scheme, side) for scheme in ("greedy", "cot") for side in ("ours", "ours fused", "eager")]
+    assert [row[2].endswith("fused q/k/v and gate/up") for row in rows] == [False, True, False] * 2
+    assert [row[-1].rstrip(" |") for row in rows] == ["-", "100.0%", "100.0%"] * 2
+    assert bench.main(argv[:-6] + ["--levers", "off,liger"]) == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        "eval_throughput: error: liger kernels need a GPU (liger-kernel's kernels are Triton's); the model is on cpu")

@@ -170,3 +170,83 @@ def test_the_model_a_worker_trained_decodes_the_tokens_of_the_actors_model_in_fl
         ))
 
     assert tokens(run(worker)) == tokens(run(actor))
+
+
+# --------------------------------------------------------------------------------------------------------------
+# The speed levers (clozemath.model.speed): fused products and liger-kernel's kernels, against the plain model
+
+LEVERS = ["fused", "liger", "both"]
+NEAR_TIE = 1e-3
+"""A float32 logit gap this small between the plain model's choice and the token a lever's model chose may be tipped:
+liger's Triton kernels (RMSNorm's reduction, the SwiGLU and rotary arithmetic) and cuBLAS's kernels for the wider
+fused products add and round in another order than transformers' torch operations (differences ~1e-6 of a logit);
+after a tipped token a row's continuation is another one. So the tokens are held equal up to such a tie."""
+
+
+def lever_model(loaded32, lever: str):
+    import copy
+
+    from clozemath.model.speed import SpeedLevers, apply_levers
+
+    levers = SpeedLevers(fused_projections=lever in ("fused", "both"), liger_kernels=lever in ("liger", "both"))
+    return apply_levers(copy.deepcopy(loaded32.model), levers)
+
+
+@pytest.fixture(scope="module", params=LEVERS)
+def levered(request, loaded32):
+    if request.param != "fused":
+        pytest.importorskip("liger_kernel")
+    return request.param, lever_model(loaded32, request.param)
+
+
+def test_levers_give_the_plain_models_logits_in_float32(loaded32, levered, prompts):
+    """A prompt pass over 8 prompts (left-padded) through both models: the same logits within float32 rounding; liger's
+    modules are in place (not a no-op)."""
+    lever, model = levered
+    if lever != "fused":
+        layer = model.model.layers[0]
+        assert layer.input_layernorm._get_name() == "LigerRMSNorm" and layer.mlp._get_name() == "LigerSwiGLUMLP"
+        assert layer.self_attn.forward.__func__.__globals__["apply_rotary_pos_emb"].__module__.startswith("liger")
+    pad = loaded32.tokenizer.pad_token_id
+    rows = prompts[:8]
+    width = max(map(len, rows))
+    ids = torch.tensor([[pad] * (width - len(r)) + r for r in rows], device="cuda")
+    mask = torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in rows], device="cuda")
+    with torch.inference_mode():
+        expected = loaded32.model(input_ids=ids, attention_mask=mask).logits
+        got = model(input_ids=ids, attention_mask=mask).logits
+    real = mask.bool()
+    torch.testing.assert_close(got[real], expected[real], rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize(
+    ("scheme", "attention"), [("greedy", "causal"), ("greedy", "bidirectional"), ("beam", "causal"), ("cot", "causal")]
+)
+def test_levers_decode_the_plain_models_tokens_in_float32_up_to_near_ties(loaded32, levered, prompts, scheme,
+                                                                            attention):
+    """The graph engine (its CUDA graphs captured over the levers' modules) on 32 prompts, 64 new tokens. Greedy
+    causal: every prompt's tokens are the plain model's, or first differ where the plain model's two candidates are
+    within `NEAR_TIE` (checked on its own logits there). Every scheme: at least 90% of the prompts identical (a beam's
+    or branch's near-tie is not checked one by one)."""
+    lever, model = levered
+
+    def run(each):
+        return decode(each, loaded32.tokenizer, prompts, scheme, DecodeSettings(
+            max_new_tokens=64, prompt_attention=attention, batch_size=16, num_beams=5, cot_k=9,
+            answer_span=partial(answer_span, "gsm8k"), normalize_answer=get_task("gsm8k").answer_key, engine="graphs",
+        ))
+
+    plain, ours = tokens(run(loaded32.model)), tokens(run(model))
+    same = sum(p == o for p, o in zip(plain, ours))
+    assert same >= 0.9 * len(prompts), f"{lever}: {same} of {len(prompts)} prompts with the plain model's tokens"
+    if (scheme, attention) != ("greedy", "causal"):
+        return
+    for prompt, (theirs,), (mine,) in zip(prompts, plain, ours):
+        at = next((i for i, (a, b) in enumerate(zip(theirs, mine)) if a != b), None)
+        if at is None:
+            assert len(theirs) == len(mine)
+            continue
+        with torch.inference_mode():
+            logits = loaded32.model(input_ids=torch.tensor([prompt + theirs[:at]], device="cuda")).logits[0, -1]
+        gap = (logits[theirs[at]] - logits[mine[at]]).item()  # ~0 either way: this pass is not the batch's
+        assert abs(gap) < NEAR_TIE, f"{lever}: a prompt's tokens differ at step {at} where the gap is {gap:.2e}"

@@ -37,6 +37,7 @@ from clozemath.errors import ClozeMathError
 from clozemath.files import write_text_atomic
 from clozemath.model.chunks import joined_gguf
 from clozemath.model.gguf_cache import load_gguf_model, load_gguf_tokenizer
+from clozemath.model.speed import INFERENCE_LEVERS, PLAIN, SpeedLevers, apply_levers
 
 PACKAGE_PREFIX = "package:"
 SPECIALS_FILE = "special_tokens.json"
@@ -340,10 +341,11 @@ class Loaded:
 
 
 def load_model(
-    cfg: ModelConfig, num_sentinels: int, device: torch.device | str = "cpu", training: bool = True, seed: int = 0
+    cfg: ModelConfig, num_sentinels: int, device: torch.device | str = "cpu", training: bool = True, seed: int = 0,
+    levers: SpeedLevers = INFERENCE_LEVERS,
 ) -> Loaded:
     """Tokenizer with the special tokens installed, base model fitted to it, LoRA on top when `training` (initialised
-    from `seed`: the training seed)."""
+    from `seed`: the training seed); not training, `levers` applied (`clozemath.model.speed`)."""
     tokenizer = load_tokenizer(cfg)
     specials = install_special_tokens(tokenizer, num_sentinels, cfg.eos_token)
     dtype = compute_dtype(cfg, device)
@@ -356,7 +358,7 @@ def load_model(
     _use_tokenizer_ids(model, tokenizer)
     model.to(device)
     if not training:
-        return Loaded(model=model.eval(), tokenizer=tokenizer, specials=specials)
+        return Loaded(model=apply_levers(model.eval(), levers), tokenizer=tokenizer, specials=specials)
     peft_model = apply_lora(model, cfg.lora, specials, seed)
     return Loaded(model=peft_model.train(), tokenizer=tokenizer, specials=specials)
 
@@ -387,15 +389,21 @@ def _saved_specials(folder: Path) -> dict[str, Any]:
         raise ClozeMathError(f"{folder / SPECIALS_FILE}: cannot be read ({exc})") from None
 
 
-def load_for_inference(cfg: ModelConfig, adapter_folder: str | Path, device: torch.device | str = "cpu") -> Loaded:
-    """Base model + a saved adapter, LoRA and special-token rows merged into the weights, in eval mode."""
+def load_for_inference(
+    cfg: ModelConfig, adapter_folder: str | Path, device: torch.device | str = "cpu",
+    levers: SpeedLevers = INFERENCE_LEVERS,
+) -> Loaded:
+    """Base model + a saved adapter, LoRA and special-token rows merged into the weights, in eval mode, `levers`
+    applied after the merge."""
     folder = Path(adapter_folder)
     saved = _saved_specials(folder)
     num_sentinels = len(saved["tokens"]) - len(special_names(0))
-    return _merged(cfg, load_model(cfg, num_sentinels, device, training=False), folder)
+    return _merged(cfg, load_model(cfg, num_sentinels, device, training=False, levers=PLAIN), folder, levers)
 
 
-def trained_for_inference(cfg: ModelConfig, trained: Loaded, adapter_folder: str | Path) -> Loaded:
+def trained_for_inference(
+    cfg: ModelConfig, trained: Loaded, adapter_folder: str | Path, levers: SpeedLevers = INFERENCE_LEVERS
+) -> Loaded:
     """The model a worker trained (`load_model(training=True)`) made what `load_for_inference` loads from the adapter
     it saved, without loading the base model again: LoRA and the trainable token rows taken off (the base weights
     were frozen: they are the loaded ones), inference's attention, the saved adapter merged in as there (so the same
@@ -404,18 +412,19 @@ def trained_for_inference(cfg: ModelConfig, trained: Loaded, adapter_folder: str
     device = next(base.parameters()).device
     base.set_attn_implementation(attention_implementation(cfg, device, training=False))
     return _merged(cfg, Loaded(model=base.eval(), tokenizer=trained.tokenizer, specials=trained.specials),
-                   Path(adapter_folder))
+                   Path(adapter_folder), levers)
 
 
-def _merged(cfg: ModelConfig, loaded: Loaded, folder: Path) -> Loaded:
-    """A base model loaded for inference, the adapter saved in `folder` merged into its weights, in eval mode."""
+def _merged(cfg: ModelConfig, loaded: Loaded, folder: Path, levers: SpeedLevers) -> Loaded:
+    """A base model loaded for inference, the adapter saved in `folder` merged into its weights, in eval mode, then
+    `levers` applied (the merge needs transformers' modules as they are: LoRA's targets by name)."""
     saved = _saved_specials(folder)
     if loaded.specials.ids != saved["ids"]:
         raise ClozeMathError(
             f"{folder / SPECIALS_FILE}: special-token ids {saved['ids']} differ from model '{cfg.name}''s {loaded.specials.ids}"
         )
     merged = PeftModel.from_pretrained(loaded.model, folder).merge_and_unload()
-    return Loaded(model=merged.eval(), tokenizer=loaded.tokenizer, specials=loaded.specials)
+    return Loaded(model=apply_levers(merged.eval(), levers), tokenizer=loaded.tokenizer, specials=loaded.specials)
 
 
 def export_merged(cfg: ModelConfig, adapter_folder: str | Path, out: str | Path) -> Path:
@@ -427,7 +436,7 @@ def export_merged(cfg: ModelConfig, adapter_folder: str | Path, out: str | Path)
     target = Path(out)
     if target.exists():
         raise ClozeMathError(f"{target}: already exists; export into a new folder")
-    loaded = load_for_inference(cfg, adapter_folder, "cpu")
+    loaded = load_for_inference(cfg, adapter_folder, "cpu", levers=PLAIN)  # transformers' modules, as it reads them
     with atomic_folder(target) as folder:
         loaded.model.save_pretrained(folder, safe_serialization=True)
         loaded.tokenizer.save_pretrained(folder)
