@@ -61,8 +61,7 @@ def during_training_engine(zero_stage: int | str, device_type: str) -> Engine:
     evaluation the model is made a plain one to capture (`clozemath.train.inference.decoding_in_training`: peft's
     trainable special-token rows merged into their matrices, the compiled layers set aside, eval mode), then given
     back to training as it was, to the bit. Under ZeRO-3, eager: every forward gathers the parameters from all ranks
-    (collectives a capture cannot hold, in step with ranks that decode other rows). A CPU decodes eagerly, as it
-    always does."""
+    (collectives and host work that a capture cannot hold). A CPU decodes eagerly, as it always does."""
     return "graphs" if device_type == "cuda" and zero_stage != 3 else "eager"
 
 

@@ -6,8 +6,8 @@ How depends on the engine that decodes (`clozemath.eval.during_training.during_t
 - the static engines ("graphs" on a CUDA worker under ZeRO-2): a step replayed as a CUDA graph may only launch work
   on the device, and should launch only what decoding needs. The trainable special-token rows are merged into their
   matrices for the while (`token_rows_merged`): training writes them over a copy of each whole matrix at every
-  forward (`clozemath.model.load.merged_token_rows`), at Qwen2.5-1.5B's shape two copies of 467 MB a step, each
-  allocated anew. LoRA stays unmerged (its forward is plain tensor work, and merging it would round the frozen
+  forward (`clozemath.model.load.merged_token_rows`), at Qwen2.5-1.5B's shape two matrices of 467 MB copied at every
+  decoding step. LoRA stays unmerged (its forward is plain tensor work, and merging it would round the frozen
   weights). The compiled decoder layers are set aside (`decoder_layers_uncompiled`): decoding's shapes change every
   call, and each would compile anew; FlexAttention's decoding kernel compiles as it does for any model.
 - the eager engine (ZeRO-3, whose every forward gathers the parameters from all ranks; a CPU): all compiled code runs
