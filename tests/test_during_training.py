@@ -106,7 +106,7 @@ def test_a_model_readied_for_the_graph_engine_decodes_todays_tokens_and_trains_o
     prompts = [[9, specials[0], 33, 12, specials[1]], [specials[-1], 101, 55], [7, 8, specials[0], 250, 31, 2, 64]]
 
     def greedy(engine: str) -> list[list[int]]:
-        settings = DecodeSettings(max_new_tokens=10, batch_size=2, engine=engine, eos_token_ids=[])
+        settings = DecodeSettings(max_new_tokens=6, batch_size=2, engine=engine, eos_token_ids=[])
         return [g.token_ids for g in decode(model, loaded.tokenizer, prompts, "greedy", settings)]
 
     with decoding_in_training(model, "eager"):  # today's path, for every engine
