@@ -48,7 +48,6 @@ from clozemath.eval.during_training import evaluate_step, step_evaluation
 from clozemath.eval.folder import evaluates_in_worker
 from clozemath.records import ADAPTER_DIR, RAY_TRAIN_DIR, compile_cache_folder, is_curve_metric, train_metric
 from clozemath.tracking import TrackedRun
-from clozemath.train.compilation import eager_inference
 from clozemath.train.checkpoint import Checked, check_checkpoint, mark_complete, write_checkpoint_whole
 from clozemath.train.distributed import all_ranks_reduce, all_ranks_sum
 from clozemath.train.layout import count_steps, packs, resolved_zero_stage
@@ -146,11 +145,10 @@ def train_worker(settings: dict[str, Any]) -> None:
         `train.report_every` steps apart)."""
         values = metrics.as_dict()
         if evaluation is not None and evaluation.due(metrics.step, metrics.total_steps):
-            with eager_inference(loaded.model):
-                values |= evaluate_step(
-                    evaluation, loaded, config, context.get_world_rank(), context.get_world_size(),
-                    lambda counts: all_ranks_sum(counts, device),
-                )
+            values |= evaluate_step(
+                evaluation, loaded, config, context.get_world_rank(), context.get_world_size(),
+                lambda counts: all_ranks_sum(counts, device),
+            )
         pending.append(values)
         due = pace.due(metrics.step) or metrics.step == metrics.total_steps
         if checkpoint is not None:  # whole once written: a resume can tell it from one a crash cut short

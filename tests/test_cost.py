@@ -187,15 +187,17 @@ def test_zero3_takes_its_compiled_scaling_where_the_table_has_it_apart() -> None
 
 
 @pytest.mark.slow  # reads SmolLM2's tokenizer from its GGUF file
-def test_the_matched_grids_estimate_rises_by_its_curve_evaluations() -> None:
+@pytest.mark.parametrize(("stage", "engine"), [(2, "graphs"), (3, "eager")])
+def test_the_matched_grids_estimate_rises_by_its_curve_evaluations(stage: int, engine: str) -> None:
     """replication_matched.yaml evaluates 200 GSM8K test problems greedy at every tenth of the steps on seeds 0-2
-    (`eval.every_share: 0.1`): ten evaluations during training, each 200 problems at the eager engine's rate of a
-    fifth of the card (its trials take turns on it), where seed 3 and the base model evaluate only after training."""
+    (`eval.every_share: 0.1`): ten evaluations during training, each 200 problems at the rate of the engine its
+    worker decodes with (CUDA graphs under ZeRO-2, eager under ZeRO-3) on a fifth of the card (its trials take turns
+    on it), where seed 3 and the base model evaluate only after training."""
     from clozemath.cost import estimate
     from clozemath.cost.throughput import Throughput
     from clozemath.cost.trials import Estimator
 
-    narrow = ["axes.method=[mft,base]", "axes.train.seed=[0,3]"]
+    narrow = ["axes.method=[mft,base]", "axes.train.seed=[0,3]", f"train.zero_stage={stage}"]
     grid = ROOT / "configs" / "grids" / "replication_matched.yaml"
     with_curves = {s.trial.name: s.trial for s in estimate(load_plan(grid, narrow), 1, "H200").scheduled}
     without = {s.trial.name: s.trial for s in
@@ -203,9 +205,9 @@ def test_the_matched_grids_estimate_rises_by_its_curve_evaluations() -> None:
     table = Throughput(ROOT / "configs")
     estimator = Estimator(table, table.card("H200"), 1)
     smollm2 = table.model_config("smollm2-135m")
-    greedy_eager = estimator.eval_rate(smollm2, estimator.shape(smollm2)[0], "greedy", "eager").value
+    greedy = estimator.eval_rate(smollm2, estimator.shape(smollm2)[0], "greedy", engine).value
     length = 256 / 256  # the grid's max_new_tokens over the figures' new tokens
-    curve_s = 10 * 200 * length / (greedy_eager * 0.2)
+    curve_s = 10 * 200 * length / (greedy * 0.2)
     rises = {name: with_curves[name].eval_s - without[name].eval_s for name in with_curves}
     assert rises == pytest.approx({"replication-matched/method=mft,seed=0": curve_s,
                                    "replication-matched/method=mft,seed=3": 0.0,

@@ -5,6 +5,7 @@ smollm2-135m). Give it three minutes on a GPU (most of it loading and dequantizi
 
 from __future__ import annotations
 
+import math
 import os
 from functools import partial
 from pathlib import Path
@@ -94,29 +95,95 @@ def test_refilled_rows_give_the_tokens_of_a_batch_of_all_prompts(loaded32, promp
     assert (refilling.refills, whole.refills) == (len(prompts) - 8, 0)
 
 
-def test_a_model_in_training_decodes_with_the_engine_chosen_for_it(prompts):
-    """A model being trained (peft's trainable special-token rows, ZeRO's wrapper off) decodes with the engine chosen
-    for it during training, and the graph engine gives it the same tokens (since the special rows' indices stay on the
-    device, a CUDA graph captures its step: on an H100, 2026-11-27)."""
-    from clozemath.config import ExperimentConfig
+def test_a_model_in_training_evaluated_on_graphs_decodes_its_static_steps_tokens_and_trains_on_as_it_was(
+    prompts, tmp_path, monkeypatch
+):
+    """Evaluation during training on a CUDA worker under ZeRO-2, which decodes on CUDA graphs
+    (`during_training_engine`). The model in training (float32; LoRA and the special-token rows, `<SEP>` ending
+    every prompt, moved off their start) trains as `clozemath.train.loop.train` trains it in a worker: FlexAttention,
+    its decoder layers compiled, on a DeepSpeed ZeRO-2 engine. After its first step, readied for the graph engine
+    (`decoding_in_training`: the rows merged, the compiled layers set aside), it gives greedy the tokens of its own
+    static steps uncaptured (the same kernels), and those of the static steps with the rows written over the
+    matrices at every forward instead of merged, as training writes them. (Today's path ran the same steps with all
+    compiled code eager, FlexAttention's reference code among it: another rounding in float32, which
+    tests/test_during_training.py compares on the CPU.) After it, every parameter and buffer, requires_grad, the
+    trained tensors themselves and the engine's optimizer state are as before to the bit, train mode and
+    FlexAttention are back, and the second step trains."""
+    import clozemath.train.loop as loop
     from clozemath.eval.during_training import during_training_engine
     from clozemath.model.load import load_model
+    from clozemath.train.compilation import decoder_layers_uncompiled
+    from clozemath.train.inference import decoding_in_training
+    from tests.test_train import copy_rows, experiment
 
     spec = os.environ.get("CLOZEMATH_GPU_MODEL", "smollm2-135m")
     path = Path(spec) if spec.endswith((".yaml", ".yml")) else ROOT / "configs" / "models" / f"{spec}.yaml"
-    cfg = ModelConfig.model_validate(read_yaml(path)).model_copy(update={"dtype": "bfloat16"})
-    training = load_model(cfg, 0, torch.device("cuda"), training=True)
-    training.model.eval()
-    experiment = ExperimentConfig.model_validate({"name": "t", "model": cfg.model_dump(), "method": {"name": "it"}})
+    cfg = ModelConfig.model_validate(read_yaml(path)).model_copy(update={"dtype": "float32"})
+    training = load_model(cfg, 0, torch.device("cuda"), training=True, seed=0)
+    model = training.model
+    assert model.config._attn_implementation == "flex_attention"
+    generator = torch.Generator(device="cuda").manual_seed(1)
+    with torch.no_grad():
+        for parameter in model.parameters():
+            if parameter.requires_grad:
+                parameter.add_(0.02 * torch.randn(parameter.shape, generator=generator, device="cuda"))
+    assert during_training_engine(2, "cuda") == "graphs"
+    engines: list = []
+    build_engine = loop.build_engine
+    monkeypatch.setattr(loop, "build_engine", lambda *args, **kwargs: engines.append(build_engine(*args, **kwargs))
+                        or engines[-1])  # the worker's engine, whose optimizer state is checked
 
-    def run(engine: str):
-        return decode(training.model, training.tokenizer, prompts[:8], "greedy", DecodeSettings(
-            max_new_tokens=16, batch_size=8, engine=engine,
-        ))
+    def greedy(engine: str) -> list[list[list[int]]]:
+        return tokens(decode(model, training.tokenizer, prompts[:16], "greedy", DecodeSettings(
+            max_new_tokens=32, batch_size=8, engine=engine, eos_token_ids=training.tokenizer.eos_token_id,
+        )))
 
-    chosen = run(during_training_engine(experiment, "cuda"))
-    assert len(chosen) == 8
-    assert [g.token_ids for g in run("graphs")] == [g.token_ids for g in chosen]
+    def state() -> list[tuple[str, torch.Tensor, bool, int | None]]:
+        named = [*model.named_parameters(remove_duplicate=False), *model.named_buffers()]
+        optimizer = [("optimizer", tensor) for tensor in _tensors(engines[0].optimizer.state_dict())]
+        return [(name, tensor.detach().clone(), tensor.requires_grad,
+                 tensor.data_ptr() if tensor.requires_grad else None) for name, tensor in [*named, *optimizer]]
+
+    seen: dict[str, list] = {"steps": []}
+
+    def report(metrics, checkpoint) -> None:
+        seen["steps"].append((metrics.step, metrics.loss))
+        if metrics.step != 1:
+            return
+        before = state()
+        with decoding_in_training(model, "graphs"):
+            seen["graphs"], seen["static"] = greedy("graphs"), greedy("static")
+        seen["back"] = (model.training, model.config._attn_implementation)
+        after = state()
+        seen["unchanged"] = len(after) == len(before) and all(
+            (name, requires_grad, pointer) == (name_after, requires_grad_after, pointer_after)
+            and torch.equal(tensor, tensor_after)
+            for (name, tensor, requires_grad, pointer), (name_after, tensor_after, requires_grad_after, pointer_after)
+            in zip(before, after))
+        model.eval()
+        model.set_attn_implementation("sdpa")
+        with decoder_layers_uncompiled(model):  # the rows written at every forward
+            seen["rows_each_forward"] = greedy("static")
+        model.set_attn_implementation("flex_attention")
+        model.train()
+
+    config = experiment("prefix_lm", zero_stage=2, max_steps=2, checkpoint_every=2, pack_tokens=256, compile=True)
+    loop.train(model, copy_rows(64), config, specials=training.specials, pad_id=training.tokenizer.pad_token_id,
+               report=report, scratch_dir=tmp_path)
+    assert seen["graphs"] == seen["static"] == seen["rows_each_forward"]
+    assert seen["unchanged"] and seen["back"] == (True, "flex_attention")
+    assert [step for step, _ in seen["steps"]] == [1, 2] and all(math.isfinite(loss) for _, loss in seen["steps"])
+
+
+def _tensors(value) -> list[torch.Tensor]:
+    """Every tensor in a nest of dicts, lists and tuples (an optimizer's state dict)."""
+    if isinstance(value, torch.Tensor):
+        return [value]
+    if isinstance(value, dict):
+        value = list(value.values())
+    if isinstance(value, (list, tuple)):
+        return [tensor for item in value for tensor in _tensors(item)]
+    return []
 
 
 def test_beam_batches_on_graphs_are_freed_without_the_cycle_collector(loaded, prompts):

@@ -16,6 +16,7 @@ from clozemath.cost.throughput import Card, Figure, Throughput
 from clozemath.data.sources import load_problems, read_problem_ids
 from clozemath.data.tokenize import IGNORE_INDEX
 from clozemath.errors import ClozeMathError
+from clozemath.eval.during_training import during_training_engine
 from clozemath.train.budget import Footprint, matched_epochs
 from clozemath.train.layout import Layout, choose_layout, packs, row_tokens, zero_stage
 from clozemath.train.packing import packs_needed
@@ -385,7 +386,8 @@ class Estimator:
     def evaluation_s(self, config: ExperimentConfig, shape: Shape, gpus: float,
                      trained: tuple[Layout, int] | None) -> float:
         """Every set with each of its decodings after training, and the evaluations during training, on the trial's
-        GPUs (the graph engine after training; a model in training decodes without graphs)."""
+        GPUs: the graph engine after training, the engine the workers choose for a model in training during it
+        (`during_training_engine`: graphs under ZeRO-2, eager under ZeRO-3)."""
         length = config.eval.max_new_tokens / FIGURE_NEW_TOKENS
         seconds = 0.0
         for set_cfg in config.eval.sets:
@@ -395,18 +397,25 @@ class Estimator:
             problems = self._problems[key]
             for decoding in config.eval.decodings_of(set_cfg):
                 rate = self.shared_rate(config.model, self.eval_rate(config.model, shape, decoding, "graphs"),
-                                        gpus, f"eval_{decoding}")
+                                        gpus, shared_eval_key(decoding, "graphs"))
                 seconds += problems * length / rate
         evaluated = config.eval.during_training()
         if trained is not None and evaluated is not None:
             layout, stage = trained
             points, problems = curve_evaluations(config, layout.steps.total_steps)
-            decoding = evaluated[1]
-            alone = self.eval_rate(config.model, shape, decoding, "eager")
+            decoding, engine = evaluated[1], during_training_engine(stage, "cuda")
+            alone = self.eval_rate(config.model, shape, decoding, engine)
             ranks = 1 if stage == 3 else config.train.num_workers  # ZeRO-3's ranks decode every problem in step
-            rate = self.shared_rate(config.model, alone, config.train.gpu_share, f"eval_{decoding}_eager") * ranks
+            rate = self.shared_rate(config.model, alone, config.train.gpu_share,
+                                    shared_eval_key(decoding, engine)) * ranks
             seconds += points * problems * length / rate
         return seconds
+
+
+def shared_eval_key(decoding: str, engine: str) -> str:
+    """The key of the throughput table's side-by-side evaluation figures (`shared`) for a decoding on an engine:
+    `eval_<decoding>` on graphs, `eval_<decoding>_<engine>` on another."""
+    return f"eval_{decoding}" if engine == "graphs" else f"eval_{decoding}_{engine}"
 
 
 def problems_evaluated(set_cfg: EvalSetConfig) -> int:

@@ -55,12 +55,14 @@ def step_evaluation(cfg: ExperimentConfig) -> StepEvaluation | None:
     return StepEvaluation(set_cfg.dataset, decoding, eval_problems(set_cfg), cfg.eval)
 
 
-def during_training_engine(cfg: ExperimentConfig, device_type: str) -> Engine:
-    """The decoding engine for a model in training. Never CUDA graphs: under ZeRO-3 every forward gathers the
-    parameters from all ranks, and peft's trainable special-token rows (peft 0.21, `TrainableTokensLayer`) build their
-    row index on the host at every forward, which a graph capture refuses. ZeRO-2 keeps the static cache, stepped
-    eagerly (the prompt pass and the steps run the graph engine's kernels); a CPU decodes eagerly, as it always does."""
-    return "static" if device_type == "cuda" and cfg.train.zero_stage != 3 else "eager"
+def during_training_engine(zero_stage: int | str, device_type: str) -> Engine:
+    """The engine a model in training decodes with (its workers', and the dry-run's price of its evaluations during
+    training), by its resolved ZeRO stage and its device. On a CUDA worker under ZeRO-2, CUDA graphs: for the
+    evaluation the model is made a plain one to capture (`clozemath.train.inference.decoding_in_training`: peft's
+    trainable special-token rows merged into their matrices, the compiled layers set aside, eval mode), then given
+    back to training as it was, to the bit. Under ZeRO-3, eager: every forward gathers the parameters from all ranks
+    (collectives and host work that a capture cannot hold). A CPU decodes eagerly, as it always does."""
+    return "graphs" if device_type == "cuda" and zero_stage != 3 else "eager"
 
 
 def evaluate_step(
@@ -71,18 +73,18 @@ def evaluate_step(
     world_size: int,
     sum_over_ranks: SumOverRanks,
 ) -> dict[str, float]:
-    """Decode and grade this rank's share of the subset with the model in eval mode (back in train mode after)."""
+    """Decode and grade this rank's share of the subset on the engine chosen for a model in training
+    (`during_training_engine`), the model made ready for that engine for the while (`decoding_in_training`) and given
+    back to training as it was."""
+    from clozemath.train.inference import decoding_in_training  # torch and peft: the dry-run imports this module
+
     lockstep = cfg.train.zero_stage == 3
     mine = evaluation.problems if lockstep else evaluation.problems[rank::world_size]
-    model = loaded.model
-    model.eval()
-    try:
-        engine = during_training_engine(cfg, model.device.type)
+    engine = during_training_engine(cfg.train.zero_stage, loaded.model.device.type)
+    with decoding_in_training(loaded.model, engine):
         predictions = (
             evaluate_batch(loaded, mine, evaluation.decoding, cfg.eval, prompting(cfg), engine) if mine else []
         )
-    finally:
-        model.train()
     counts = [float(sum(p.correct for p in predictions)), float(len(predictions))]
     correct, total = counts if lockstep else sum_over_ranks(counts)
     return tally_metrics(evaluation.set_name, evaluation.decoding, correct, total, prefix=CURVE_PREFIX)

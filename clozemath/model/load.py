@@ -325,7 +325,10 @@ def merged_token_rows(layer: TrainableTokensLayer, active_adapters: list[str]) -
 
 @lru_cache(maxsize=16)
 def _device_indices(indices: tuple[int, ...], device: torch.device) -> torch.Tensor:
-    return torch.tensor(indices, dtype=torch.long, device=device)
+    """Made outside inference mode even when first asked inside it (a model in training decoding), so that the
+    training forwards after can still use it: autograd refuses an inference tensor."""
+    with torch.inference_mode(False):
+        return torch.tensor(indices, dtype=torch.long, device=device)
 
 
 # --------------------------------------------------------------------------------------------------------------

@@ -1,5 +1,5 @@
-"""Compiling the decoder layers, the compile cache that later processes read, and decoding eagerly with a training
-model (evaluation during training)."""
+"""Compiling the decoder layers (and setting them aside for a model that decodes), and the compile cache that later
+processes read."""
 
 from __future__ import annotations
 
@@ -103,13 +103,15 @@ def uncompile_decoder_layers(model: torch.nn.Module) -> None:
 
 
 @contextmanager
-def eager_inference(model: torch.nn.Module) -> Iterator[None]:
-    """Decoding with a training model: compiled layers run eagerly (decoding's shapes change every call) and attention
-    is sdpa (decoding's dense PrefixLM prompt masks); both restored afterwards."""
-    implementation = model.config._attn_implementation
-    model.set_attn_implementation("sdpa")
+def decoder_layers_uncompiled(model: torch.nn.Module) -> Iterator[None]:
+    """`compile_decoder_layers` outside ZeRO-3 set aside for the block (a model in training that decodes for a while,
+    `clozemath.train.inference`), the same compiled layers back after: their compiled code, guards and cache are never
+    touched, so training goes on without compiling again."""
+    layers = decoder_layers(model)
+    compiled = [layer._compiled_call_impl for layer in layers]
+    uncompile_decoder_layers(model)
     try:
-        with torch.compiler.set_stance("force_eager"):
-            yield
+        yield
     finally:
-        model.set_attn_implementation(implementation)
+        for layer, call in zip(layers, compiled, strict=True):
+            layer._compiled_call_impl = call
