@@ -24,13 +24,17 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(),
 ROOT = Path(__file__).resolve().parents[1]
 
 
+def gpu_model(dtype: str) -> ModelConfig:
+    """`CLOZEMATH_GPU_MODEL`'s config (a YAML file or a name in configs/models) in `dtype`."""
+    spec = os.environ.get("CLOZEMATH_GPU_MODEL", "smollm2-135m")
+    path = Path(spec) if spec.endswith((".yaml", ".yml")) else ROOT / "configs" / "models" / f"{spec}.yaml"
+    return ModelConfig.model_validate(read_yaml(path)).model_copy(update={"dtype": dtype})
+
+
 def load(dtype: str):
     from clozemath.model.load import load_model
 
-    spec = os.environ.get("CLOZEMATH_GPU_MODEL", "smollm2-135m")
-    path = Path(spec) if spec.endswith((".yaml", ".yml")) else ROOT / "configs" / "models" / f"{spec}.yaml"
-    cfg = ModelConfig.model_validate(read_yaml(path)).model_copy(update={"dtype": dtype})
-    return load_model(cfg, 0, torch.device("cuda"), training=False)
+    return load_model(gpu_model(dtype), 0, torch.device("cuda"), training=False)
 
 
 @pytest.fixture(scope="module")
@@ -116,9 +120,7 @@ def test_a_model_in_training_evaluated_on_graphs_decodes_its_static_steps_tokens
     from clozemath.train.inference import decoding_in_training
     from tests.test_train import copy_rows, experiment
 
-    spec = os.environ.get("CLOZEMATH_GPU_MODEL", "smollm2-135m")
-    path = Path(spec) if spec.endswith((".yaml", ".yml")) else ROOT / "configs" / "models" / f"{spec}.yaml"
-    cfg = ModelConfig.model_validate(read_yaml(path)).model_copy(update={"dtype": "float32"})
+    cfg = gpu_model("float32")
     training = load_model(cfg, 0, torch.device("cuda"), training=True, seed=0)
     model = training.model
     assert model.config._attn_implementation == "flex_attention"
@@ -214,9 +216,7 @@ def test_the_model_a_worker_trained_decodes_the_tokens_of_the_actors_model_in_fl
     weights to the bit, and the auto engine (CUDA graphs) gives the same tokens, greedy, in float32."""
     from clozemath.model.load import load_for_inference, load_model, save_adapter, trained_for_inference
 
-    spec = os.environ.get("CLOZEMATH_GPU_MODEL", "smollm2-135m")
-    path = Path(spec) if spec.endswith((".yaml", ".yml")) else ROOT / "configs" / "models" / f"{spec}.yaml"
-    cfg = ModelConfig.model_validate(read_yaml(path)).model_copy(update={"dtype": "float32"})
+    cfg = gpu_model("float32")
     trained = load_model(cfg, 0, torch.device("cuda"), training=True, seed=0)
     generator = torch.Generator(device="cuda").manual_seed(1)
     with torch.no_grad():
