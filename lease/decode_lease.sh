@@ -13,16 +13,10 @@ mkdir -p "$RES" /tmp/site
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site $NEW/whl/*.whl || exit 1
 export HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1 CLOZEMATH_DATA_DIR=$PWD/$NEW/data
 LOG=$OUT/log.txt
-START=$(date +%s)
+START=$(date +%s) BUDGET=${BUDGET:-560}
 pack() { find "$RES" -name '*.json' -delete; tar -czf "$OUT/res.tgz" -C "$RES" . 2>/dev/null; }
-step() {  # step NAME SECONDS COMMAND...: skipped when less than SECONDS remain of the budget
-  local name=$1 need=$2; shift 2
-  local left=$(( ${BUDGET:-560} - ($(date +%s) - START) ))
-  if (( left < need )); then echo "=== $name: skipped ($left s left)" | tee -a "$LOG"; return; fi
-  echo "=== $name ($(( $(date +%s) - START )) s in, $left s left): $*" | tee -a "$LOG"
-  timeout "$left" "$@" 2>&1 | grep -v -E "Warning|warn\(|_warn_once|forward_call|^\s*$" | tee -a "$LOG"
-  pack
-}
+source lease/common.sh  # step
+AFTER_STEP=pack
 printf '#!/bin/sh\nPYTHONPATH=/tmp/site:%s exec python3 %s/bench/eval_throughput.py --data %s/gsm8k "$@"\n' "$PWD" "$PWD" "$CLOZEMATH_DATA_DIR" > /tmp/old
 printf '#!/bin/sh\nPYTHONPATH=/tmp/site:%s/%s exec python3 %s/%s/bench/eval_throughput.py --data %s/gsm8k "$@"\n' "$PWD" "$NEW" "$PWD" "$NEW" "$CLOZEMATH_DATA_DIR" > /tmp/new
 chmod +x /tmp/old /tmp/new

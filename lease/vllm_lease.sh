@@ -43,41 +43,22 @@ MODEL=${2:-llama-3.2-1b-random}
 LEASE=.gpu/lease49
 VSITE=${VSITE:-/tmp/vsite} QWEN_CHUNKS=${QWEN_CHUNKS:-/tmp/qwen} RES=${RES:-/tmp/res49} OUT=${OUT:?where results go}
 [ -d "$VSITE/vllm" ] || { echo "no $VSITE/vllm: ship bench/vllm_wheels.txt first (ship_model.py)" >&2; exit 2; }
+source lease/common.sh  # qwen_config, lease_wheels
+mkdir -p "$RES"
 if [ "$MODEL" = qwen ]; then  # the model's config with the chunk files joined there instead of its packages
-  compgen -G "$QWEN_CHUNKS/part*.bin" > /dev/null ||
-    { echo "no $QWEN_CHUNKS/part*.bin: ship the model first" >&2; exit 2; }
   MODEL=$RES/qwen.yaml TAG=qwen
+  qwen_config "$MODEL"
 else
   TAG=${MODEL//[^A-Za-z0-9]/_}
 fi
-mkdir -p "$RES" /tmp/site
-if [ "$TAG" = qwen ]; then
-  QWEN_CHUNKS=$QWEN_CHUNKS python3 - "$MODEL" <<'PY' || exit 2
-import os, sys, yaml
-config = yaml.safe_load(open("configs/models/qwen2.5-coder-1.5b-instruct.yaml"))
-config["gguf_chunks"].update(packages=None, file=None, files=os.environ["QWEN_CHUNKS"] + "/part*.bin")
-yaml.safe_dump(config, open(sys.argv[1], "w"))
-PY
-fi
-if [ -z "${DRY_RUN:-}" ] && compgen -G "$LEASE/whl/*.whl" > /dev/null; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site $LEASE/whl/*.whl \
-    2>&1 | grep -v "already exists"
-fi
+lease_wheels "$LEASE"
 export HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1 VLLM_NO_USAGE_STATS=1 DO_NOT_TRACK=1
 DATA=${CLOZEMATH_DATA_DIR:-$PWD/$LEASE/data}
 export CLOZEMATH_DATA_DIR=$DATA
 LOG=$OUT/log.txt
-START=$(date +%s)
+START=$(date +%s) BUDGET=${BUDGET:-570}
 pack() { tar -czf "$OUT/res.tgz" -C "$RES" . 2>/dev/null; }
-step() {  # step NAME SECONDS COMMAND...: skipped when less than SECONDS remain of the budget
-  local name=$1 need=$2; shift 2
-  local left=$(( ${BUDGET:-570} - ($(date +%s) - START) ))
-  if (( left < need )); then echo "=== $name: skipped ($left s left)" | tee -a "$LOG"; return; fi
-  echo "=== $name ($(( $(date +%s) - START )) s in, $left s left): $*" | tee -a "$LOG"
-  [ -n "${DRY_RUN:-}" ] && return
-  timeout "$left" "$@" 2>&1 | grep -v -E "Warning|warn\(|_warn_once|^\s*$" | tee -a "$LOG"
-  pack
-}
+AFTER_STEP=pack  # what a step has made comes back even if a later one is cut
 ours() {
   PYTHONPATH=/tmp/site:$PWD python3 bench/eval_throughput.py --model "$MODEL" --data "$DATA/gsm8k" --sides ours "$@"
 }
