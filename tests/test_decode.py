@@ -433,6 +433,18 @@ def test_auto_batch_size_fills_its_share_of_free_memory():
     assert auto_batch_size(SHAPE, 0, 10, 20, copies=5, prompts=100) == 1  # too little memory still decodes
 
 
+def test_a_cpu_batch_holds_a_few_shot_prompt_alone_and_up_to_16_short_ones():
+    """Off CUDA, "auto" spends 2,048 positions (prompt and new tokens, every row of a prompt) a batch, 16 prompts at
+    most: the quickstart's 5-shot prompts (~1,000 tokens) one at a time, its fine-tuned ones (~100) five."""
+    from clozemath.eval.decoding.batching import cpu_batch_size
+
+    assert cpu_batch_size(1276, 256, copies=1) == 1
+    assert cpu_batch_size(2000, 256, copies=1) == 1  # past the budget alone: still one
+    assert cpu_batch_size(101, 256, copies=1) == 5  # 5 * 357 = 1,785 positions; 6 would be 2,142
+    assert cpu_batch_size(101, 256, copies=3) == 1  # 3 CoT branches: 1,071 positions a prompt
+    assert cpu_batch_size(15, 16, copies=1) == 16  # 66 would fit: 16 at most
+
+
 def test_model_shape_reads_the_config(model):
     assert ModelShape.of(model) == ModelShape(
         layers=2, kv_heads=2, head_dim=16, hidden=64, intermediate=128, vocab=model.config.vocab_size, dtype_bytes=4
