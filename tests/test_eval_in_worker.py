@@ -256,6 +256,7 @@ def test_a_run_of_one_worker_is_evaluated_in_it_as_clozemath_eval_evaluates_its_
     console = "\n".join(lines)
     assert code == 0, console[-3000:]
     assert "[smoke] evaluating in the training worker" in console and "for evaluation with the adapter" not in console
+    assert all(f"[smoke] eval gsm8k {done}/3 [" in console for done in (1, 2, 3))  # the worker's bar, problem by problem
     folder = tmp_path / "runs" / "smoke" / "eval"
     values = json.loads((folder / "metrics.json").read_text())
     assert 0 < values["eval/load_s"] <= values["eval/startup_s"] and values["eval/gsm8k/greedy/total"] == 3
