@@ -2,17 +2,21 @@
 
 Every problem left to evaluate goes into one dataset; `map_batches` sends batches to an actor pool holding one model
 per GPU (or a single actor on CPU), and each actor decodes a batch with every decoding of `eval.decodings` and grades
-it (`clozemath.eval.folder.predict_rows`). The driver streams the predictions back into the evaluation's folder
-(`clozemath.eval.folder.evaluate_into_folder`: files, metrics, what an earlier evaluation of the same left).
+it (`clozemath.eval.folder.predict_rows`), sending its predictions back as their decodings end (a block each time).
+The driver streams the predictions into the evaluation's folder (`clozemath.eval.folder.evaluate_into_folder`: files,
+metrics, the bar, what an earlier evaluation of the same left).
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import queue
+import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, fields
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -24,8 +28,8 @@ from clozemath import console
 from clozemath.config import ExperimentConfig, from_wire, to_wire
 from clozemath.data.sources import Problem
 from clozemath.eval.evaluate import load_evaluated_model, prompting, resolve_adapter
-from clozemath.eval.folder import LOAD_S, READY_AT, SECONDS, ReadyModel, evaluate_into_folder, predict_rows, \
-    problems_per_batch
+from clozemath.eval.folder import LOAD_S, READY_AT, SECONDS, ReadyModel, Rows, Take, evaluate_into_folder, \
+    predict_rows, problems_per_batch
 from clozemath.eval.predictions import Prediction, results_table
 from clozemath.model.memory import share_gpu
 from clozemath.records import EVAL_DIR, METRICS_FILE, PREDICTIONS_DIR, eval_folder
@@ -75,9 +79,43 @@ class Evaluator:
     def ready_at(self) -> float:
         return self.model.ready_at
 
-    def __call__(self, batch: pa.Table) -> pa.Table:
+    def __call__(self, batch: pa.Table) -> Iterator[pa.Table]:
+        """The batch's rows, a table of those made since the last one (Ray Data sends each back as a block)."""
         problems = [Problem(**row) for row in batch.to_pylist()]
-        return pa.Table.from_pylist(predict_rows(self.model, problems), schema=SCHEMA)
+        for rows in as_made(partial(predict_rows, self.model, problems)):
+            yield pa.Table.from_pylist(rows, schema=SCHEMA)
+
+
+_DONE = object()
+
+
+def as_made(make: Callable[[Take], object]) -> Iterator[Rows]:
+    """The rows `make` hands its `Take` (decoding calls back), as a generator (what Ray Data's batch functions stream
+    back): `make` runs in a thread of its own; each item is the rows made since the last one; its error is raised
+    here."""
+    made: queue.SimpleQueue[Any] = queue.SimpleQueue()
+
+    def run() -> None:
+        try:
+            make(made.put)
+        except BaseException as exc:  # noqa: BLE001 (raised again in the caller's thread)
+            made.put(exc)
+        else:
+            made.put(_DONE)
+
+    threading.Thread(target=run, name="clozemath-predict", daemon=True).start()
+    while True:
+        items = [made.get()]
+        while not made.empty():
+            items.append(made.get())
+        rows = [row for item in items if isinstance(item, list) for row in item]
+        if rows:
+            yield rows
+        ended = next((item for item in items if not isinstance(item, list)), None)
+        if isinstance(ended, BaseException):
+            raise ended
+        if ended is _DONE:
+            return
 
 
 def _actor_pool(config: ExperimentConfig, adapter: Path | None, requested: float | None = None) -> dict[str, object]:
@@ -95,16 +133,22 @@ def _actor_pool(config: ExperimentConfig, adapter: Path | None, requested: float
                                              "requested": requested}}
 
 
+STREAMED_BLOCK_BYTES = 1
+"""The evaluation dataset's `target_max_block_size`: each table an actor yields is a block of its own, sent back as it
+comes (Ray Data's default, 128 MiB, gathers a batch's tables into one block, and the bar would wait for the batch)."""
+
+
 @contextlib.contextmanager
-def _without_ray_progress_bars() -> Iterator[None]:
-    """The driver draws one bar over all sets; Ray Data's per-operator bars would only interleave with it."""
+def _evaluation_context() -> Iterator[None]:
+    """Ray Data as the evaluation needs it: no per-operator bars (the driver draws one bar a set; Ray's would only
+    interleave with it), and the actors' predictions back as they are made (`STREAMED_BLOCK_BYTES`)."""
     context = DataContext.get_current()
-    before = context.enable_progress_bars
-    context.enable_progress_bars = False
+    before = context.enable_progress_bars, context.target_max_block_size
+    context.enable_progress_bars, context.target_max_block_size = False, STREAMED_BLOCK_BYTES
     try:
         yield
     finally:
-        context.enable_progress_bars = before
+        context.enable_progress_bars, context.target_max_block_size = before
 
 
 def evaluate_on_ray(config: ExperimentConfig, adapter: Path | None, folder: Path) -> dict[str, float]:
@@ -112,14 +156,14 @@ def evaluate_on_ray(config: ExperimentConfig, adapter: Path | None, folder: Path
     must be up)."""
     requested = time.time()
 
-    def on_actors(problems: list[Problem]) -> Iterator[list[dict[str, Any]]]:
-        dataset = ray.data.from_items([problem.to_dict() for problem in problems]).map_batches(
-            Evaluator, batch_format="pyarrow", batch_size=problems_per_batch(config.eval),
-            **_actor_pool(config, adapter, requested),
-        )
-        with _without_ray_progress_bars():
+    def on_actors(problems: list[Problem], take: Take) -> None:
+        with _evaluation_context():
+            dataset = ray.data.from_items([problem.to_dict() for problem in problems]).map_batches(
+                Evaluator, batch_format="pyarrow", batch_size=problems_per_batch(config.eval),
+                **_actor_pool(config, adapter, requested),
+            )
             for batch in dataset.iter_batches(batch_size=None, batch_format="pyarrow"):
-                yield batch.to_pylist()
+                take(batch.to_pylist())
 
     return evaluate_into_folder(config, adapter, folder, on_actors, requested)
 

@@ -433,6 +433,18 @@ def test_auto_batch_size_fills_its_share_of_free_memory():
     assert auto_batch_size(SHAPE, 0, 10, 20, copies=5, prompts=100) == 1  # too little memory still decodes
 
 
+def test_a_cpu_batch_holds_a_few_shot_prompt_alone_and_up_to_16_short_ones():
+    """Off CUDA, "auto" spends 2,048 positions (prompt and new tokens, every row of a prompt) a batch, 16 prompts at
+    most: the quickstart's 5-shot prompts (~1,000 tokens) one at a time, its fine-tuned ones (~100) five."""
+    from clozemath.eval.decoding.batching import cpu_batch_size
+
+    assert cpu_batch_size(1276, 256, copies=1) == 1
+    assert cpu_batch_size(2000, 256, copies=1) == 1  # past the budget alone: still one
+    assert cpu_batch_size(101, 256, copies=1) == 5  # 5 * 357 = 1,785 positions; 6 would be 2,142
+    assert cpu_batch_size(101, 256, copies=3) == 1  # 3 CoT branches: 1,071 positions a prompt
+    assert cpu_batch_size(15, 16, copies=1) == 16  # 66 would fit: 16 at most
+
+
 def test_model_shape_reads_the_config(model):
     assert ModelShape.of(model) == ModelShape(
         layers=2, kv_heads=2, head_dim=16, hidden=64, intermediate=128, vocab=model.config.vocab_size, dtype_bytes=4
@@ -648,3 +660,51 @@ def test_an_auto_batch_out_of_memory_at_a_refill_keeps_the_prompts_done(model, t
     assert finished_first  # prompts that had ended before the refill failed are not decoded again
     assert sorted(prompt for batch in prefilled[2:] for prompt in batch) == sorted(set(MIXED) - finished_first)
     assert all(len(batch) <= 2 for batch in prefilled[2:])
+
+
+# --------------------------------------------------------------------------------------------------------------
+# on_done: each prompt's generation as its rows end (the evaluation's bar moves with them)
+
+
+def test_the_eager_engine_hands_each_prompt_over_at_the_step_its_row_ends(model, tokenizer, mixed, monkeypatch):
+    """One batch of every prompt: each reaches `on_done` once, at the model call that made its last token (the prompt
+    pass makes token 0, each step one more), not at the batch's end; the generations are those `decode` returns,
+    and those it returns without `on_done`."""
+    forward, calls = model.forward, []
+
+    def counted(*args, **kwargs):
+        calls.append(None)
+        return forward(*args, **kwargs)
+
+    monkeypatch.setattr(model, "forward", counted)
+    handed: list[tuple[int, int, list[int]]] = []
+    settings = DecodeSettings(max_new_tokens=LONG, eos_token_ids=mixed.eos, batch_size=len(MIXED), engine="eager")
+    ours = decode(model, tokenizer, MIXED, "greedy", settings,
+                  on_done=lambda index, generation: handed.append((index, len(calls), generation.token_ids)))
+    ends = [LONG - 1 if end is None else end for end in ENDS]  # the step of each row's last token (or its EOS)
+    by_end = sorted(range(len(MIXED)), key=lambda i: (ends[i], -len(tokenizer(MIXED[i]).input_ids)))
+    assert [(index, at) for index, at, _ in handed] == [(i, ends[i] + 1) for i in by_end]
+    assert {index: ids for index, _, ids in handed} == dict(enumerate(g.token_ids for g in ours))
+    assert [g.token_ids for g in ours] == mixed.expected
+    assert [g.token_ids for g in decode(model, tokenizer, MIXED, "greedy", settings)] == mixed.expected
+
+
+@pytest.mark.usefixtures("frequent_looks")
+@pytest.mark.parametrize(("engine", "scheme"), [("eager", "cot"), ("static", "greedy"), ("eager", "beam")])
+def test_every_prompt_reaches_on_done_once_with_the_generation_decode_returns(model, tokenizer, mixed, engine,
+                                                                              scheme):
+    """CoT's branches hand a prompt over when the last of them ends; beam search and the static engine's refills
+    hand over each prompt once too."""
+    handed: dict[int, list] = {}
+
+    def take(index, generation):
+        assert index not in handed
+        handed[index] = generation
+
+    ours = decode(model, tokenizer, MIXED, scheme, DecodeSettings(
+        cot_k=3, num_beams=2, max_new_tokens=LONG, eos_token_ids=mixed.eos, answer_span=last_word, batch_size=3,
+        engine=engine,
+    ), on_done=take)
+    assert [handed[index] for index in range(len(MIXED))] == ours
+    if scheme == "cot":
+        assert all(all(b.finish_reason is not None for b in g.branches) for g in handed.values())

@@ -6,17 +6,23 @@ from __future__ import annotations
 
 import json
 import shutil
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
 import torch
 
+from clozemath import console
 from clozemath.config import ExperimentConfig
+from clozemath.eval import evaluate
 from clozemath.eval import folder as eval_folder
+from clozemath.eval.evaluate import eval_problems, evaluate_batch, prompting
 from clozemath.eval.folder import evaluate_trained, evaluates_in_worker
 from clozemath.eval.predictions import read_predictions
-from clozemath.model.load import Loaded, load_model, save_adapter
+from clozemath.model.load import Loaded, load_model, save_adapter, trained_for_inference
 from clozemath.plan import load_config
+from clozemath.records import partial_predictions_file
 
 ROOT = Path(__file__).resolve().parents[1]
 SMOKE = ROOT / "configs" / "experiments" / "smoke.yaml"
@@ -64,11 +70,15 @@ def test_the_worker_makes_the_actors_predictions_and_metrics(ray_session, tmp_pa
     files) and in the worker that trained it: the same generations, answers and grades; the same metric keys."""
     from ray_jobs.eval_job import evaluate_on_ray
 
-    config = _config()
+    config = _config("eval.batch_size=auto")  # each path decodes all of a set's problems at once
     adapter = tmp_path / "adapter"
     trained = _trained(config, adapter)
-    actors = evaluate_on_ray(config, adapter, tmp_path / "actors")
-    worker = evaluate_trained(config, trained, adapter, tmp_path / "worker")
+    with _bars() as on_actors:
+        actors = evaluate_on_ray(config, adapter, tmp_path / "actors")
+    with _bars() as in_worker:
+        worker = evaluate_trained(config, trained, adapter, tmp_path / "worker")
+    for bars in (on_actors, in_worker):  # the actor's predictions reach the driver one by one, as the worker's do
+        assert bars == {"gsm8k": [(done, 8) for done in range(9)], "gsm_p1": [(done, 6) for done in range(7)]}
 
     made = _predictions(tmp_path / "worker")
     assert made == _predictions(tmp_path / "actors") and set(made) == {"gsm8k", "gsm_p1"}
@@ -77,6 +87,89 @@ def test_the_worker_makes_the_actors_predictions_and_metrics(ray_session, tmp_pa
     assert {key: value for key, value in worker.items() if "/seconds" not in key and not key.endswith("_s")} == {
         key: value for key, value in actors.items() if "/seconds" not in key and not key.endswith("_s")}
     assert 0 < worker["eval/load_s"] <= worker["eval/startup_s"] < worker["eval/seconds"]
+
+
+@contextmanager
+def _bars() -> Iterator[dict[str, list[tuple[int, int]]]]:
+    """The evaluation bars' moves, by set: (done, total) each time."""
+    moves: dict[str, list[tuple[int, int]]] = {}
+
+    def progress(key, label, done, total, stats=(), rate_unit=None):
+        moves.setdefault(key.rsplit("/", 1)[1], []).append((done, total))
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(console, "progress", progress)
+        yield moves
+
+
+def _here(config: ExperimentConfig, tmp_path: Path) -> tuple[Path, eval_folder.ReadyModel]:
+    """An adapter and the model a worker makes of it (`evaluate_trained`'s), to evaluate with as often as a test
+    needs (`predict_here`)."""
+    adapter = tmp_path / "adapter"
+    merged = trained_for_inference(config.model, _trained(config, adapter), adapter)
+    return adapter, eval_folder.ReadyModel(merged, config, prompting(config), 0.0, 0.0)
+
+
+def test_the_bar_moves_with_each_prediction_once_it_is_on_disk(tmp_path, monkeypatch):
+    """The quickstart's case: one batch holds every problem (`eval.batch_size: auto`), yet the bar moves once a
+    prediction, in order, each already appended to the set's partial file (a crash then keeps it); the predictions
+    are those of the batch decoded and graded whole."""
+    config = _config("eval.sets=[{dataset: gsm8k, limit: 5}]", "eval.decodings=[greedy]", "eval.batch_size=auto")
+    adapter, model = _here(config, tmp_path)
+    folder = tmp_path / "eval"
+    partial = partial_predictions_file(folder, "gsm8k")
+    moves = []
+
+    def progress(key, label, done, total, stats=(), rate_unit=None):
+        on_disk = len(partial.read_text().splitlines()) if partial.is_file() else 0
+        moves.append((done, total, on_disk))
+
+    monkeypatch.setattr(console, "progress", progress)
+    eval_folder.evaluate_into_folder(config, adapter, folder, eval_folder.predict_here(model))
+    assert moves == [(0, 5, 0)] + [(done, 5, done) for done in range(1, 6)]
+
+    problems = eval_problems(config.eval.sets[0])
+    whole = evaluate_batch(model.loaded, problems, "greedy", config.eval, model.prompting)
+    assert _predictions(folder) == {"gsm8k": [vars(prediction) for prediction in whole]}
+
+
+def test_an_evaluation_killed_inside_a_batch_keeps_the_predictions_made_and_makes_only_the_rest(tmp_path,
+                                                                                                monkeypatch):
+    """Killed at its third prediction, inside its first batch of 4 problems: the two made are on disk and taken up,
+    the next evaluation decodes only the others, and the set's predictions are those of one evaluation that was not
+    killed (decode batches of one prompt: the same tokens in any batch), none lost, none twice."""
+    config = _config("eval.sets=[{dataset: gsm8k, limit: 6}]", "eval.decodings=[greedy]")
+    adapter, model = _here(config, tmp_path)
+    folder = tmp_path / "eval"
+    graded = evaluate._prediction
+    made = []
+
+    def killed_at_the_third(problem, *args):
+        if len(made) == 2:
+            raise KeyboardInterrupt
+        made.append(problem.id)
+        return graded(problem, *args)
+
+    monkeypatch.setattr(evaluate, "_prediction", killed_at_the_third)
+    with pytest.raises(KeyboardInterrupt):
+        eval_folder.evaluate_into_folder(config, adapter, folder, eval_folder.predict_here(model))
+    kept = read_predictions(partial_predictions_file(folder, "gsm8k"))
+    assert [prediction.id for prediction in kept] == made
+
+    monkeypatch.setattr(evaluate, "_prediction", graded)
+    decoded = []
+
+    def noted(problems, take):
+        decoded.extend(problem.id for problem in problems)
+        eval_folder.predict_here(model)(problems, take)
+
+    values = eval_folder.evaluate_into_folder(config, adapter, folder, noted)
+    problems = [problem.id for problem in eval_problems(config.eval.sets[0])]
+    assert decoded == [problem for problem in problems if problem not in made]
+    assert values["eval/gsm8k/greedy/total"] == 6 and not partial_predictions_file(folder, "gsm8k").exists()
+    eval_folder.evaluate_into_folder(config, adapter, tmp_path / "whole", eval_folder.predict_here(model))
+    assert _predictions(folder) == _predictions(tmp_path / "whole")
+    assert [row["id"] for row in _predictions(folder)["gsm8k"]] == problems
 
 
 def test_an_evaluation_killed_in_the_worker_is_taken_up_by_the_actors(ray_session, tmp_path, monkeypatch):
@@ -91,11 +184,11 @@ def test_an_evaluation_killed_in_the_worker_is_taken_up_by_the_actors(ray_sessio
     batches = []
     predict_rows = eval_folder.predict_rows
 
-    def killed_at_the_second_batch(model, problems):
+    def killed_at_the_second_batch(model, problems, take=None):
         batches.append([problem.dataset for problem in problems])
         if len(batches) == 2:
             raise KeyboardInterrupt
-        return predict_rows(model, problems)
+        return predict_rows(model, problems, take)
 
     monkeypatch.setattr(eval_folder, "predict_rows", killed_at_the_second_batch)
     with pytest.raises(KeyboardInterrupt):
@@ -163,6 +256,7 @@ def test_a_run_of_one_worker_is_evaluated_in_it_as_clozemath_eval_evaluates_its_
     console = "\n".join(lines)
     assert code == 0, console[-3000:]
     assert "[smoke] evaluating in the training worker" in console and "for evaluation with the adapter" not in console
+    assert all(f"[smoke] eval gsm8k {done}/3 [" in console for done in (1, 2, 3))  # the worker's bar, problem by problem
     folder = tmp_path / "runs" / "smoke" / "eval"
     values = json.loads((folder / "metrics.json").read_text())
     assert 0 < values["eval/load_s"] <= values["eval/startup_s"] and values["eval/gsm8k/greedy/total"] == 3

@@ -188,7 +188,7 @@ def test_cot_decoding_votes_with_marked_answers_unless_told_otherwise(
     ends on a bare number votes only under `eval.cot_vote: any`."""
     seen = {}
 
-    def fake_decode(model, tokenizer, prompts, decoding, settings):
+    def fake_decode(model, tokenizer, prompts, decoding, settings, on_done=None):
         seen["span"] = settings.answer_span
         return []
 
@@ -468,13 +468,45 @@ def test_an_evaluation_actor_builds_its_model_once_for_every_set_decoding_and_ba
     assert before <= actor.ready_at <= time.time()
     rows = []
     for batch in (problems[:2], problems[2:4], problems[4:]):  # the second mixes the sets
-        made = actor(pa.Table.from_pylist(batch))
-        assert made.schema == SCHEMA
-        rows += made.to_pylist()
+        for made in actor(pa.Table.from_pylist(batch)):  # the rows made since the last table, as they come
+            assert made.schema == SCHEMA and made.num_rows
+            rows += made.to_pylist()
     assert len(builds) == 1
     assert sorted((row["dataset"], row["decoding"]) for row in rows) == sorted(
         (p["dataset"], decoding) for p in problems for decoding in ("greedy", "beam"))
     assert {row["ready_at"] for row in rows} == {actor.ready_at}
+
+
+def test_an_actor_sends_its_rows_back_as_they_are_made_and_the_error_that_stops_it():
+    """`as_made` (the actor's rows, from decoding's callbacks, as the generator Ray Data streams back): each row is
+    yielded before the next is made (the maker waits for it to be taken), in order; an error ends the stream."""
+    import threading
+
+    from ray_jobs.eval_job import as_made
+
+    taken = threading.Event()
+
+    def make(take):
+        for index in range(3):
+            taken.clear()
+            take([{"row": index}])
+            assert taken.wait(timeout=60), "a row was not yielded before the next was made"
+
+    got = []
+    for rows in as_made(make):
+        got.append(rows)
+        taken.set()
+    assert got == [[{"row": 0}], [{"row": 1}], [{"row": 2}]]
+
+    def failing(take):
+        take([{"row": 0}])
+        raise ClozeMathError("the model could not decode")
+
+    got = []
+    with pytest.raises(ClozeMathError, match="could not decode"):
+        for rows in as_made(failing):
+            got += rows
+    assert got == [{"row": 0}]  # the rows made before it, yielded first
 
 
 def test_an_evaluations_seconds_split_into_its_start_up_and_its_decoding():

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import random
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -28,6 +28,7 @@ if TYPE_CHECKING:  # peft and the decoders take seconds to import: `clozemath sc
     import torch
 
     from clozemath.eval.decoding import Engine, Generation, PromptAttention
+    from clozemath.eval.decoding.job import Emit
     from clozemath.model.load import Loaded
 
 
@@ -127,36 +128,54 @@ def decode_settings(eval_cfg: EvalConfig, dataset: str, prompting: Prompting, en
 
 def decode_prompts(
     loaded: Loaded, prompts: list[Prompt], dataset: str, decoding: str, eval_cfg: EvalConfig, prompting: Prompting,
-    engine: Engine = "auto",
+    engine: Engine = "auto", on_done: Emit | None = None,
 ) -> list[Generation]:
-    """Decode prompts of one set with `decoding` as an evaluation does (its stop strings, answer rule, attention)."""
+    """Decode prompts of one set with `decoding` as an evaluation does (its stop strings, answer rule, attention);
+    `on_done`: `decode`'s (each prompt's generation as it ends)."""
     from clozemath.eval.decoding import decode
 
     settings = decode_settings(eval_cfg, dataset, prompting, engine)
-    return decode(loaded.model, loaded.tokenizer, [prompt.ids for prompt in prompts], decoding, settings)
+    return decode(loaded.model, loaded.tokenizer, [prompt.ids for prompt in prompts], decoding, settings,
+                  on_done=on_done)
 
 
 def evaluate_batch(
     loaded: Loaded, problems: Sequence[Problem], decoding: str, eval_cfg: EvalConfig, prompting: Prompting,
-    engine: Engine = "auto",
+    engine: Engine = "auto", on_prediction: Callable[[Prediction], None] | None = None,
 ) -> list[Prediction]:
     """Decode every problem with `decoding` and grade it; one Prediction per problem, in order (`confidence`: the
-    winning answer's summed CoT-decoding confidence). `engine`: `decode`'s."""
+    winning answer's summed CoT-decoding confidence). `engine`: `decode`'s. `on_prediction`: takes each prediction
+    as soon as its problem's decoding ends (in the order they end), graded then."""
     predictions: list[Prediction | None] = [None] * len(problems)
-    for dataset in dict.fromkeys(problem.dataset for problem in problems):
+
+    def evaluate_set(dataset: str) -> None:
         indices = [i for i, problem in enumerate(problems) if problem.dataset == dataset]
-        group = [problems[i] for i in indices]
-        prompts = build_prompts(group, loaded, prompting)
-        generations = decode_prompts(loaded, prompts, dataset, decoding, eval_cfg, prompting, engine)
-        for index, problem, prompt, generation in zip(indices, group, prompts, generations):
-            verdict = grade_generation(dataset, generation.text, problem.answer, prompting.few_shot,
-                                       ended=generation.finish_reason != "length")
-            predictions[index] = Prediction(
-                problem.id, dataset, decoding, prompt.text, generation.text, verdict.extracted, problem.answer,
-                verdict.correct, generation.confidence, verdict.harness, generation.finish_reason,
-                len(generation.token_ids), verdict.rule, verdict.lenient,
-            )
+        prompts = build_prompts([problems[i] for i in indices], loaded, prompting)
+
+        def graded(position: int, generation: Generation) -> None:
+            index = indices[position]
+            prediction = predictions[index] = _prediction(problems[index], prompts[position], decoding, generation,
+                                                          prompting)
+            if on_prediction is not None:
+                on_prediction(prediction)
+
+        decode_prompts(loaded, prompts, dataset, decoding, eval_cfg, prompting, engine, on_done=graded)
+
+    for dataset in dict.fromkeys(problem.dataset for problem in problems):
+        evaluate_set(dataset)
     return [prediction for prediction in predictions if prediction is not None]
+
+
+def _prediction(problem: Problem, prompt: Prompt, decoding: str, generation: Generation,
+                prompting: Prompting) -> Prediction:
+    """A problem's generation graded by its set's task."""
+    verdict = grade_generation(problem.dataset, generation.text, problem.answer, prompting.few_shot,
+                               ended=generation.finish_reason != "length")
+    return Prediction(
+        problem.id, problem.dataset, decoding, prompt.text, generation.text, verdict.extracted, problem.answer,
+        verdict.correct, generation.confidence, verdict.harness, generation.finish_reason, len(generation.token_ids),
+        verdict.rule, verdict.lenient,
+    )
 
 
 # --------------------------------------------------------------------------------------------------------------

@@ -15,8 +15,8 @@ from __future__ import annotations
 import json
 import os
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
-from dataclasses import asdict, dataclass, fields
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -56,8 +56,12 @@ that made it was ready to decode (seconds since the epoch) and how long that mod
 
 TIMES = (EVAL_SECONDS, EVAL_STARTUP_S, EVAL_DECODE_S, EVAL_LOAD_S)
 """An evaluation's seconds: an evaluation that finds every prediction made keeps those of the one that made them."""
-Predict = Callable[[list[Problem]], Iterable[list[dict[str, Any]]]]
-"""The problems left -> batches of rows (`predict_rows`), as they are made."""
+Rows = list[dict[str, Any]]
+Take = Callable[[Rows], None]
+"""Takes rows (`predict_rows`') as they are made."""
+Predict = Callable[[list[Problem], Take], None]
+"""Makes the rows of the problems left, each handed to the `Take` as it is made: an actor pool's batches as they come
+back, or a model of this process's predictions one by one as their decoding ends (the console's bar moves with them)."""
 
 
 def problems_per_batch(eval_cfg: EvalConfig) -> int:
@@ -80,29 +84,37 @@ class ReadyModel:
     engine: Engine = "auto"
 
 
-def predict_rows(model: ReadyModel, problems: Sequence[Problem]) -> list[dict[str, Any]]:
-    """Decode a batch of problems with every decoding of its set and grade them: one row a prediction."""
+def predict_rows(model: ReadyModel, problems: Sequence[Problem], take: Take | None = None) -> Rows:
+    """Decode a batch of problems with every decoding of its set and grade them: one row a prediction, each also to
+    `take` as soon as its decoding ends (in the order they end), its `SECONDS` the time since the one before."""
     eval_cfg = model.config.eval
     decodings = {set_cfg.dataset: eval_cfg.decodings_of(set_cfg) for set_cfg in eval_cfg.sets}
-    rows = []
+    rows: Rows = []
+    last = time.perf_counter()
+
+    def made(prediction: Prediction) -> None:
+        nonlocal last
+        now = time.perf_counter()
+        row = {**asdict(prediction), SECONDS: now - last, READY_AT: model.ready_at, LOAD_S: model.load_s}
+        last = now
+        rows.append(row)
+        if take is not None:
+            take([row])
+
     for decoding in dict.fromkeys(eval_cfg.decodings):
         chosen = [problem for problem in problems if decoding in decodings[problem.dataset]]
-        if not chosen:
-            continue
-        started = time.perf_counter()
-        predictions = evaluate_batch(model.loaded, chosen, decoding, eval_cfg, model.prompting, model.engine)
-        share = (time.perf_counter() - started) / len(predictions)
-        rows.extend({**asdict(prediction), SECONDS: share, READY_AT: model.ready_at, LOAD_S: model.load_s}
-                    for prediction in predictions)
+        if chosen:
+            evaluate_batch(model.loaded, chosen, decoding, eval_cfg, model.prompting, model.engine, made)
     return rows
 
 
 def predict_here(model: ReadyModel) -> Predict:
-    """`Predict` with a model of this process, in the batches an actor pool would get."""
-    def predict(problems: list[Problem]) -> Iterator[list[dict[str, Any]]]:
+    """`Predict` with a model of this process, in the batches an actor pool would get (the same prompts decode
+    together), each prediction taken as it is made."""
+    def predict(problems: list[Problem], take: Take) -> None:
         size = problems_per_batch(model.config.eval)
         for start in range(0, len(problems), size):
-            yield predict_rows(model, problems[start:start + size])
+            predict_rows(model, problems[start:start + size], take)
 
     return predict
 
@@ -122,18 +134,24 @@ class _SetProgress:
     """Predictions made now (not restored), by decoding."""
     finished_before: bool = False
     """Its predictions file was complete: nothing to do, nothing to write."""
+    held: set[tuple[str, str]] = field(default_factory=set)
+    """(problem, decoding) of `predictions`, kept with them: rows arrive one by one, each looked up here."""
+    correct: int = 0
+    """Of `predictions`, the correct ones (the bar's running accuracy)."""
 
     @property
     def expected(self) -> int:
         return len(self.problems) * len(self.decodings)
 
-    def held(self) -> set[tuple[str, str]]:
-        return {(prediction.id, prediction.decoding) for prediction in self.predictions}
-
     def pending(self) -> list[Problem]:
         """The problems some decoding of which has no prediction yet."""
-        held = self.held()
-        return [problem for problem in self.problems if any((problem.id, d) not in held for d in self.decodings)]
+        return [problem for problem in self.problems
+                if any((problem.id, d) not in self.held for d in self.decodings)]
+
+    def _hold(self, predictions: list[Prediction]) -> None:
+        self.predictions.extend(predictions)
+        self.held.update((prediction.id, prediction.decoding) for prediction in predictions)
+        self.correct += sum(prediction.correct for prediction in predictions)
 
     def restore(self, folder: Path) -> None:
         """Take up what an earlier evaluation of the same left (`evaluate_into_folder` checks it was): the set's
@@ -143,31 +161,30 @@ class _SetProgress:
         if finished.is_file():
             predictions = read_restored(finished)
             if {(p.id, p.decoding) for p in predictions} == expected and len(predictions) == len(expected):
-                self.predictions, self.finished_before = predictions, True
+                self._hold(predictions)
+                self.finished_before = True
                 return
         kept: dict[tuple[str, str], Prediction] = {}
         for prediction in read_restored(self.partial, cut_tail=True):
             if (prediction.id, prediction.decoding) in expected:
                 kept.setdefault((prediction.id, prediction.decoding), prediction)
-        self.predictions = list(kept.values())
+        self._hold(list(kept.values()))
 
     def add(self, rows: list[dict]) -> None:
         """Predictions made now (those of a decoding restored before, remade with a problem's others, are dropped)."""
-        held = self.held()
-        rows = [row for row in rows if (row["id"], row["decoding"]) not in held]
+        rows = [row for row in rows if (row["id"], row["decoding"]) not in self.held]
         predictions = [Prediction(**{k: v for k, v in row.items() if k in PREDICTION_FIELDS}) for row in rows]
         write_predictions(self.partial, predictions, append=True)
-        self.predictions.extend(predictions)
+        self._hold(predictions)
         for row in rows:
             self.seconds[row["decoding"]] += row[SECONDS]
             self.made[row["decoding"]] += 1
 
     def show(self, label: str) -> None:
         """Move the set's progress bar: predictions made, running accuracy."""
-        correct = sum(prediction.correct for prediction in self.predictions)
         done = len(self.predictions)
         unit = "problems" if len(self.decodings) == 1 else "predictions"
-        accuracy = f"accuracy {correct / done:.1%}" if done else "accuracy -"
+        accuracy = f"accuracy {self.correct / done:.1%}" if done else "accuracy -"
         console.progress(f"{label}/evaluation/{self.name}", f"[{label}] eval {self.name}", done, self.expected,
                          [accuracy], rate_unit=unit)
 
@@ -288,7 +305,9 @@ def evaluate_into_folder(config: ExperimentConfig, adapter: Path | None, folder:
             values.update(progress.finish(folder, earlier))
     write_metrics(folder, values)
     if problems:
-        first = _evaluate_pending(config, folder, sets, predict(problems), earlier, values, requested)
+        intake = _Intake(config, folder, sets, earlier, values, requested)
+        predict(problems, intake.take)
+        first = intake.first
         finished = time.time()
         values[EVAL_SECONDS] = finished - requested  # its sets read, its start-up and its decoding
         values.update(startup_and_decoding(requested, first[READY_AT], finished))
@@ -308,32 +327,36 @@ def startup_and_decoding(requested: float, first_ready: float, finished: float) 
     return {EVAL_STARTUP_S: ready - requested, EVAL_DECODE_S: finished - ready}
 
 
-def _evaluate_pending(config: ExperimentConfig, folder: Path, sets: dict[str, _SetProgress],
-                      batches: Iterable[list[dict[str, Any]]], earlier: dict[str, float],
-                      values: dict[str, float], requested: float) -> dict[str, Any]:
-    """The rows of the problems not yet evaluated, taken in as they come; each set's metrics into `values` (and
-    `metrics.json`) as it completes. The row of the model first ready to decode (its `READY_AT`, `LOAD_S`)."""
-    first: dict[str, Any] = {READY_AT: float("inf"), LOAD_S: 0.0}
-    shown = False
-    for rows in batches:
+class _Intake:
+    """Takes in the rows of the problems not yet evaluated as they come (`take`, a `Take`): each set's predictions
+    appended to its partial file and its bar moved, its metrics into `values` (and `metrics.json`) as it completes."""
+
+    def __init__(self, config: ExperimentConfig, folder: Path, sets: dict[str, _SetProgress],
+                 earlier: dict[str, float], values: dict[str, float], requested: float) -> None:
+        self.config, self.folder, self.sets, self.earlier, self.values = config, folder, sets, earlier, values
+        self.requested = requested
+        self.first: dict[str, Any] = {READY_AT: float("inf"), LOAD_S: 0.0}
+        """The row of the model first ready to decode (its `READY_AT`, `LOAD_S`)."""
+        self.shown = False
+
+    def take(self, rows: Rows) -> None:
         for row in rows:
-            if row[READY_AT] < first[READY_AT]:
-                first = {READY_AT: row[READY_AT], LOAD_S: row[LOAD_S]}
-        if not shown and rows:
-            shown = True
-            console.phase(f"[{config.name}] evaluation: a model was ready to decode "
-                          f"{max(0.0, first[READY_AT] - requested):.1f} s after the request "
-                          f"(its loading {first[LOAD_S]:.1f} s of them)")
-        for name, progress in sets.items():
+            if row[READY_AT] < self.first[READY_AT]:
+                self.first = {READY_AT: row[READY_AT], LOAD_S: row[LOAD_S]}
+        if not self.shown and rows:
+            self.shown = True
+            console.phase(f"[{self.config.name}] evaluation: a model was ready to decode "
+                          f"{max(0.0, self.first[READY_AT] - self.requested):.1f} s after the request "
+                          f"(its loading {self.first[LOAD_S]:.1f} s of them)")
+        for name, progress in self.sets.items():
             mine = [row for row in rows if row["dataset"] == name]
             if not mine:
                 continue
             progress.add(mine)
-            progress.show(config.name)
+            progress.show(self.config.name)
             if len(progress.predictions) == progress.expected:
-                values.update(progress.finish(folder, earlier))
-                write_metrics(folder, values)
-    return first
+                self.values.update(progress.finish(self.folder, self.earlier))
+                write_metrics(self.folder, self.values)
 
 
 def write_metrics(folder: Path, values: dict[str, float]) -> None:
@@ -356,11 +379,11 @@ def evaluate_trained(config: ExperimentConfig, trained: Loaded, adapter: Path, f
     model load. `trained` is spent."""
     from clozemath.model.load import trained_for_inference
 
-    def predict(problems: list[Problem]) -> Iterator[list[dict[str, Any]]]:
+    def predict(problems: list[Problem], take: Take) -> None:
         merging = time.time()
         loaded = trained_for_inference(config.model, trained, adapter)
         ready_at = time.time()
-        yield from predict_here(ReadyModel(loaded, config, prompting(config), ready_at, ready_at - merging))(problems)
+        predict_here(ReadyModel(loaded, config, prompting(config), ready_at, ready_at - merging))(problems, take)
 
     console.phase(f"[{config.name}] evaluating in the training worker (the model it trained, the adapter merged)")
     return evaluate_into_folder(config, adapter, folder, predict)

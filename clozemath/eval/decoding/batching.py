@@ -43,7 +43,12 @@ AUTO_MEMORY_SHARE = 0.8
 """Of the free device memory, what `batch_size="auto"` plans to use (the rest: the allocator's fragmentation, the
 graphs' own pools)."""
 CPU_BATCH_SIZE = 16
-"""`batch_size="auto"` off CUDA."""
+"""`batch_size="auto"` off CUDA: at most this many prompts a batch ..."""
+CPU_BATCH_POSITIONS = 2048
+"""... and at most this many positions (rows x (the widest prompt + max_new_tokens)). No prompt of a batch ends before
+its prompt pass, which takes a CPU seconds a thousand tokens: the CPU quickstart's 5-shot prompts (~1,000 tokens) go
+one a batch, the first ending within seconds, not minutes, and no slower (their prompt pass is most of the work, and
+a lone prompt pads none); its short fine-tuned prompts at 256 new tokens go 5 a batch."""
 
 
 def bytes_per_prompt(shape: ModelShape, width: int, max_new_tokens: int, copies: int) -> int:
@@ -73,14 +78,20 @@ def auto_batch_size(
 def batch_size(
     chosen: int | Literal["auto"], model: Any, prompts: list[list[int]], max_new_tokens: int, copies: int
 ) -> int:
-    """Prompts a batch: the size `chosen`; for "auto", `auto_batch_size` on CUDA, `CPU_BATCH_SIZE` elsewhere."""
+    """Prompts a batch: the size `chosen`; for "auto", `auto_batch_size` on CUDA, `cpu_batch_size` elsewhere."""
     if chosen != "auto":
         return chosen
-    if model.device.type != "cuda":
-        return CPU_BATCH_SIZE
     width = max(map(len, prompts))
+    if model.device.type != "cuda":
+        return cpu_batch_size(width, max_new_tokens, copies)
     free = memory.free_bytes(model.device)
     return auto_batch_size(ModelShape.of(model), free, width, max_new_tokens, copies, len(prompts))
+
+
+def cpu_batch_size(width: int, max_new_tokens: int, copies: int) -> int:
+    """Prompts a batch off CUDA: `CPU_BATCH_POSITIONS` over a prompt's rows' positions (at least 1, at most
+    `CPU_BATCH_SIZE`)."""
+    return max(1, min(CPU_BATCH_SIZE, CPU_BATCH_POSITIONS // (copies * (width + max_new_tokens))))
 
 
 def longest_first(lengths: Sequence[int]) -> list[int]:

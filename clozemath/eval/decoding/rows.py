@@ -51,23 +51,29 @@ class RowDecoding(Decoding):
         for batch_indices in batches(indices, size):
             batch, logits = job.batch(batch_indices, "eager")
             assert isinstance(batch, KVBatch)
-            for index, generation in zip(batch_indices, self._decode_eagerly(batch, logits, job)):
-                emit(index, generation)
+            self._decode_eagerly(batch, logits, job, batch_indices, emit)
 
-    def _decode_eagerly(self, batch: KVBatch, logits: torch.Tensor, job: Job) -> list[Generation]:
-        """`batch` holds each prompt's rows `copies` times, copies adjacent; `logits` are the prompts' [prompts,
-        vocab]. The host reads each step's tokens; finished rows leave the batch once they are `_COMPACT_SHARE` of
-        it."""
+    def _decode_eagerly(
+        self, batch: KVBatch, logits: torch.Tensor, job: Job, indices: Sequence[int], emit: Emit
+    ) -> None:
+        """`batch` holds the rows of prompts `indices` `copies` times each, copies adjacent; `logits` are the prompts'
+        [prompts, vocab]. The host reads each step's tokens: a prompt whose rows have all ended goes to `emit` then,
+        and finished rows leave the batch once they are `_COMPACT_SHARE` of it."""
         stops = job.stops
-        prompts = logits.shape[0]
         tokens, margins = self.first(logits, job)
-        rows = self.rows(prompts, job)
+        rows = self.rows(len(indices), job)
         slots = list(range(len(rows)))  # batch row -> row
         while True:
             token_list = tokens.tolist()
             margin_list = margins.tolist() if margins is not None else None
+            ended = []  # rows that end at this step
             for slot, row_index in enumerate(slots):
-                rows[row_index].extend(token_list[slot : slot + 1], margin_list and margin_list[slot : slot + 1], stops)
+                row = rows[row_index]
+                if row.finish_reason is None:
+                    row.extend(token_list[slot : slot + 1], margin_list and margin_list[slot : slot + 1], stops)
+                    if row.finish_reason is not None:
+                        ended.append(row_index)
+            self._emit_ended(rows, ended, indices, emit, job)
             live = [slot for slot, row_index in enumerate(slots) if rows[row_index].finish_reason is None]
             if not live:
                 break
@@ -79,8 +85,14 @@ class RowDecoding(Decoding):
             logits = batch.step(tokens)
             margins = top2_margin(logits) if margins is not None else None
             tokens = greedy_choice(logits, stops.vocab)
+
+    def _emit_ended(self, rows: list[Row], ended: list[int], indices: Sequence[int], emit: Emit, job: Job) -> None:
+        """Emit the prompts (of `indices`) whose last row is among the rows `ended` just now."""
         copies = job.copies
-        return [self.generation(rows[p * copies : (p + 1) * copies], job) for p in range(prompts)]
+        for prompt in dict.fromkeys(row_index // copies for row_index in ended):
+            prompt_rows = rows[prompt * copies : (prompt + 1) * copies]
+            if all(row.finish_reason is not None for row in prompt_rows):
+                emit(indices[prompt], self.generation(prompt_rows, job))
 
 
 GREEDY = RowDecoding()

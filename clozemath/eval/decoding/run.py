@@ -38,12 +38,15 @@ def decode(
     settings: DecodeSettings = _DEFAULT_SETTINGS,
     *,
     stats: DecodeStats | None = None,
+    on_done: Emit | None = None,
 ) -> list[Generation]:
     """Decode every prompt (text, or token ids as they are) with the decoding of that name (`registry`); one
     `Generation` per prompt, in order.
 
     `model` is a causal LM (transformers or peft, in eval mode); `settings` says how (`DecodeSettings`). `stats`, if
-    given, counts the static engines' greedy and CoT steps and refills (`DecodeStats`).
+    given, counts the static engines' greedy and CoT steps and refills (`DecodeStats`). `on_done`, if given, takes
+    each prompt's generation (by its index) as soon as the engine hands it over, once per prompt, in the order they
+    end: at the host's looks the engine makes anyway (no extra device sync).
     """
     scheme = get_decoding(decoding)
     _check(model, tokenizer, scheme, settings)
@@ -64,17 +67,23 @@ def decode(
     results: list[Generation | None] = [None] * len(encoded)
     with sdpa_kernel(SDPA_BACKENDS):
         for part_engine, part in _engine_parts(model, encoded, settings.max_new_tokens, engine):
-            size = _decode_part(scheme, job, part, size, part_engine, results)
+            size = _decode_part(scheme, job, part, size, part_engine, results, on_done)
     return [generation for generation in results if generation is not None]
 
 
 def _decode_part(
-    scheme: Decoding, job: Job, part: list[int], size: int, engine: RunEngine, results: list[Generation | None]
+    scheme: Decoding, job: Job, part: list[int], size: int, engine: RunEngine, results: list[Generation | None],
+    on_done: Emit | None = None,
 ) -> int:
-    """Decode the prompts `part` (longest first) into `results`; the batch size it ended with. An automatic size that
-    runs out of memory is halved (the auto size is an estimate, and a share of a GPU, `train.gpu_share`, leaves it
-    little slack) and the prompts not yet done go on; a size the user chose is theirs: the error stands."""
-    emit: Emit = results.__setitem__
+    """Decode the prompts `part` (longest first) into `results` (each also to `on_done`); the batch size it ended
+    with. An automatic size that runs out of memory is halved (the auto size is an estimate, and a share of a GPU,
+    `train.gpu_share`, leaves it little slack) and the prompts not yet done go on; a size the user chose is theirs:
+    the error stands."""
+    def emit(index: int, generation: Generation) -> None:
+        results[index] = generation
+        if on_done is not None:
+            on_done(index, generation)
+
     while pending := [index for index in part if results[index] is None]:
         in_batch = min(size, len(pending))
         try:

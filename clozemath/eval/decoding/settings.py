@@ -21,11 +21,11 @@ AnswerSpan = Callable[[str], "tuple[int, int] | None"]
 @dataclass(frozen=True)
 class DecodeSettings:
     """`batch_size` counts prompts (a batch holds `batch_size * num_beams` rows for beam search, `batch_size * cot_k`
-    for CoT-decoding); "auto": as many as fit the GPU's free memory (`batching.auto_batch_size`), `CPU_BATCH_SIZE`
-    elsewhere. `engine` "auto": CUDA graphs over a static cache on CUDA, the eager DynamicCache loop elsewhere;
-    "static": the graph engine's steps run eagerly (its kernels without the graphs, for comparisons). With the static
-    engines, greedy and CoT batches refill a prompt's rows once they have all ended (continuous batching: the tokens
-    are the same). `prompt_attention="bidirectional"` encodes each whole prompt with bidirectional attention
+    for CoT-decoding); "auto": as many as fit the GPU's free memory (`batching.auto_batch_size`), elsewhere
+    `batching.cpu_batch_size`. `engine` "auto": CUDA graphs over a static cache on CUDA, the eager DynamicCache loop
+    elsewhere; "static": the graph engine's steps run eagerly (its kernels without the graphs, for comparisons). With
+    the static engines, greedy and CoT batches refill a prompt's rows once they have all ended (continuous batching:
+    the tokens are the same). `prompt_attention="bidirectional"` encodes each whole prompt with bidirectional attention
     (PrefixLM). Beam search follows `model.generate(num_beams=..., length_penalty=..., early_stopping=...)`.
     CoT-decoding needs `answer_span(text) -> (start, end) | None`; answers are compared after `normalize_answer`."""
 
