@@ -29,6 +29,8 @@ SPARSE_STEPS = 10
 """Off a terminal (a log, a captured console) a bar prints a line each time it passes another tenth of its total."""
 SPARSE_EVERY_S = 30.0
 """... and when it moved and this long has passed since its last line (a tenth of a long run takes minutes)."""
+WORKER_MOVE_EVERY_S = 0.5
+"""A Ray worker sends a bar's move within a percent of its last one sent no sooner than this after it."""
 
 
 @dataclass
@@ -190,9 +192,37 @@ def progress(
     key: str, label: str, done: int, total: int, stats: Sequence[str] = (), rate_unit: str | None = None
 ) -> None:
     """Move the bar `key` to `done` of `total` (`stats`: shown after it, e.g. "loss 2.31"; `rate_unit`: show the rate
-    of `done` per second in this unit). A bar ends when `done` reaches `total`."""
+    of `done` per second in this unit). A bar ends when `done` reaches `total`. In a Ray worker a move is sent only
+    where it shows (`_Sent.shows`): an evaluation moves its bar once a prediction, hundreds a second on a GPU."""
+    now = time.time()
+    if os.environ.get(EVENTS_ENV_VAR) and _console is None and not _sent.shows(key, done, total, now):
+        return
     _emit({"kind": "progress", "key": key, "label": label, "done": done, "total": total, "stats": list(stats),
-           "rate_unit": rate_unit, "at": time.time()})
+           "rate_unit": rate_unit, "at": now})
+
+
+class _Sent:
+    """The bar moves a worker has sent: a move is sent when it reaches a new percent of its bar, ends it, or comes
+    `WORKER_MOVE_EVERY_S` after the last one sent (what a live bar redraws, and more than the sparse console prints);
+    a bar's every move would be a line of the worker's log shipped to the driver."""
+
+    def __init__(self) -> None:
+        self.last: dict[str, tuple[int, float]] = {}
+        """A bar's last move sent: its percent, when."""
+
+    def shows(self, key: str, done: int, total: int, now: float) -> bool:
+        percent = math.floor(100 * done / max(total, 1))
+        sent = self.last.get(key)
+        if done >= total:
+            self.last.pop(key, None)
+            return True
+        if sent is not None and percent <= sent[0] and now - sent[1] < WORKER_MOVE_EVERY_S:
+            return False
+        self.last[key] = (percent, now)
+        return True
+
+
+_sent = _Sent()
 
 
 class _WarningsToConsole(logging.Handler):

@@ -120,6 +120,28 @@ def test_a_workers_bar_replayed_in_one_burst_keeps_the_workers_clock(plain_conso
     assert err.getvalue().splitlines()[-1].endswith("100%  7.50 problems/s  in 0:20")  # 150 problems in 20 s
 
 
+def test_a_worker_sends_a_bars_moves_at_each_new_percent_its_end_and_half_a_second_apart(monkeypatch, capsys) -> None:
+    """An evaluation moves its bar once a prediction (hundreds a second on a GPU): a worker sends the moves that show,
+    not a line of its log each."""
+    monkeypatch.setenv(console.EVENTS_ENV_VAR, "1")
+    monkeypatch.setattr(console, "_console", None)
+    monkeypatch.setattr(console, "_sent", console._Sent())
+    now = [1000.0]
+    monkeypatch.setattr(console.time, "time", lambda: now[0])
+    for done in range(1, 1001):  # 1,000 predictions, 1 ms apart: a percent every ten
+        console.progress("e", "[x] eval gsm8k", done, 1000)
+        now[0] += 0.001
+    sent = [json.loads(line.removeprefix(console.MARKER))["done"] for line in capsys.readouterr().out.splitlines()]
+    assert sent == [1, *range(10, 1001, 10)]
+    for done in range(1, 4):  # 3 predictions: each a new percent
+        console.progress("f", "[x] eval tiny", done, 3)
+    assert len(capsys.readouterr().out.splitlines()) == 3
+    for done in (1, 2, 3):  # 3 of 1,000, ten seconds apart (a slow CPU): within a percent, each sent after 0.5 s
+        console.progress("g", "[x] eval slow", done, 1000)
+        now[0] += 10.0
+    assert len(capsys.readouterr().out.splitlines()) == 3
+
+
 def test_our_logged_warnings_reach_the_console(plain_console) -> None:
     import logging
 
