@@ -72,13 +72,13 @@ from bench.speed_record import SPEED_JSON, Headline, Side, command_line, failure
 from clozemath.config import DataConfig, ModelConfig  # noqa: E402
 from clozemath.data.sources import DATA_DIR_ENV, Problem, load_problems  # noqa: E402
 from clozemath.eval.decoding import (  # noqa: E402
-    CPU_BATCH_SIZE, SDPA_BACKENDS, DecodeSettings, Generation, ModelShape, auto_batch_size, decode, get_decoding,
+    SDPA_BACKENDS, DecodeSettings, Generation, ModelShape, decode, get_decoding,
 )
+from clozemath.eval.decoding.batching import batch_size as choose_batch_size  # noqa: E402
 from clozemath.eval.evaluate import Prompting, build_prompts, stop_strings  # noqa: E402
 from clozemath.errors import ClozeMathError  # noqa: E402
 from clozemath.files import write_text_atomic  # noqa: E402
 from clozemath.model.load import load_model  # noqa: E402
-from clozemath.model.memory import free_bytes  # noqa: E402
 from clozemath.model.speed import PLAIN, SpeedLevers, apply_levers  # noqa: E402
 from clozemath.safe_yaml import read_yaml  # noqa: E402
 from clozemath.tasks import answer_span, get_task  # noqa: E402
@@ -315,14 +315,10 @@ def problems_of(args: argparse.Namespace) -> list[Problem]:
 
 
 def batch_rows(batch_size: str, model, prompts: Sequence[list[int]], max_new_tokens: int, copies: int) -> int:
-    """Prompts a batch: the number given, or what `decode(batch_size="auto")` would pick now (its `auto_batch_size`
-    over the free memory, `CPU_BATCH_SIZE` off a GPU), handed to every side alike."""
-    if batch_size != "auto":
-        return int(batch_size)
-    if model.device.type != "cuda":
-        return CPU_BATCH_SIZE
-    width = max(map(len, prompts))
-    return auto_batch_size(ModelShape.of(model), free_bytes(model.device), width, max_new_tokens, copies, len(prompts))
+    """Prompts a batch: the number given, or what `decode(batch_size="auto")` would pick now, handed to every side
+    alike."""
+    return choose_batch_size("auto" if batch_size == "auto" else int(batch_size), model, list(prompts),
+                             max_new_tokens, copies)
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:

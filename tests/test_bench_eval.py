@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 
 from bench import eval_throughput as bench
-from clozemath.eval.decoding import Generation
+from clozemath.eval.decoding import CPU_BATCH_SIZE, Generation
 
 
 def settings(batch_size: int, max_new_tokens: int = 4, num_beams: int = 2) -> bench.Settings:
@@ -65,13 +65,14 @@ def test_the_decoding_benchmark_runs_every_side_on_cpu(tmp_path: Path) -> None:
 
 
 def test_an_auto_batch_is_ours_choice_for_every_side(tmp_path: Path) -> None:
-    """Off a GPU, `decode(batch_size="auto")` takes `CPU_BATCH_SIZE` prompts a batch: generate gets as many."""
+    """Off a GPU, `decode(batch_size="auto")` takes `cpu_batch_size` prompts a batch (short prompts: `CPU_BATCH_SIZE`):
+    generate gets as many."""
     out = tmp_path / "table.md"
     argv = ["--model", "tiny-llama", "--limit", "2", "--max-new-tokens", "3", "--schemes", "greedy", "--sides",
             "ours,generate", "--batch-size", "auto", "--out", str(out)]
     assert bench.main(argv) == 0
     rows = [line for line in out.read_text().splitlines() if line.startswith("| greedy")]
-    assert len(rows) == 2 and all(f"batch {bench.CPU_BATCH_SIZE} |" in row for row in rows)
+    assert len(rows) == 2 and all(f"batch {CPU_BATCH_SIZE} |" in row for row in rows)
 
 
 def test_profile_writes_what_one_pass_of_ours_spent_per_scheme(tmp_path: Path) -> None:
