@@ -708,3 +708,20 @@ def test_every_prompt_reaches_on_done_once_with_the_generation_decode_returns(mo
     assert [handed[index] for index in range(len(MIXED))] == ours
     if scheme == "cot":
         assert all(all(b.finish_reason is not None for b in g.branches) for g in handed.values())
+
+
+@pytest.mark.usefixtures("frequent_looks")
+def test_a_taker_that_raises_is_not_handed_the_same_prompt_again(model, tokenizer, mixed):
+    """The static engine's refilling hands the prompts that ended over after a step, and once more as it unwinds
+    from an error: a prompt whose hand-over raised is not handed again (a write that failed is not retried twice)."""
+    handed: list[int] = []
+
+    def take(index, generation):
+        handed.append(index)
+        if len(handed) == 1:
+            raise OSError("disk full")
+
+    with pytest.raises(OSError, match="disk full"):
+        decode(model, tokenizer, MIXED, "greedy", DecodeSettings(
+            max_new_tokens=LONG, eos_token_ids=mixed.eos, batch_size=3, engine="static"), on_done=take)
+    assert len(handed) == len(set(handed))

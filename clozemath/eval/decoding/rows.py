@@ -185,6 +185,8 @@ class _Refilling:
         return free
 
     def _emit_ended(self) -> None:
-        for prompt, unit_rows in self.ended:
+        """Each ended prompt handed over once: taken off the list before it is handed (if the taker raises, the
+        `finally` of `run` hands over only the prompts after it)."""
+        while self.ended:
+            prompt, unit_rows = self.ended.pop(0)
             self.emit(prompt, self.decoding.generation(unit_rows, self.job))
-        self.ended = []
