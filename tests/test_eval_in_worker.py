@@ -184,7 +184,7 @@ def test_an_evaluation_killed_in_the_worker_is_taken_up_by_the_actors(ray_sessio
     batches = []
     predict_rows = eval_folder.predict_rows
 
-    def killed_at_the_second_batch(model, problems, take=None):
+    def killed_at_the_second_batch(model, problems, take):
         batches.append([problem.dataset for problem in problems])
         if len(batches) == 2:
             raise KeyboardInterrupt

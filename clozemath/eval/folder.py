@@ -84,12 +84,11 @@ class ReadyModel:
     engine: Engine = "auto"
 
 
-def predict_rows(model: ReadyModel, problems: Sequence[Problem], take: Take | None = None) -> Rows:
-    """Decode a batch of problems with every decoding of its set and grade them: one row a prediction, each also to
-    `take` as soon as its decoding ends (in the order they end), its `SECONDS` the time since the one before."""
+def predict_rows(model: ReadyModel, problems: Sequence[Problem], take: Take) -> None:
+    """Decode a batch of problems with every decoding of its set and grade them: one row a prediction, each to `take`
+    as soon as its decoding ends (in the order they end), its `SECONDS` the time since the one before."""
     eval_cfg = model.config.eval
     decodings = {set_cfg.dataset: eval_cfg.decodings_of(set_cfg) for set_cfg in eval_cfg.sets}
-    rows: Rows = []
     last = time.perf_counter()
 
     def made(prediction: Prediction) -> None:
@@ -97,15 +96,12 @@ def predict_rows(model: ReadyModel, problems: Sequence[Problem], take: Take | No
         now = time.perf_counter()
         row = {**asdict(prediction), SECONDS: now - last, READY_AT: model.ready_at, LOAD_S: model.load_s}
         last = now
-        rows.append(row)
-        if take is not None:
-            take([row])
+        take([row])
 
     for decoding in dict.fromkeys(eval_cfg.decodings):
         chosen = [problem for problem in problems if decoding in decodings[problem.dataset]]
         if chosen:
             evaluate_batch(model.loaded, chosen, decoding, eval_cfg, model.prompting, model.engine, made)
-    return rows
 
 
 def predict_here(model: ReadyModel) -> Predict:
