@@ -39,9 +39,8 @@ lease_wheels "$LEASE"
 export HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1 CLOZEMATH_DATA_DIR=$DATA
 LOG=$OUT/log.txt
 START=$(date +%s) BUDGET=${BUDGET:-540}
-ours() {
-  PYTHONPATH=/tmp/site:$PWD python3 bench/eval_throughput.py --data "$DATA/gsm8k" --sides ours --levers "$LEVERS" "$@"
-}
+# a command, not a function: `step` runs it under `timeout`, which cannot run a shell function
+ours=(env PYTHONPATH=/tmp/site:$PWD python3 bench/eval_throughput.py --data "$DATA/gsm8k" --sides ours --levers "$LEVERS")
 if [ -z "${DRY_RUN:-}" ]; then
   { nvidia-smi -L; nvidia-smi --query-gpu=clocks.sm,clocks.mem,power.draw,temperature.gpu,memory.used --format=csv
     PYTHONPATH=/tmp/site python3 -c "import torch, transformers, liger_kernel, importlib.metadata as m
@@ -50,13 +49,13 @@ print('torch', torch.__version__, 'CUDA', torch.version.cuda, 'transformers', tr
     git log --oneline -1; } 2>&1 | tee -a "$LOG"
 fi
 
-step 1b-64 60 ours --model llama-3.2-1b-random --batch-size 64 --limit 64 --schemes greedy,beam,cot \
+step 1b-64 60 "${ours[@]}" --model llama-3.2-1b-random --batch-size 64 --limit 64 --schemes greedy,beam,cot \
   --out "$RES/levers_1b_64.md"
-step qwen-64 100 ours --model "$QWEN" --batch-size 64 --limit 64 --schemes greedy,beam,cot \
+step qwen-64 100 "${ours[@]}" --model "$QWEN" --batch-size 64 --limit 64 --schemes greedy,beam,cot \
   --out "$RES/levers_qwen_64.md"
-step 1b-auto 40 ours --model llama-3.2-1b-random --batch-size auto --limit 512 --schemes greedy \
+step 1b-auto 40 "${ours[@]}" --model llama-3.2-1b-random --batch-size auto --limit 512 --schemes greedy \
   --out "$RES/levers_1b_auto.md"
-step qwen-auto 50 ours --model "$QWEN" --batch-size auto --limit 512 --schemes greedy \
+step qwen-auto 50 "${ours[@]}" --model "$QWEN" --batch-size auto --limit 512 --schemes greedy \
   --out "$RES/levers_qwen_auto.md"
 step gpu-tests 60 env PYTHONPATH=/tmp/site:$PWD CLOZEMATH_GPU_MODEL=tiny-llama python3 -m pytest -p no:cacheprovider \
   -q -o addopts='' tests/test_decode_gpu.py -k levers

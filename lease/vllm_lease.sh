@@ -59,12 +59,9 @@ LOG=$OUT/log.txt
 START=$(date +%s) BUDGET=${BUDGET:-570}
 pack() { tar -czf "$OUT/res.tgz" -C "$RES" . 2>/dev/null; }
 AFTER_STEP=pack  # what a step has made comes back even if a later one is cut
-ours() {
-  PYTHONPATH=/tmp/site:$PWD python3 bench/eval_throughput.py --model "$MODEL" --data "$DATA/gsm8k" --sides ours "$@"
-}
-vllm() {
-  PYTHONPATH=$VSITE:/tmp/site:$PWD python3 bench/vllm_baseline.py --model "$MODEL" --data "$DATA/gsm8k" "$@"
-}
+# commands, not functions: `step` runs them under `timeout`, which cannot run a shell function
+ours=(env PYTHONPATH=/tmp/site:$PWD python3 bench/eval_throughput.py --model "$MODEL" --data "$DATA/gsm8k" --sides ours)
+vllm=(env PYTHONPATH=$VSITE:/tmp/site:$PWD python3 bench/vllm_baseline.py --model "$MODEL" --data "$DATA/gsm8k")
 if [ -z "${DRY_RUN:-}" ]; then
   { nvidia-smi -L; nvidia-smi --query-gpu=clocks.sm,clocks.mem,power.draw,temperature.gpu,memory.used --format=csv
     PYTHONPATH=$VSITE:/tmp/site python3 -c "import torch, transformers, vllm
@@ -75,12 +72,12 @@ fi
 
 if [ "$PART" = greedy ]; then
   for B in 64 256; do
-    step "ours-greedy-$B" 40 ours --batch-size $B --limit 512 --schemes greedy --out $RES/ours_${TAG}_greedy_$B.md
-    step "vllm-greedy-$B" 90 vllm --batch-size $B --limit 512 --schemes greedy --out $RES/vllm_${TAG}_greedy_$B.md
+    step "ours-greedy-$B" 40 "${ours[@]}" --batch-size $B --limit 512 --schemes greedy --out $RES/ours_${TAG}_greedy_$B.md
+    step "vllm-greedy-$B" 90 "${vllm[@]}" --batch-size $B --limit 512 --schemes greedy --out $RES/vllm_${TAG}_greedy_$B.md
   done
 else
-  step ours-beam-cot-64 60 ours --batch-size 64 --limit 128 --schemes beam,cot --out $RES/ours_${TAG}_beam_cot_64.md
-  step vllm-beam-cot-64 120 vllm --batch-size 64 --limit 128 --schemes beam,cot \
+  step ours-beam-cot-64 60 "${ours[@]}" --batch-size 64 --limit 128 --schemes beam,cot --out $RES/ours_${TAG}_beam_cot_64.md
+  step vllm-beam-cot-64 120 "${vllm[@]}" --batch-size 64 --limit 128 --schemes beam,cot \
     --out $RES/vllm_${TAG}_beam_cot_64.md
 fi
 [ -n "${DRY_RUN:-}" ] && exit 0

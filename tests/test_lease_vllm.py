@@ -24,8 +24,15 @@ def lease(tmp_path: Path, *args: str, vsite: bool = True, chunks: bool = True) -
     if chunks:
         (folders["qwen"] / "part1.bin").write_bytes(b"")
     env = {**os.environ, "DRY_RUN": "1", "VSITE": str(folders["vsite"]), "QWEN_CHUNKS": str(folders["qwen"]),
-           "RES": str(folders["res"]), "OUT": str(folders["out"])}
+           "RES": str(folders["res"]), "OUT": str(folders["out"]), "CLOZEMATH_DATA_DIR": str(tmp_path / "data")}
     return subprocess.run(["bash", "lease/vllm_lease.sh", *args], cwd=ROOT, env=env, capture_output=True, text=True)
+
+
+def commands(tmp_path: Path, model: str) -> dict[str, str]:
+    """What `ours` and `vllm` stand for in a step: each side in its own process, vLLM's wheels first on its path."""
+    data = f"--model {model} --data {tmp_path}/data/gsm8k"
+    return {"ours": f"env PYTHONPATH=/tmp/site:{ROOT} python3 bench/eval_throughput.py {data} --sides ours",
+            "vllm": f"env PYTHONPATH={tmp_path}/vsite:/tmp/site:{ROOT} python3 bench/vllm_baseline.py {data}"}
 
 
 def steps(run: subprocess.CompletedProcess) -> list[str]:
@@ -48,20 +55,22 @@ def test_without_vllms_wheels_installed_or_qwens_chunks_joined_nothing_runs(tmp_
 def test_greedy_runs_ours_then_vllm_at_batch_64_then_256_on_the_same_512_problems(tmp_path: Path) -> None:
     run = lease(tmp_path, "greedy")
     res = tmp_path / "res"
+    ours, vllm = commands(tmp_path, "llama-3.2-1b-random").values()
     assert run.returncode == 0 and steps(run) == [
-        f"ours --batch-size 64 --limit 512 --schemes greedy --out {res}/ours_llama_3_2_1b_random_greedy_64.md",
-        f"vllm --batch-size 64 --limit 512 --schemes greedy --out {res}/vllm_llama_3_2_1b_random_greedy_64.md",
-        f"ours --batch-size 256 --limit 512 --schemes greedy --out {res}/ours_llama_3_2_1b_random_greedy_256.md",
-        f"vllm --batch-size 256 --limit 512 --schemes greedy --out {res}/vllm_llama_3_2_1b_random_greedy_256.md",
+        f"{ours} --batch-size 64 --limit 512 --schemes greedy --out {res}/ours_llama_3_2_1b_random_greedy_64.md",
+        f"{vllm} --batch-size 64 --limit 512 --schemes greedy --out {res}/vllm_llama_3_2_1b_random_greedy_64.md",
+        f"{ours} --batch-size 256 --limit 512 --schemes greedy --out {res}/ours_llama_3_2_1b_random_greedy_256.md",
+        f"{vllm} --batch-size 256 --limit 512 --schemes greedy --out {res}/vllm_llama_3_2_1b_random_greedy_256.md",
     ]
 
 
 def test_beam_cot_on_qwen_reads_the_joined_chunks_through_a_config_our_loader_accepts(tmp_path: Path) -> None:
     run = lease(tmp_path, "beam-cot", "qwen")
     res = tmp_path / "res"
+    ours, vllm = commands(tmp_path, f"{res}/qwen.yaml").values()
     assert run.returncode == 0 and steps(run) == [
-        f"ours --batch-size 64 --limit 128 --schemes beam,cot --out {res}/ours_qwen_beam_cot_64.md",
-        f"vllm --batch-size 64 --limit 128 --schemes beam,cot --out {res}/vllm_qwen_beam_cot_64.md",
+        f"{ours} --batch-size 64 --limit 128 --schemes beam,cot --out {res}/ours_qwen_beam_cot_64.md",
+        f"{vllm} --batch-size 64 --limit 128 --schemes beam,cot --out {res}/vllm_qwen_beam_cot_64.md",
     ]
     config = ModelConfig.model_validate(read_yaml(res / "qwen.yaml"))
     assert config.gguf_chunks.packages is None and config.gguf_chunks.files == f"{tmp_path}/qwen/part*.bin"
