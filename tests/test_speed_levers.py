@@ -1,7 +1,7 @@
 """`clozemath.model.speed` on a CPU: fused q/k/v and gate/up products give tiny random Llama and Qwen2 models the
 tokens of the plain model (float32) in greedy decoding, beam search and CoT-decoding, on both engines the CPU runs
 (the eager loop, and the graph engine's steps run eagerly), with causal and PrefixLM prompts; liger's kernels are
-refused off a GPU (their GPU test: tests/test_decode_gpu.py)."""
+refused off a GPU when asked for, left out there by default (their GPU test: tests/test_decode_gpu.py)."""
 
 from __future__ import annotations
 
@@ -132,6 +132,24 @@ def test_liger_kernels_are_refused_off_a_gpu_before_anything_changes(tokenizer):
     with pytest.raises(ClozeMathError, match=r"^liger kernels need a GPU .* the model is on cpu$"):
         apply_levers(model, SpeedLevers(fused_projections=True, liger_kernels=True))
     assert isinstance(model.model.layers[0].self_attn.q_proj, torch.nn.Linear)
+
+
+def test_inference_gets_liger_where_it_can_run_and_the_plain_model_elsewhere(monkeypatch):
+    """The default a loaded model gets: liger's kernels on a CUDA device with liger-kernel installed (the measured
+    winner), transformers' modules on a CPU or without liger-kernel; never the fused products (measured no gain)."""
+    found = {"liger_kernel": object()}
+    monkeypatch.setattr(speed.importlib.util, "find_spec", lambda name: found.get(name))
+    assert speed.inference_levers(torch.device("cuda", 0)) == SpeedLevers(liger_kernels=True)
+    assert speed.inference_levers(torch.device("cpu")) == PLAIN
+    found.clear()
+    assert speed.inference_levers(torch.device("cuda", 0)) == PLAIN
+
+
+def test_a_model_loaded_for_inference_on_a_cpu_is_left_as_transformers_made_it(tokenizer):
+    model = tiny("llama", tokenizer)
+    before = {name: type(module) for name, module in model.named_modules()}
+    assert apply_levers(model) is model
+    assert {name: type(module) for name, module in model.named_modules()} == before
 
 
 def test_the_rotary_function_is_swapped_in_one_instance_only(tokenizer):

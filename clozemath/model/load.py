@@ -37,7 +37,7 @@ from clozemath.errors import ClozeMathError
 from clozemath.files import write_text_atomic
 from clozemath.model.chunks import joined_gguf
 from clozemath.model.gguf_cache import load_gguf_model, load_gguf_tokenizer
-from clozemath.model.speed import INFERENCE_LEVERS, PLAIN, SpeedLevers, apply_levers
+from clozemath.model.speed import PLAIN, SpeedLevers, apply_levers
 
 PACKAGE_PREFIX = "package:"
 SPECIALS_FILE = "special_tokens.json"
@@ -345,10 +345,11 @@ class Loaded:
 
 def load_model(
     cfg: ModelConfig, num_sentinels: int, device: torch.device | str = "cpu", training: bool = True, seed: int = 0,
-    levers: SpeedLevers = INFERENCE_LEVERS,
+    levers: SpeedLevers | None = None,
 ) -> Loaded:
     """Tokenizer with the special tokens installed, base model fitted to it, LoRA on top when `training` (initialised
-    from `seed`: the training seed); not training, `levers` applied (`clozemath.model.speed`)."""
+    from `seed`: the training seed); not training, `levers` applied (`clozemath.model.speed`; None: inference's
+    where they can run)."""
     tokenizer = load_tokenizer(cfg)
     specials = install_special_tokens(tokenizer, num_sentinels, cfg.eos_token)
     dtype = compute_dtype(cfg, device)
@@ -394,7 +395,7 @@ def _saved_specials(folder: Path) -> dict[str, Any]:
 
 def load_for_inference(
     cfg: ModelConfig, adapter_folder: str | Path, device: torch.device | str = "cpu",
-    levers: SpeedLevers = INFERENCE_LEVERS,
+    levers: SpeedLevers | None = None,
 ) -> Loaded:
     """Base model + a saved adapter, LoRA and special-token rows merged into the weights, in eval mode, `levers`
     applied after the merge."""
@@ -405,7 +406,7 @@ def load_for_inference(
 
 
 def trained_for_inference(
-    cfg: ModelConfig, trained: Loaded, adapter_folder: str | Path, levers: SpeedLevers = INFERENCE_LEVERS
+    cfg: ModelConfig, trained: Loaded, adapter_folder: str | Path, levers: SpeedLevers | None = None
 ) -> Loaded:
     """The model a worker trained (`load_model(training=True)`) made what `load_for_inference` loads from the adapter
     it saved, without loading the base model again: LoRA and the trainable token rows taken off (the base weights
@@ -418,7 +419,7 @@ def trained_for_inference(
                    Path(adapter_folder), levers)
 
 
-def _merged(cfg: ModelConfig, loaded: Loaded, folder: Path, levers: SpeedLevers) -> Loaded:
+def _merged(cfg: ModelConfig, loaded: Loaded, folder: Path, levers: SpeedLevers | None) -> Loaded:
     """A base model loaded for inference, the adapter saved in `folder` merged into its weights, in eval mode, then
     `levers` applied (the merge needs transformers' modules as they are: LoRA's targets by name)."""
     saved = _saved_specials(folder)
