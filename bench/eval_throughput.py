@@ -38,6 +38,7 @@ share with the same text; CoT, the share whose k branches all have identical tok
 `--levers off,fused,liger,both` runs ours once per speed lever of a model loaded for inference (`clozemath.model.speed`:
 fused q/k/v and gate/up products, liger-kernel's kernels), in this process, on copies of the loaded model (all held at
 once: an auto batch is sized with them in memory); each lever's row gives its tokens' agreement with the first's.
+Without it ours runs as `clozemath` decodes (`default`: liger's kernels on a GPU with liger-kernel, none on a CPU).
 
 Needs torch, transformers, peft, tokenizers and this repository only.
 """
@@ -79,7 +80,7 @@ from clozemath.eval.evaluate import Prompting, build_prompts, stop_strings  # no
 from clozemath.errors import ClozeMathError  # noqa: E402
 from clozemath.files import write_text_atomic  # noqa: E402
 from clozemath.model.load import load_model  # noqa: E402
-from clozemath.model.speed import PLAIN, SpeedLevers, apply_levers  # noqa: E402
+from clozemath.model.speed import PLAIN, SpeedLevers, apply_levers, inference_levers  # noqa: E402
 from clozemath.safe_yaml import read_yaml  # noqa: E402
 from clozemath.tasks import answer_span, get_task  # noqa: E402
 from clozemath.train.flops import card_value  # noqa: E402
@@ -88,13 +89,17 @@ SCHEMES = ("greedy", "beam", "cot")
 """The decodings this bench has a reference for (`generate`, greedy or beam; CoT over it): a subset of the registry's
 (`decoding_names()`), not its list."""
 SIDES = ("ours", "eager", "generate", "generate-static")
+DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 LEVERS = {
+    "default": inference_levers(DEVICE),
     "off": PLAIN,
     "fused": SpeedLevers(fused_projections=True),
     "liger": SpeedLevers(liger_kernels=True),
     "both": SpeedLevers(fused_projections=True, liger_kernels=True),
 }
-"""`--levers`: the speed levers of a model loaded for inference (`clozemath.model.speed`) ours runs with."""
+"""`--levers`: the speed levers of a model loaded for inference (`clozemath.model.speed`) ours runs with; `default`:
+what `clozemath` gives a model it loads for inference on this machine's device (liger's kernels on a GPU with
+liger-kernel installed, none on a CPU)."""
 DEFAULT_PROBLEMS = 512
 
 
@@ -336,7 +341,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--schemes", default=",".join(SCHEMES), help="comma-separated (default: %(default)s)")
     parser.add_argument("--sides", default=",".join(SIDES),
                         help="comma-separated, ours always among them (default: %(default)s)")
-    parser.add_argument("--levers", default="off",
+    parser.add_argument("--levers", default="default",
                         help=f"comma-separated, of {', '.join(LEVERS)}: ours once with each (the first: the reference "
                         "of the other rows and of every other side), each lever's model a copy of the loaded one with "
                         "its levers applied, all in memory at once (default: %(default)s)")
@@ -553,7 +558,7 @@ def lever_models(model, levers: Sequence[str]) -> dict[str, Any]:
 
 def run(argv: list[str]) -> int:
     args = parse_args(argv)
-    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = DEVICE
     cfg = model_config(args.model).model_copy(update={"dtype": args.dtype, "attn_implementation": args.attn})
     if args.path:
         cfg = cfg.model_copy(update={"path": args.path})
