@@ -32,9 +32,12 @@ def gpu_model(dtype: str) -> ModelConfig:
 
 
 def load(dtype: str):
+    """The model as transformers makes it (no speed levers): the engines' tests compare engines, and the levers' tests
+    apply each lever to a copy of it."""
     from clozemath.model.load import load_model
+    from clozemath.model.speed import PLAIN
 
-    return load_model(gpu_model(dtype), 0, torch.device("cuda"), training=False)
+    return load_model(gpu_model(dtype), 0, torch.device("cuda"), training=False, levers=PLAIN)
 
 
 @pytest.fixture(scope="module")
@@ -257,6 +260,21 @@ def lever_model(loaded32, lever: str):
 
     levers = SpeedLevers(fused_projections=lever in ("fused", "both"), liger_kernels=lever in ("liger", "both"))
     return apply_levers(copy.deepcopy(loaded32.model), levers)
+
+
+def test_a_model_loaded_for_inference_on_the_gpu_gets_ligers_kernels(loaded32):
+    """What clozemath gives a model it loads for inference on a GPU with liger-kernel (`inference_levers`): liger's
+    norm, rotary and SwiGLU forwards on every layer of this instance, no fused products."""
+    import copy
+
+    pytest.importorskip("liger_kernel")
+    from clozemath.model.speed import apply_levers
+
+    model = apply_levers(copy.deepcopy(loaded32.model))
+    layers = model.model.layers
+    assert all("forward" in vars(layer.self_attn) and "forward" in vars(layer.mlp) for layer in layers)
+    assert all(hasattr(layer.self_attn, "q_proj") for layer in layers)  # not fused
+    assert not any("forward" in vars(layer.self_attn) for layer in loaded32.model.model.layers)  # the copy only
 
 
 @pytest.fixture(scope="module", params=LEVERS)
