@@ -54,3 +54,24 @@ def test_each_model_and_batch_runs_every_lever_in_one_process_most_wanted_first(
     assert config.name == "qwen2.5-coder-1.5b-instruct" and config.gguf_chunks.size == 1117320768
     script = (ROOT / "lease" / "decode_levers.sh").read_text()
     assert '--levers "$LEVERS"' in script and "LEVERS=${LEVERS:-off,fused,liger,both}" in script
+
+
+def test_the_profile_lease_runs_qwen_as_clozemath_decodes_on_all_of_gsm8k_then_beam_and_cot(tmp_path: Path) -> None:
+    """`lease/decode_profile.sh` (DRY_RUN): the default levers (no `--levers`: what clozemath gives a model it loads
+    for inference), all 1,319 test problems greedy at the auto batch, then beam and CoT; every step profiled."""
+    for folder in ("qwen", "out", "data/gsm8k"):
+        (tmp_path / folder).mkdir(parents=True, exist_ok=True)
+    (tmp_path / "qwen" / "part1.bin").write_bytes(b"")
+    (tmp_path / "data" / "gsm8k" / "test.jsonl").write_text("")
+    env = {**os.environ, "DRY_RUN": "1", "QWEN_CHUNKS": str(tmp_path / "qwen"), "DATA": str(tmp_path / "data"),
+           "OUT": str(tmp_path / "out")}
+    run = subprocess.run(["bash", "lease/decode_profile.sh"], cwd=ROOT, env=env, capture_output=True, text=True)
+    out = tmp_path / "out"
+    ours = (f"env PYTHONPATH=/tmp/site:{ROOT} python3 bench/eval_throughput.py --model {out}/qwen.yaml"
+            f" --data {tmp_path}/data/gsm8k --sides ours --profile {out}/profiles")
+    steps = [line.split(": ", 1)[1] for line in run.stdout.splitlines() if line.startswith("=== ")]
+    assert run.returncode == 0 and steps == [
+        f"{ours} --batch-size auto --limit 1319 --schemes greedy --out {out}/qwen_greedy_1319.md",
+        f"{ours} --batch-size 64 --limit 128 --schemes beam,cot --out {out}/qwen_beam_cot_64.md",
+    ]
+    assert ModelConfig.model_validate(read_yaml(out / "qwen.yaml")).gguf_chunks.files == f"{tmp_path}/qwen/part*.bin"
