@@ -513,3 +513,24 @@ def test_a_trial_failing_after_the_driver_killed_its_run_leaves_it_killed(tmp_pa
     with pytest.raises(RuntimeError), tracking.reopen_run(config.uri, run.run_id).ended_on_exit():
         raise RuntimeError("a failure of its own, once resumed")
     assert run.status() == "FAILED"
+
+
+def test_a_trial_of_an_earlier_driver_ending_after_the_next_one_reopened_its_run_leaves_it_running(
+    tmp_path: Path
+) -> None:
+    """A process of an interrupted driver that outlives it (its trial still unwinding) must not end the run the next
+    driver has reopened and logs into, whichever way it ends; each opening ends it only while it is the latest."""
+    config = tracking_of(tmp_path)
+    first = tracking.start_run(config, "trial", tags={"role": "trial", "trial": "t"})
+    with pytest.raises(RuntimeError), first.ended_on_exit():
+        first.end(status="KILLED")  # the first driver, interrupted
+        second = tracking.reopen_run(config.uri, first.run_id)  # the next driver, resuming the grid
+        raise RuntimeError("the first driver's Train run dies late")
+    first.end(succeeded=True)
+    assert second.status() == "RUNNING"
+    third = tracking.reopen_run(config.uri, first.run_id)
+    second.end(status="KILLED")
+    assert third.status() == "RUNNING"
+    third.end(succeeded=True)
+    assert first.status() == "FINISHED"
+    assert tracking.client(config.uri).get_run(first.run_id).data.tags[records.OPENING_TAG] == "3"
