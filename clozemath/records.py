@@ -495,6 +495,9 @@ EXPERIMENT_KIND_TAG, MODEL_TRAINING = "mlflow.experimentKind", "custom_model_dev
 model-training experiments, whose page is the runs table."""
 ROLE_TAG = "role"
 GRID_ROLE, TRIAL_ROLE = "grid", "trial"
+OPENING_TAG = "opening"
+"""How many times a run has been opened: absent when started (1), bumped by each driver that reopens it to log on
+(`tracking.reopen_run`); a process of an earlier opening no longer ends it."""
 GRID_TAG, GRID_KEY_TAG, TRIAL_TAG = "grid", "grid_key", "trial"
 MODEL_TAG, METHOD_TAG, TRAIN_SET_TAG, SEED_TAG = "model", "method", "train_set", "seed"
 ABLATION_TAG, LR_TAG, HEADLINE_TAG = "ablation", "lr", "accuracy_of"

@@ -42,6 +42,7 @@ from clozemath.records import (
     MODEL_TRAINING,
     NOTE_TAG,
     GRID_TAG,
+    OPENING_TAG,
     PARENT_TAG,
     REPORT_DIR,
     ROLE_TAG,
@@ -474,6 +475,9 @@ class TrackedRun:
 
     uri: str
     run_id: str
+    opening: int | None = None
+    """The opening of the run this handle was made by (`start_run`: 1, `reopen_run`: the next); it ends the run only
+    while that is the run's latest (`OPENING_TAG`). None: whichever (a grid's driver ending its trials' runs)."""
 
     def log_params(self, params: Mapping[str, Any]) -> None:
         from mlflow.entities import Param
@@ -517,12 +521,20 @@ class TrackedRun:
         answered(self.uri, lambda: client(self.uri).log_text(self.run_id, text, artifact_file))
 
     def end(self, succeeded: bool = True, status: str | None = None) -> None:
-        """End the run FINISHED or FAILED (`succeeded`), or with the given `status` (KILLED: interrupted)."""
+        """End the run FINISHED or FAILED (`succeeded`), or with the given `status` (KILLED: interrupted); not if
+        another driver has reopened it since this handle's opening: a trial of an interrupted driver still ending
+        (a Ray process outliving it) would end the run the next driver logs into. (A reopening between the check and
+        the write is not excluded: MLflow has no conditional write; a driver reopens a run seconds after it starts.)"""
+        if self.opening is not None and self.opening != _opening(self._run()):
+            return
         final = status or ("FINISHED" if succeeded else "FAILED")
         answered(self.uri, lambda: client(self.uri).set_terminated(self.run_id, status=final))
 
+    def _run(self) -> Run:
+        return answered(self.uri, lambda: client(self.uri).get_run(self.run_id))
+
     def status(self) -> str:
-        return answered(self.uri, lambda: client(self.uri).get_run(self.run_id)).info.status
+        return self._run().info.status
 
     @contextmanager
     def ended_on_exit(self) -> Iterator[TrackedRun]:
@@ -546,15 +558,24 @@ def start_run(
         all_tags[PARENT_TAG] = parent_run_id
     experiment = experiment_id(tracking)
     run = answered(tracking.uri, lambda: client(tracking.uri).create_run(experiment, tags=all_tags, run_name=name))
-    return TrackedRun(resolved_uri(tracking.uri), run.info.run_id)
+    return TrackedRun(resolved_uri(tracking.uri), run.info.run_id, opening=1)
 
 
 def reopen_run(uri: str, run_id: str) -> TrackedRun:
-    """Mark a run running again (a trial resumed after its driver died logs on into the run it had)."""
+    """Mark a run running again (a trial resumed after its driver died logs on into the run it had), as its next
+    opening (`OPENING_TAG`, bumped first): the handles of earlier openings no longer end it."""
     from mlflow.entities import RunStatus
 
-    answered(uri, lambda: client(uri).update_run(run_id, status=RunStatus.to_string(RunStatus.RUNNING)))
-    return TrackedRun(resolved_uri(uri), run_id)
+    mlflow = client(uri)
+    opening = _opening(answered(uri, lambda: mlflow.get_run(run_id))) + 1
+    answered(uri, lambda: mlflow.set_tag(run_id, OPENING_TAG, str(opening)))
+    answered(uri, lambda: mlflow.update_run(run_id, status=RunStatus.to_string(RunStatus.RUNNING)))
+    return TrackedRun(resolved_uri(uri), run_id, opening)
+
+
+def _opening(run: Run) -> int:
+    """The run's latest opening: 1 until a driver reopens it."""
+    return int(run.data.tags.get(OPENING_TAG, "1"))
 
 
 def find_runs(tracking: TrackingConfig, tags: Mapping[str, str]) -> list[Run]:
