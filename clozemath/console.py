@@ -1,8 +1,9 @@
-"""The console a person watches: a line when a phase starts, a progress bar per training run and per evaluation set,
-our warnings (once), and a closing summary. What the libraries print goes to log files instead (`quiet_console`).
+"""The console a person watches: a line when a phase starts, a progress bar per training run and per evaluation set
+(with what its work does between moves: `status`), our warnings (once), and a closing summary. What the libraries
+print goes to log files instead (`quiet_console`).
 
-Any process may call `phase`, `progress` and `warn`. The process that owns the console draws at once; a Ray worker
-of a job whose driver routes its output (the driver sets `EVENTS_ENV_VAR` for the job) prints the event as one
+Any process may call `phase`, `progress`, `status` and `warn`. The process that owns the console draws at once; a Ray
+worker of a job whose driver routes its output (the driver sets `EVENTS_ENV_VAR` for the job) prints the event as one
 marked line, which Ray forwards to the driver, whose router hands it to `replay`.
 """
 
@@ -31,15 +32,27 @@ SPARSE_EVERY_S = 30.0
 """... and when it moved and this long has passed since its last line (a tenth of a long run takes minutes)."""
 WORKER_MOVE_EVERY_S = 0.5
 """A Ray worker sends a bar's move within a percent of its last one sent no sooner than this after it."""
+STATUS_EVERY_S = 10.0
+"""A bar's status (`status`: a batch decoding between two predictions) reaches the console at most this often: a
+sign of life at least this often while the bar itself stands still (a batch of generations that all loop to
+`max_new_tokens` moves it once in minutes on a CPU)."""
 
 
 @dataclass
 class _Bar:
     started: float
     first_done: int
+    label: str = ""
+    done: int = 0
+    total: int = 0
+    stats: tuple[str, ...] = ()
+    rate_unit: str | None = None
+    status: str | None = None
+    """What its work does now (`status`), shown after its numbers until the next one."""
     printed_step: int = -1
     printed_at: float = 0.0
     printed_done: int = -1
+    printed_status: str | None = None
 
 
 def _duration(seconds: float) -> str:
@@ -98,8 +111,23 @@ class Console:
         bar = self.bars.get(key)
         if bar is None:  # a new bar: its clock starts at its first step
             bar = self.bars[key] = _Bar(now, done)
+        bar.label, bar.done, bar.total, bar.stats, bar.rate_unit = label, done, total, tuple(stats), rate_unit
+        self._draw(key, bar, now)
+
+    def status(self, key: str, text: str, at: float | None = None) -> None:
+        """Show `text` after the numbers of bar `key` (redrawn now) until its next status; `at`: `progress`'s. A bar
+        not drawn, or ended, takes none."""
+        bar = self.bars.get(key)
+        if bar is not None:
+            bar.status = text
+            self._draw(key, bar, time.time() if at is None else at)
+
+    def _draw(self, key: str, bar: _Bar, now: float) -> None:
+        """On a terminal: the bar redrawn in place. Elsewhere: a line at its first step, each tenth, its end, and when
+        it moved (or its status changed) `SPARSE_EVERY_S` after its last line."""
+        done, total = bar.done, bar.total
         finished = done >= total
-        text = self._bar_text(bar, label, done, total, stats, rate_unit, now)
+        text = self._bar_text(bar, now)
         if self.live:
             self.err.write(("\n" if self.drawn not in (None, key) else "\r\x1b[K") + text)
             self.drawn = key
@@ -109,27 +137,29 @@ class Console:
             self.err.flush()
         else:
             step = SPARSE_STEPS if finished else math.floor(SPARSE_STEPS * done / max(total, 1))
-            overdue = done > bar.printed_done and now - bar.printed_at >= SPARSE_EVERY_S
-            if step > bar.printed_step or overdue:
-                bar.printed_step, bar.printed_at, bar.printed_done = max(step, bar.printed_step), now, done
+            moved = done > bar.printed_done or bar.status != bar.printed_status
+            if step > bar.printed_step or (moved and now - bar.printed_at >= SPARSE_EVERY_S):
+                bar.printed_step, bar.printed_at = max(step, bar.printed_step), now
+                bar.printed_done, bar.printed_status = done, bar.status
                 print(text, file=self.err, flush=True)
         if finished:
             del self.bars[key]
 
-    def _bar_text(
-        self, bar: _Bar, label: str, done: int, total: int, stats: Sequence[str], rate_unit: str | None, now: float
-    ) -> str:
+    def _bar_text(self, bar: _Bar, now: float) -> str:
+        done, total = bar.done, bar.total
         share = min(1.0, done / max(total, 1))
         filled = round(BAR_WIDTH * share)
-        parts = [f"{label} {done}/{total} [{'#' * filled}{'.' * (BAR_WIDTH - filled)}] {share:4.0%}", *stats]
+        parts = [f"{bar.label} {done}/{total} [{'#' * filled}{'.' * (BAR_WIDTH - filled)}] {share:4.0%}", *bar.stats]
         elapsed = now - bar.started
         rate = (done - bar.first_done) / elapsed if elapsed > 0 and done > bar.first_done else None
-        if rate is not None and rate_unit is not None:
-            parts.append(f"{rate:.2f} {rate_unit}/s")
+        if rate is not None and bar.rate_unit is not None:
+            parts.append(f"{rate:.2f} {bar.rate_unit}/s")
         if done >= total and done > bar.first_done:
             parts.append(f"in {_duration(elapsed)}")
         elif rate is not None and done < total:
             parts.append(f"ETA {_duration((total - done) / rate)}")
+        if bar.status is not None and done < total:
+            parts.append(f"· {bar.status}")
         return "  ".join(parts)
 
     def _end_drawn(self) -> None:
@@ -175,6 +205,8 @@ def _handle(event: dict[str, Any]) -> None:
             console().warn(event["text"])
         elif kind == "progress":
             console().progress(**event)
+        elif kind == "status":
+            console().status(**event)
 
 
 def phase(text: str, once: bool = False) -> None:
@@ -195,10 +227,21 @@ def progress(
     of `done` per second in this unit). A bar ends when `done` reaches `total`. In a Ray worker a move is sent only
     where it shows (`_Sent.shows`): an evaluation moves its bar once a prediction, hundreds a second on a GPU."""
     now = time.time()
+    if done >= total:
+        _statuses.last.pop(key, None)
     if os.environ.get(EVENTS_ENV_VAR) and _console is None and not _sent.shows(key, done, total, now):
         return
     _emit({"kind": "progress", "key": key, "label": label, "done": done, "total": total, "stats": list(stats),
            "rate_unit": rate_unit, "at": now})
+
+
+def status(key: str, text: str) -> None:
+    """What the work of bar `key` does between its moves (e.g. "greedy decoding 5 problems, token 180/256"), shown
+    after its numbers until the next. Callers may call it at every step: a new text is sent `STATUS_EVERY_S` after the
+    last one of the bar at the soonest (`_Statuses`), in any process."""
+    now = time.time()
+    if _statuses.due(key, text, now):
+        _emit({"kind": "status", "key": key, "text": text, "at": now})
 
 
 class _Sent:
@@ -223,6 +266,25 @@ class _Sent:
 
 
 _sent = _Sent()
+
+
+class _Statuses:
+    """The statuses this process has sent, to send a bar's next one no sooner than `STATUS_EVERY_S` after its last
+    (a GPU makes hundreds of steps a second) and none that says nothing new."""
+
+    def __init__(self) -> None:
+        self.last: dict[str, tuple[str, float]] = {}
+        """A bar's last status sent: its text, when (forgotten when the bar ends)."""
+
+    def due(self, key: str, text: str, now: float) -> bool:
+        sent = self.last.get(key)
+        if sent is not None and (text == sent[0] or now - sent[1] < STATUS_EVERY_S):
+            return False
+        self.last[key] = (text, now)
+        return True
+
+
+_statuses = _Statuses()
 
 
 class _WarningsToConsole(logging.Handler):

@@ -142,6 +142,81 @@ def test_a_worker_sends_a_bars_moves_at_each_new_percent_its_end_and_half_a_seco
     assert len(capsys.readouterr().out.splitlines()) == 3
 
 
+class Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+STATUS = "greedy decoding 5 problems, token 180/256"
+
+
+def test_a_bars_status_is_drawn_after_its_numbers_until_the_next_and_not_on_its_last_line() -> None:
+    """On a terminal the bar is redrawn in place with its status (a batch decoding between two predictions), and
+    keeps it as it moves; its last line, and a bar not drawn, take none."""
+    err = Terminal()
+    drawn = console.Console(Captured(), err)
+    drawn.progress("e", "[x] eval gsm8k", 12, 50, ["accuracy 8.3%"], rate_unit="problems", at=1000.0)
+    drawn.status("e", STATUS, at=1012.0)
+    drawn.status("other", "beam decoding 1 problem, token 3/256", at=1012.0)
+    redraws = err.getvalue().split("\r\x1b[K")
+    assert redraws[-1] == f"[x] eval gsm8k 12/50 [#####...............]  24%  accuracy 8.3%  · {STATUS}"
+    drawn.progress("e", "[x] eval gsm8k", 13, 50, ["accuracy 7.7%"], rate_unit="problems", at=1020.0)
+    assert err.getvalue().split("\r\x1b[K")[-1].endswith(f"0.05 problems/s  ETA 12:20  · {STATUS}")  # 1 in 20 s
+    drawn.progress("e", "[x] eval gsm8k", 50, 50, ["accuracy 10.0%"], rate_unit="problems", at=1100.0)
+    last = err.getvalue().split("\r\x1b[K")[-1]
+    assert last.endswith("in 1:40\n") and "·" not in last and err.getvalue().count("\n") == 1  # redrawn in place
+
+
+def test_off_a_terminal_a_status_is_a_line_only_half_a_minute_after_the_bars_last(plain_console) -> None:
+    _, err = plain_console
+    drawn = console.console()
+    drawn.progress("e", "[x] eval gsm8k", 0, 50, ["accuracy -"], rate_unit="problems", at=1000.0)
+    for second in range(10, 70, 10):  # a status every 10 s, each a token count further
+        drawn.status("e", f"greedy decoding 16 problems, token {second}/256", at=1000.0 + second)
+    lines = err.getvalue().splitlines()
+    assert [line.rsplit("token ", 1)[-1] if "·" in line else "-" for line in lines] == ["-", "30/256", "60/256"]
+
+
+def test_a_status_reaches_the_console_at_most_every_ten_seconds_a_bar_and_only_when_new(plain_console,
+                                                                                      monkeypatch) -> None:
+    """The decoders report at every look (every step of a CPU, hundreds a second on a GPU): the console hears a bar's
+    status when it says something new and ten seconds have passed since its last; a bar that ends forgets it."""
+    _, err = plain_console
+    monkeypatch.setattr(console, "_statuses", console._Statuses())
+    drawn = []
+    monkeypatch.setattr(console.console(), "status", lambda key, text, at: drawn.append((key, text, at)))
+    now = [1000.0]
+    monkeypatch.setattr(console.time, "time", lambda: now[0])
+    for step in range(3001):  # 30 s of steps, 10 ms apart
+        now[0] = 1000.0 + step / 100
+        console.status("e", f"greedy decoding 3 problems, token {step}/4000")
+        console.status("f", "beam decoding 1 problem, token 7/256")  # the same text all along
+    assert [(key, text.rsplit(" ", 1)[-1]) for key, text, _ in drawn] == [
+        ("e", "0/4000"), ("f", "7/256"), ("e", "1000/4000"), ("e", "2000/4000"), ("e", "3000/4000")
+    ]
+    assert [at for key, _, at in drawn if key == "e"] == pytest.approx([1000.0, 1010.0, 1020.0, 1030.0])
+    console.progress("e", "[x] eval gsm8k", 50, 50)  # the bar ends: the next one's first status comes at once
+    console.status("e", "greedy decoding 2 problems, token 1/256")
+    assert drawn[-1][1] == "greedy decoding 2 problems, token 1/256"
+
+
+def test_a_workers_status_is_drawn_on_the_drivers_bar(plain_console, monkeypatch, capsys) -> None:
+    """An evaluation actor (or the training worker) reports where its batch is; the driver draws it on the set's bar
+    that the driver (or the worker) moves."""
+    monkeypatch.setenv(console.EVENTS_ENV_VAR, "1")
+    monkeypatch.setattr(console, "_console", None)
+    monkeypatch.setattr(console, "_statuses", console._Statuses())
+    console.status("e", STATUS)
+    sent = capsys.readouterr().out.splitlines()
+    assert len(sent) == 1 and sent[0].startswith(console.MARKER)
+
+    err = Terminal()
+    monkeypatch.setattr(console, "_console", console.Console(Captured(), err))  # the driver
+    console.progress("e", "[x] eval gsm8k", 0, 50, ["accuracy -"], rate_unit="problems")
+    assert console.replay(f"(Evaluator pid=7) {sent[0]}")
+    assert err.getvalue().endswith(f"[x] eval gsm8k 0/50 [....................]   0%  accuracy -  · {STATUS}")
+
+
 def test_our_logged_warnings_reach_the_console(plain_console) -> None:
     import logging
 

@@ -725,3 +725,52 @@ def test_a_taker_that_raises_is_not_handed_the_same_prompt_again(model, tokenize
         decode(model, tokenizer, MIXED, "greedy", DecodeSettings(
             max_new_tokens=LONG, eos_token_ids=mixed.eos, batch_size=3, engine="static"), on_done=take)
     assert len(handed) == len(set(handed))
+
+
+# --------------------------------------------------------------------------------------------------------------
+# on_progress: where a batch is at each of the host's looks (the evaluation bar's status between predictions)
+
+
+@pytest.mark.usefixtures("frequent_looks")
+@pytest.mark.parametrize(("engine", "looks"), [("eager", range(1, LONG)), ("static", range(4, LONG, 3))])
+def test_greedy_progress_counts_the_prompts_still_running_and_the_tokens_made_at_each_look(model, tokenizer, mixed,
+                                                                                          engine, looks):
+    """One batch of every prompt: the eager engine looks after every token, the static one every 3 steps; at each,
+    the prompts whose row has not yet read its last token (its EOS at index `end`, or its `LONG`-th) are running.
+    The static engine's first look comes before it has read any token: every prompt runs, its first token made.
+    Nothing else changes: the generations are those decode returns without it."""
+    seen = []
+    settings = DecodeSettings(max_new_tokens=LONG, eos_token_ids=mixed.eos, batch_size=len(MIXED), engine=engine)
+    ours = decode(model, tokenizer, MIXED, "greedy", settings, on_progress=seen.append)
+    ends = [LONG if end is None else end + 1 for end in ENDS]  # the tokens a row has made when it ends
+    before_any = [(len(MIXED), 1)] if engine == "static" else []
+    assert [(where.running, where.tokens) for where in seen] == before_any + [
+        (sum(end > tokens for end in ends), tokens) for tokens in looks
+    ]
+    assert {where.max_new_tokens for where in seen} == {LONG}
+    assert ours == decode(model, tokenizer, MIXED, "greedy", settings)
+
+
+@pytest.mark.usefixtures("frequent_looks")
+@pytest.mark.parametrize("engine", ["eager", "static"])
+@pytest.mark.parametrize("scheme", ["cot", "beam"])
+def test_cot_and_beam_progress_counts_the_prompts_not_yet_handed_over(model, tokenizer, mixed, engine, scheme):
+    """One batch of every prompt (CoT: 3 branches each, beam: 2 beams): at each look the furthest has made more
+    tokens than at the last, fewer than `max_new_tokens` (at that many a prompt is done); the prompts running are
+    fewer as they end, and never one already handed to `on_done`. The generations are those decode returns
+    without it."""
+    settings = DecodeSettings(cot_k=3, num_beams=2, max_new_tokens=LONG, eos_token_ids=mixed.eos,
+                              answer_span=last_word, batch_size=len(MIXED), engine=engine)
+    handed: list[int] = []
+    seen: list[tuple[int, int, int]] = []  # (prompts handed over, running, tokens)
+
+    def looked(where):
+        assert where.max_new_tokens == LONG
+        seen.append((len(handed), where.running, where.tokens))
+
+    ours = decode(model, tokenizer, MIXED, scheme, settings, on_done=lambda index, _: handed.append(index),
+                  on_progress=looked)
+    assert len(seen) >= (LONG - 1) // 3
+    assert all(1 <= running <= len(MIXED) - done and 1 <= tokens < LONG for done, running, tokens in seen)
+    assert all(later[1] <= earlier[1] and later[2] > earlier[2] for earlier, later in zip(seen, seen[1:]))
+    assert ours == decode(model, tokenizer, MIXED, scheme, settings)

@@ -5,6 +5,7 @@ it off (`clozemath.eval.folder`, `ray_jobs.train.EvaluatedHere`)."""
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -131,6 +132,20 @@ def test_the_bar_moves_with_each_prediction_once_it_is_on_disk(tmp_path, monkeyp
     problems = eval_problems(config.eval.sets[0])
     whole = evaluate_batch(model.loaded, problems, "greedy", config.eval, model.prompting)
     assert _predictions(folder) == {"gsm8k": [vars(prediction) for prediction in whole]}
+
+
+def test_between_predictions_each_look_of_the_decoder_tells_the_sets_bar_where_its_batch_is(tmp_path, monkeypatch):
+    """The quickstart's stall (every problem of a batch looping to `max_new_tokens` moves the bar only at its end):
+    meanwhile each look of the decoder, greedy's and beam search's, reaches the set's bar as its status
+    (`console.status`, which sends one every 10 s at most)."""
+    config = _config("eval.sets=[{dataset: gsm8k, limit: 3}]", "eval.batch_size=auto")
+    adapter, model = _here(config, tmp_path)
+    statuses = []
+    monkeypatch.setattr(console, "status", lambda key, text: statuses.append((key, text)))
+    eval_folder.evaluate_into_folder(config, adapter, tmp_path / "eval", eval_folder.predict_here(model))
+    assert {key for key, _ in statuses} == {eval_folder.set_bar(config.name, "gsm8k")}
+    looks = [re.fullmatch(r"(greedy|beam) decoding ([1-3]) problems?, token ([1-5])/6", text) for _, text in statuses]
+    assert all(looks) and {look[1] for look in looks} == {"greedy", "beam"}
 
 
 def test_an_evaluation_killed_inside_a_batch_keeps_the_predictions_made_and_makes_only_the_rest(tmp_path,

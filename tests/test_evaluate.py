@@ -188,7 +188,7 @@ def test_cot_decoding_votes_with_marked_answers_unless_told_otherwise(
     ends on a bare number votes only under `eval.cot_vote: any`."""
     seen = {}
 
-    def fake_decode(model, tokenizer, prompts, decoding, settings, on_done=None):
+    def fake_decode(model, tokenizer, prompts, decoding, settings, on_done=None, on_progress=None):
         seen["span"] = settings.answer_span
         return []
 

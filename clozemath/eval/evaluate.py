@@ -27,7 +27,7 @@ from clozemath.tasks import few_shot_prompt, get_task
 if TYPE_CHECKING:  # peft and the decoders take seconds to import: `clozemath score` and a grid's trial do without
     import torch
 
-    from clozemath.eval.decoding import Engine, Generation, PromptAttention
+    from clozemath.eval.decoding import DecodeProgress, Engine, Generation, OnProgress, PromptAttention
     from clozemath.eval.decoding.job import Emit
     from clozemath.model.load import Loaded
 
@@ -128,24 +128,26 @@ def decode_settings(eval_cfg: EvalConfig, dataset: str, prompting: Prompting, en
 
 def decode_prompts(
     loaded: Loaded, prompts: list[Prompt], dataset: str, decoding: str, eval_cfg: EvalConfig, prompting: Prompting,
-    engine: Engine = "auto", on_done: Emit | None = None,
+    engine: Engine = "auto", on_done: Emit | None = None, on_progress: OnProgress | None = None,
 ) -> list[Generation]:
     """Decode prompts of one set with `decoding` as an evaluation does (its stop strings, answer rule, attention);
-    `on_done`: `decode`'s (each prompt's generation as it ends)."""
+    `on_done`, `on_progress`: `decode`'s (each prompt's generation as it ends; where the batch is, at each look)."""
     from clozemath.eval.decoding import decode
 
     settings = decode_settings(eval_cfg, dataset, prompting, engine)
     return decode(loaded.model, loaded.tokenizer, [prompt.ids for prompt in prompts], decoding, settings,
-                  on_done=on_done)
+                  on_done=on_done, on_progress=on_progress)
 
 
 def evaluate_batch(
     loaded: Loaded, problems: Sequence[Problem], decoding: str, eval_cfg: EvalConfig, prompting: Prompting,
     engine: Engine = "auto", on_prediction: Callable[[Prediction], None] | None = None,
+    on_progress: Callable[[str, DecodeProgress], None] | None = None,
 ) -> list[Prediction]:
     """Decode every problem with `decoding` and grade it; one Prediction per problem, in order (`confidence`: the
     winning answer's summed CoT-decoding confidence). `engine`: `decode`'s. `on_prediction`: takes each prediction
-    as soon as its problem's decoding ends (in the order they end), graded then."""
+    as soon as its problem's decoding ends (in the order they end), graded then. `on_progress`: takes the set being
+    decoded and where its batch is (`decode`'s `on_progress`)."""
     predictions: list[Prediction | None] = [None] * len(problems)
 
     def evaluate_set(dataset: str) -> None:
@@ -159,7 +161,8 @@ def evaluate_batch(
             if on_prediction is not None:
                 on_prediction(prediction)
 
-        decode_prompts(loaded, prompts, dataset, decoding, eval_cfg, prompting, engine, on_done=graded)
+        decode_prompts(loaded, prompts, dataset, decoding, eval_cfg, prompting, engine, on_done=graded,
+                       on_progress=None if on_progress is None else partial(on_progress, dataset))
 
     for dataset in dict.fromkeys(problem.dataset for problem in problems):
         evaluate_set(dataset)

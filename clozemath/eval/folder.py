@@ -17,6 +17,7 @@ import os
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field, fields
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -41,7 +42,7 @@ from clozemath.records import (
 )
 
 if TYPE_CHECKING:
-    from clozemath.eval.decoding import Engine
+    from clozemath.eval.decoding import DecodeProgress, Engine
     from clozemath.model.load import Loaded
 
 CALLS_PER_BATCH = 4
@@ -84,9 +85,22 @@ class ReadyModel:
     engine: Engine = "auto"
 
 
+def set_bar(run: str, set_name: str) -> str:
+    """The console's key for the bar of an evaluation set of the run (or `clozemath eval`) named `run`."""
+    return f"{run}/evaluation/{set_name}"
+
+
+def decoding_status(decoding: str, where: DecodeProgress) -> str:
+    """What a set's bar says of a batch decoding between its predictions."""
+    problems = "problem" if where.running == 1 else "problems"
+    return f"{decoding} decoding {where.running} {problems}, token {where.tokens}/{where.max_new_tokens}"
+
+
 def predict_rows(model: ReadyModel, problems: Sequence[Problem], take: Take) -> None:
     """Decode a batch of problems with every decoding of its set and grade them: one row a prediction, each to `take`
-    as soon as its decoding ends (in the order they end), its `SECONDS` the time since the one before."""
+    as soon as its decoding ends (in the order they end), its `SECONDS` the time since the one before. Between
+    predictions, where the decoding is goes to its set's bar as its status (`console.status`, from this process,
+    whichever it is: an actor's, a training worker's or the driver's)."""
     eval_cfg = model.config.eval
     decodings = {set_cfg.dataset: eval_cfg.decodings_of(set_cfg) for set_cfg in eval_cfg.sets}
     last = time.perf_counter()
@@ -98,10 +112,14 @@ def predict_rows(model: ReadyModel, problems: Sequence[Problem], take: Take) -> 
         last = now
         take([row])
 
+    def looked(decoding: str, dataset: str, where: DecodeProgress) -> None:
+        console.status(set_bar(model.config.name, dataset), decoding_status(decoding, where))
+
     for decoding in dict.fromkeys(eval_cfg.decodings):
         chosen = [problem for problem in problems if decoding in decodings[problem.dataset]]
         if chosen:
-            evaluate_batch(model.loaded, chosen, decoding, eval_cfg, model.prompting, model.engine, made)
+            evaluate_batch(model.loaded, chosen, decoding, eval_cfg, model.prompting, model.engine, made,
+                           partial(looked, decoding))
 
 
 def predict_here(model: ReadyModel) -> Predict:
@@ -181,8 +199,8 @@ class _SetProgress:
         done = len(self.predictions)
         unit = "problems" if len(self.decodings) == 1 else "predictions"
         accuracy = f"accuracy {self.correct / done:.1%}" if done else "accuracy -"
-        console.progress(f"{label}/evaluation/{self.name}", f"[{label}] eval {self.name}", done, self.expected,
-                         [accuracy], rate_unit=unit)
+        console.progress(set_bar(label, self.name), f"[{label}] eval {self.name}", done, self.expected, [accuracy],
+                         rate_unit=unit)
 
     def finish(self, folder: Path, earlier: dict[str, float]) -> dict[str, float]:
         """Write the predictions in order (decoding, then problem), drop the partial file; the set's metrics (the

@@ -6,7 +6,7 @@ generation continues causally over it, one token per row per step. A row ends at
 string, or after `max_new_tokens`.
 
 - `run.decode`: the entry point; `settings.DecodeSettings`: how (one object, built from an `EvalConfig` by
-  `DecodeSettings.of`).
+  `DecodeSettings.of`); `job.DecodeProgress`: where a batch is, at the host's looks (`decode(on_progress=...)`).
 - the decodings (`registry`: name -> `job.Decoding`): `rows` (greedy; rows that continue greedily), `cot`
   (CoT-decoding), `beam` (beam search). Adding one: a module and a line in `registry.DECODINGS`.
 - the engines that step the rows: `eager` (transformers' DynamicCache: CPU, and ZeRO-3 during training) and `static`
@@ -30,21 +30,22 @@ if TYPE_CHECKING:
     from clozemath.eval.decoding.batching import (
         AUTO_MAX_ROWS, CPU_BATCH_SIZE, ModelShape, auto_batch_size, bytes_per_prompt,
     )
-    from clozemath.eval.decoding.job import DecodeStats, Decoding, Job
+    from clozemath.eval.decoding.job import DecodeProgress, DecodeStats, Decoding, Job, OnProgress
     from clozemath.eval.decoding.run import SDPA_BACKENDS, decode
     from clozemath.eval.decoding.tokens import FinishReason, Generation
 
 _HEAVY = {
-    "decode": "run", "SDPA_BACKENDS": "run", "DecodeStats": "job", "Decoding": "job", "Job": "job",
-    "Generation": "tokens", "FinishReason": "tokens", "ModelShape": "batching", "auto_batch_size": "batching",
-    "bytes_per_prompt": "batching", "AUTO_MAX_ROWS": "batching", "CPU_BATCH_SIZE": "batching",
+    "decode": "run", "SDPA_BACKENDS": "run", "DecodeProgress": "job", "DecodeStats": "job", "Decoding": "job",
+    "Job": "job", "OnProgress": "job", "Generation": "tokens", "FinishReason": "tokens", "ModelShape": "batching",
+    "auto_batch_size": "batching", "bytes_per_prompt": "batching", "AUTO_MAX_ROWS": "batching",
+    "CPU_BATCH_SIZE": "batching",
 }
 """The names that need torch and transformers -> their module, imported at first use."""
 
 __all__ = [
-    "AUTO_MAX_ROWS", "CPU_BATCH_SIZE", "SDPA_BACKENDS", "AnswerSpan", "DecodeSettings", "DecodeStats", "Decoding",
-    "Engine", "FinishReason", "Generation", "Job", "ModelShape", "PromptAttention", "auto_batch_size",
-    "bytes_per_prompt", "decode", "decoding_names", "get_decoding", "register",
+    "AUTO_MAX_ROWS", "CPU_BATCH_SIZE", "SDPA_BACKENDS", "AnswerSpan", "DecodeProgress", "DecodeSettings", "DecodeStats",
+    "Decoding", "Engine", "FinishReason", "Generation", "Job", "ModelShape", "OnProgress", "PromptAttention",
+    "auto_batch_size", "bytes_per_prompt", "decode", "decoding_names", "get_decoding", "register",
 ]
 
 

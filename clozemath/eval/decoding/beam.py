@@ -52,7 +52,7 @@ def _search(batch: KVBatch | StaticBatch, logits: torch.Tensor, job: Job) -> lis
     best `num_beams` of the others run on. An item is done when `num_beams` hypotheses are finished and, unless
     `early_stopping` is True, its best running beam can no longer beat the worst of them. A done item's hypotheses
     stay as they are; the host looks for done items every `batch.sync_every` steps (every step with stop strings,
-    which it checks on the decoded text) and an eager batch drops them.
+    which it checks on the decoded text), an eager batch drops them, and the items left go to `job.looked`.
     """
     stops, max_new = job.stops, job.stops.max_new_tokens
     beams = _Beams(logits.shape[0], logits.device, job)
@@ -70,6 +70,7 @@ def _search(batch: KVBatch | StaticBatch, logits: torch.Tensor, job: Job) -> lis
         beams.collect(done_list)
         if all(done_list):
             break
+        job.looked(done_list.count(False), t + 1)
         if not batch.drops_rows:
             batch.take(rows)
             continue

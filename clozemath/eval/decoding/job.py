@@ -1,5 +1,5 @@
-"""One `decode` call as a decoding sees it (`Job`: the prompts, what ends a row, the settings, the counters), and what
-a decoding is (`Decoding`: what the registry, `clozemath.eval.decoding.registry`, holds by name)."""
+"""One `decode` call as a decoding sees it (`Job`: the prompts, what ends a row, the settings, the counters, where it
+is), and what a decoding is (`Decoding`: what the registry, `clozemath.eval.decoding.registry`, holds by name)."""
 
 from __future__ import annotations
 
@@ -19,6 +19,23 @@ RunEngine = Literal["eager", "static", "graphs"]
 """An engine a batch runs on (`settings.Engine` less "auto", which `decode` resolves)."""
 Emit = Callable[[int, Generation], None]
 """Takes a prompt's generation (by the prompt's index) once it is done."""
+
+
+@dataclass(frozen=True)
+class DecodeProgress:
+    """Where a batch's decoding is at one of the host's looks at its tokens: what shows that a batch whose prompts
+    all run to `max_new_tokens` (minutes on a CPU) is alive before any of them is done."""
+
+    running: int
+    """Prompts of the batch still decoding."""
+    tokens: int
+    """Tokens the furthest of them has made (its first included): it ends by `max_new_tokens`."""
+    max_new_tokens: int
+
+
+OnProgress = Callable[[DecodeProgress], None]
+"""Takes a `DecodeProgress` at each look of the host (every step of the eager engine, every `sync_every` of the static
+ones): it reads what the host holds anyway, never the device."""
 
 
 @dataclass
@@ -51,6 +68,12 @@ class Job:
     slots: int
     """Static cache positions a row (`static.slots_for` the longest prompt): one for every batch of the call, so that
     the compiled attention and the graphs keep one shape."""
+    on_progress: OnProgress | None = None
+
+    def looked(self, running: int, tokens: int) -> None:
+        """At a look of the host: `running` prompts still decoding, the furthest `tokens` in (to `on_progress`)."""
+        if self.on_progress is not None and running:
+            self.on_progress(DecodeProgress(running, tokens, self.stops.max_new_tokens))
 
     @property
     def backend(self) -> Any:

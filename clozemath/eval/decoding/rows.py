@@ -58,12 +58,15 @@ class RowDecoding(Decoding):
     ) -> None:
         """`batch` holds the rows of prompts `indices` `copies` times each, copies adjacent; `logits` are the prompts'
         [prompts, vocab]. The host reads each step's tokens: a prompt whose rows have all ended goes to `emit` then,
-        and finished rows leave the batch once they are `_COMPACT_SHARE` of it."""
+        finished rows leave the batch once they are `_COMPACT_SHARE` of it, and where the rest are goes to
+        `job.looked`."""
         stops = job.stops
         tokens, margins = self.first(logits, job)
         rows = self.rows(len(indices), job)
         slots = list(range(len(rows)))  # batch row -> row
+        made = 0  # tokens each live row has made
         while True:
+            made += 1
             token_list = tokens.tolist()
             margin_list = margins.tolist() if margins is not None else None
             ended = []  # rows that end at this step
@@ -77,6 +80,7 @@ class RowDecoding(Decoding):
             live = [slot for slot, row_index in enumerate(slots) if rows[row_index].finish_reason is None]
             if not live:
                 break
+            job.looked(len({slots[slot] // job.copies for slot in live}), made)
             if len(slots) - len(live) >= _COMPACT_SHARE * len(slots):
                 index = torch.tensor(live, device=tokens.device)
                 batch.take(index)
@@ -104,11 +108,11 @@ class _Refilling:
     graph).
 
     Every `sync_every` steps (fewer where every prompt's rows reach `max_new_tokens` sooner) the host reads the new
-    tokens: each prompt whose rows have all ended goes to `emit`, and the next waiting prompts take its rows, their
-    prompt pass batched and moved into those rows (`StaticBatch.place`). A prompt's rows compute what they would in
-    any other batch: rows never see each other, and a refilled row's mask hides its former occupant (only the
-    rounding may differ, as between any two batch shapes). The text of ended prompts is decoded while the device runs
-    the next steps.
+    tokens: each prompt whose rows have all ended goes to `emit`, the next waiting prompts take its rows, their
+    prompt pass batched and moved into those rows (`StaticBatch.place`), and where the batch is goes to `job.looked`.
+    A prompt's rows compute what they would in any other batch: rows never see each other, and a refilled row's mask
+    hides its former occupant (only the rounding may differ, as between any two batch shapes). The text of ended
+    prompts is decoded while the device runs the next steps.
     """
 
     def __init__(self, decoding: RowDecoding, job: Job, order: Sequence[int], size: int, graphs: bool, emit: Emit):
@@ -129,12 +133,14 @@ class _Refilling:
         assert batch is not None
         try:
             while live := [unit for unit in range(self.units) if self.occupant[unit] is not None]:
+                furthest = max(self.produced[unit] for unit in live)
                 steps = min(batch.sync_every, max(job.stops.max_new_tokens - self.produced[unit] for unit in live))
                 assert steps or self.fresh, "a row that made max_new_tokens has ended"
                 batch.advance(steps)
                 job.stats.steps += steps
                 job.stats.row_steps += steps * self.units * job.copies
                 self._emit_ended()  # the host's text work while the device runs the steps
+                job.looked(len(live), furthest)  # where the last look left the batch
                 self._fill(self._look(batch, live, steps))
         finally:  # out of memory at a refill: the prompts that have ended are done
             self._emit_ended()

@@ -14,7 +14,7 @@ from transformers import PreTrainedTokenizerBase
 
 from clozemath.errors import ClozeMathError
 from clozemath.eval.decoding.batching import batch_size, longest_first
-from clozemath.eval.decoding.job import DecodeStats, Decoding, Emit, Job, RunEngine
+from clozemath.eval.decoding.job import DecodeStats, Decoding, Emit, Job, OnProgress, RunEngine
 from clozemath.eval.decoding.registry import get_decoding
 from clozemath.eval.decoding.settings import ENGINES, DecodeSettings
 from clozemath.eval.decoding.static import sliding_window, slots_for
@@ -39,6 +39,7 @@ def decode(
     *,
     stats: DecodeStats | None = None,
     on_done: Emit | None = None,
+    on_progress: OnProgress | None = None,
 ) -> list[Generation]:
     """Decode every prompt (text, or token ids as they are) with the decoding of that name (`registry`); one
     `Generation` per prompt, in order.
@@ -46,7 +47,8 @@ def decode(
     `model` is a causal LM (transformers or peft, in eval mode); `settings` says how (`DecodeSettings`). `stats`, if
     given, counts the static engines' greedy and CoT steps and refills (`DecodeStats`). `on_done`, if given, takes
     each prompt's generation (by its index) as soon as the engine hands it over, once per prompt, in the order they
-    end: at the host's looks the engine makes anyway (no extra device sync).
+    end: at the host's looks the engine makes anyway (no extra device sync). `on_progress`, if given, takes where the
+    batch is (`DecodeProgress`: prompts still decoding, the furthest one's tokens) at each of those looks.
     """
     scheme = get_decoding(decoding)
     _check(model, tokenizer, scheme, settings)
@@ -62,6 +64,7 @@ def decode(
     job = Job(
         model, tokenizer, encoded, pad_id, stops, settings, stats if stats is not None else DecodeStats(),
         copies=scheme.copies(settings, len(tokenizer)), slots=slots_for(max(map(len, encoded)), stops.max_new_tokens),
+        on_progress=on_progress,
     )
     size = batch_size(settings.batch_size, model, encoded, settings.max_new_tokens, job.copies)
     results: list[Generation | None] = [None] * len(encoded)
