@@ -187,6 +187,39 @@ def test_an_evaluation_killed_inside_a_batch_keeps_the_predictions_made_and_make
     assert [row["id"] for row in _predictions(folder)["gsm8k"]] == problems
 
 
+def test_predictions_made_with_other_gpu_kernels_are_not_taken_up(tmp_path, monkeypatch):
+    """A killed evaluation's predictions are taken up only by one that decodes with the same kernels on a GPU
+    (`INFERENCE_LEVERS`: liger's change bf16 tokens): after a change of them the set starts afresh, never mixed."""
+    from clozemath.model import speed
+
+    config = _config("eval.sets=[{dataset: gsm8k, limit: 4}]", "eval.decodings=[greedy]")
+    adapter, model = _here(config, tmp_path)
+    folder = tmp_path / "eval"
+    graded = evaluate._prediction
+    made = []
+
+    def killed_at_the_third(problem, *args):
+        if len(made) == 2:
+            raise KeyboardInterrupt
+        made.append(problem.id)
+        return graded(problem, *args)
+
+    monkeypatch.setattr(evaluate, "_prediction", killed_at_the_third)
+    with pytest.raises(KeyboardInterrupt):
+        eval_folder.evaluate_into_folder(config, adapter, folder, eval_folder.predict_here(model))
+    monkeypatch.setattr(evaluate, "_prediction", graded)
+    monkeypatch.setattr(speed, "INFERENCE_LEVERS", speed.PLAIN)  # the kernels of the version before
+    decoded = []
+
+    def noted(problems, take):
+        decoded.extend(problem.id for problem in problems)
+        eval_folder.predict_here(model)(problems, take)
+
+    values = eval_folder.evaluate_into_folder(config, adapter, folder, noted)
+    assert len(made) == 2 and decoded == [problem.id for problem in eval_problems(config.eval.sets[0])]
+    assert values["eval/gsm8k/greedy/total"] == 4
+
+
 def test_an_evaluation_killed_in_the_worker_is_taken_up_by_the_actors(ray_session, tmp_path, monkeypatch):
     """Killed after its first batch (gsm8k's 4 problems, both decodings: that set finished), the worker's evaluation
     leaves gsm8k's predictions file whole; the trial's evaluation on the actors decodes only gsm_p1's problems and

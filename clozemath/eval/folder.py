@@ -264,10 +264,15 @@ later evaluation takes them up (a killed one's, a set finished before) only when
 
 
 def _source(config: ExperimentConfig, adapter: Path | None) -> dict[str, object]:
+    """The settings, the adapter's files, and the kernels a model loaded for inference on a GPU decodes with
+    (`INFERENCE_LEVERS`: a change of them changes bf16 tokens, so one set's predictions never mix two)."""
+    from clozemath.model.speed import INFERENCE_LEVERS
+
     settings = {key: value for key, value in flatten(config).items()
                 if not key.startswith(("train.", "tracking.")) and key not in ("name", IN_WORKER)}
     files = [] if adapter is None else sorted(path for path in adapter.rglob("*") if path.is_file())
-    return {"settings": settings, "adapter": None if adapter is None else fingerprint(files)}
+    return {"settings": settings, "adapter": None if adapter is None else fingerprint(files),
+            "gpu_kernels": INFERENCE_LEVERS.describe()}
 
 
 def _read_json(file: Path) -> object:
