@@ -29,4 +29,4 @@ def test_no_lease_script_hands_step_a_shell_function() -> None:
         text = script.read_text()
         functions = set(re.findall(r"^\s*([A-Za-z_][A-Za-z0-9_]*)\(\)\s*\{", text, flags=re.M))
         stepped = re.findall(r"^\s*step\s+\S+\s+\S+\s+(\S+)", text, flags=re.M)
-        assert not functions & set(stepped), f"{script.name}: step runs the shell function(s) {functions & set(stepped)}"
+        assert not functions & set(stepped), f"{script.name}: step runs shell function(s) {functions & set(stepped)}"

@@ -38,8 +38,8 @@ def test_each_model_and_batch_runs_every_lever_in_one_process_most_wanted_first(
     tables = tmp_path / "out" / "tables"
     qwen = tables / "qwen.yaml"
     steps = [line.split(": ", 1)[1] for line in run.stdout.splitlines() if line.startswith("=== ")]
-    ours = (f"env PYTHONPATH=/tmp/site:{ROOT} python3 bench/eval_throughput.py --data {tmp_path}/data/gsm8k --sides ours"
-            " --levers off,fused,liger,both")
+    ours = (f"env PYTHONPATH=/tmp/site:{ROOT} python3 bench/eval_throughput.py --data {tmp_path}/data/gsm8k"
+            " --sides ours --levers off,fused,liger,both")
     at_64 = "--batch-size 64 --limit 64 --schemes greedy,beam,cot"
     auto = "--batch-size auto --limit 512 --schemes greedy"
     assert run.returncode == 0 and steps[:4] == [

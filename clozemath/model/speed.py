@@ -18,7 +18,8 @@ ms in 7 thin matrix products a layer and 1.28 ms in ~500 small element-wise kern
 Only the Llama family (Llama, SmolLM2) and Qwen2 are changed; any other architecture (Gemma 3) is left as it is.
 Which levers a model loaded for inference gets is decided here (`inference_levers`, read by `clozemath.model.load`):
 the levers change the model's modules and weights once, after the merge (which needs q/k/v apart), not per decoding
-call, and they are no setting of an experiment (the config, its grid key and run record stay as they are).
+call, and they are no setting of an experiment (the config and its grid key stay as they are; an evaluation
+folder's source names them, so that no set's predictions mix two: `clozemath.eval.folder`).
 """
 
 from __future__ import annotations
@@ -53,9 +54,9 @@ class SpeedLevers:
 
 INFERENCE_LEVERS = SpeedLevers(fused_projections=False, liger_kernels=True)
 """What a model loaded for inference gets, where it can run (`inference_levers`). Measured on one H200
-(`bench/results/levers_vllm_h200_2026-12-02/`): liger's kernels decode 1.25-1.44x faster (greedy, beam-5, CoT;
-Llama-3.2-1B's shape and Qwen2.5-Coder-1.5B); the fused products gain 0-10% at 64 rows, nothing at 512 and lose 4% on
-Qwen there, and with liger they add nothing: off."""
+(`bench/results/levers_vllm_h200_2026-12-02/`): liger's kernels decode 1.11-1.44x faster (greedy 1.25-1.44x, beam-5
+1.11-1.16x, CoT 1.23-1.24x; Llama-3.2-1B's shape and Qwen2.5-Coder-1.5B); the fused products gain 0-10% at 64 rows,
+nothing at 512 and lose 4% on Qwen there, and with liger they add nothing: off."""
 PLAIN = SpeedLevers()
 """transformers' modules as they are (a merged model exported as a Hugging Face folder)."""
 
