@@ -148,14 +148,8 @@ def test_between_predictions_each_look_of_the_decoder_tells_the_sets_bar_where_i
     assert all(looks) and {look[1] for look in looks} == {"greedy", "beam"}
 
 
-def test_an_evaluation_killed_inside_a_batch_keeps_the_predictions_made_and_makes_only_the_rest(tmp_path,
-                                                                                                monkeypatch):
-    """Killed at its third prediction, inside its first batch of 4 problems: the two made are on disk and taken up,
-    the next evaluation decodes only the others, and the set's predictions are those of one evaluation that was not
-    killed (decode batches of one prompt: the same tokens in any batch), none lost, none twice."""
-    config = _config("eval.sets=[{dataset: gsm8k, limit: 6}]", "eval.decodings=[greedy]")
-    adapter, model = _here(config, tmp_path)
-    folder = tmp_path / "eval"
+def killed_at_the_third_prediction(config, adapter, model, folder: Path, monkeypatch) -> list[str]:
+    """An evaluation into `folder` interrupted (KeyboardInterrupt) at its third prediction; the ids of the two made."""
     graded = evaluate._prediction
     made = []
 
@@ -168,17 +162,34 @@ def test_an_evaluation_killed_inside_a_batch_keeps_the_predictions_made_and_make
     monkeypatch.setattr(evaluate, "_prediction", killed_at_the_third)
     with pytest.raises(KeyboardInterrupt):
         eval_folder.evaluate_into_folder(config, adapter, folder, eval_folder.predict_here(model))
-    kept = read_predictions(partial_predictions_file(folder, "gsm8k"))
-    assert [prediction.id for prediction in kept] == made
-
     monkeypatch.setattr(evaluate, "_prediction", graded)
+    return made
+
+
+def evaluated_again(config, adapter, model, folder: Path) -> tuple[dict[str, float], list[str]]:
+    """The evaluation into `folder` run again to its end: its metrics, and the ids of the problems it decoded."""
     decoded = []
 
     def noted(problems, take):
         decoded.extend(problem.id for problem in problems)
         eval_folder.predict_here(model)(problems, take)
 
-    values = eval_folder.evaluate_into_folder(config, adapter, folder, noted)
+    return eval_folder.evaluate_into_folder(config, adapter, folder, noted), decoded
+
+
+def test_an_evaluation_killed_inside_a_batch_keeps_the_predictions_made_and_makes_only_the_rest(tmp_path,
+                                                                                                monkeypatch):
+    """Killed at its third prediction, inside its first batch of 4 problems: the two made are on disk and taken up,
+    the next evaluation decodes only the others, and the set's predictions are those of one evaluation that was not
+    killed (decode batches of one prompt: the same tokens in any batch), none lost, none twice."""
+    config = _config("eval.sets=[{dataset: gsm8k, limit: 6}]", "eval.decodings=[greedy]")
+    adapter, model = _here(config, tmp_path)
+    folder = tmp_path / "eval"
+    made = killed_at_the_third_prediction(config, adapter, model, folder, monkeypatch)
+    kept = read_predictions(partial_predictions_file(folder, "gsm8k"))
+    assert [prediction.id for prediction in kept] == made
+
+    values, decoded = evaluated_again(config, adapter, model, folder)
     problems = [problem.id for problem in eval_problems(config.eval.sets[0])]
     assert decoded == [problem for problem in problems if problem not in made]
     assert values["eval/gsm8k/greedy/total"] == 6 and not partial_predictions_file(folder, "gsm8k").exists()
@@ -195,27 +206,9 @@ def test_predictions_made_with_other_gpu_kernels_are_not_taken_up(tmp_path, monk
     config = _config("eval.sets=[{dataset: gsm8k, limit: 4}]", "eval.decodings=[greedy]")
     adapter, model = _here(config, tmp_path)
     folder = tmp_path / "eval"
-    graded = evaluate._prediction
-    made = []
-
-    def killed_at_the_third(problem, *args):
-        if len(made) == 2:
-            raise KeyboardInterrupt
-        made.append(problem.id)
-        return graded(problem, *args)
-
-    monkeypatch.setattr(evaluate, "_prediction", killed_at_the_third)
-    with pytest.raises(KeyboardInterrupt):
-        eval_folder.evaluate_into_folder(config, adapter, folder, eval_folder.predict_here(model))
-    monkeypatch.setattr(evaluate, "_prediction", graded)
+    made = killed_at_the_third_prediction(config, adapter, model, folder, monkeypatch)
     monkeypatch.setattr(speed, "INFERENCE_LEVERS", speed.PLAIN)  # the kernels of the version before
-    decoded = []
-
-    def noted(problems, take):
-        decoded.extend(problem.id for problem in problems)
-        eval_folder.predict_here(model)(problems, take)
-
-    values = eval_folder.evaluate_into_folder(config, adapter, folder, noted)
+    values, decoded = evaluated_again(config, adapter, model, folder)
     assert len(made) == 2 and decoded == [problem.id for problem in eval_problems(config.eval.sets[0])]
     assert values["eval/gsm8k/greedy/total"] == 4
 

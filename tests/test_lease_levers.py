@@ -13,7 +13,8 @@ from clozemath.safe_yaml import read_yaml
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def lease(tmp_path: Path, chunks: bool = True, data: bool = True) -> subprocess.CompletedProcess:
+def lease(tmp_path: Path, chunks: bool = True, data: bool = True,
+          script: str = "lease/decode_levers.sh") -> subprocess.CompletedProcess:
     for folder in ("qwen", "out", "data/gsm8k"):
         (tmp_path / folder).mkdir(parents=True, exist_ok=True)
     if chunks:
@@ -23,7 +24,7 @@ def lease(tmp_path: Path, chunks: bool = True, data: bool = True) -> subprocess.
     env = {**os.environ, "DRY_RUN": "1", "QWEN_CHUNKS": str(tmp_path / "qwen"), "DATA": str(tmp_path / "data"),
            "OUT": str(tmp_path / "out")}
     env.pop("RES", None)
-    return subprocess.run(["bash", "lease/decode_levers.sh"], cwd=ROOT, env=env, capture_output=True, text=True)
+    return subprocess.run(["bash", script], cwd=ROOT, env=env, capture_output=True, text=True)
 
 
 def test_without_qwens_chunks_or_the_data_nothing_runs(tmp_path: Path) -> None:
@@ -59,13 +60,7 @@ def test_each_model_and_batch_runs_every_lever_in_one_process_most_wanted_first(
 def test_the_profile_lease_runs_qwen_as_clozemath_decodes_on_all_of_gsm8k_then_beam_and_cot(tmp_path: Path) -> None:
     """`lease/decode_profile.sh` (DRY_RUN): the default levers (no `--levers`: what clozemath gives a model it loads
     for inference), all 1,319 test problems greedy at the auto batch, then beam and CoT; every step profiled."""
-    for folder in ("qwen", "out", "data/gsm8k"):
-        (tmp_path / folder).mkdir(parents=True, exist_ok=True)
-    (tmp_path / "qwen" / "part1.bin").write_bytes(b"")
-    (tmp_path / "data" / "gsm8k" / "test.jsonl").write_text("")
-    env = {**os.environ, "DRY_RUN": "1", "QWEN_CHUNKS": str(tmp_path / "qwen"), "DATA": str(tmp_path / "data"),
-           "OUT": str(tmp_path / "out")}
-    run = subprocess.run(["bash", "lease/decode_profile.sh"], cwd=ROOT, env=env, capture_output=True, text=True)
+    run = lease(tmp_path, script="lease/decode_profile.sh")
     out = tmp_path / "out"
     ours = (f"env PYTHONPATH=/tmp/site:{ROOT} python3 bench/eval_throughput.py --model {out}/qwen.yaml"
             f" --data {tmp_path}/data/gsm8k --sides ours --profile {out}/profiles")
