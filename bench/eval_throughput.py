@@ -276,13 +276,13 @@ def traffic_of(scheme: str, generations: list[Generation], prompts: Sequence[lis
     copies = get_decoding(scheme).copies(decode_settings(settings, "causal"), settings.vocab)
     batches = []
     for indices in length_batches(prompts, settings.batch_size):
-        rows = []
+        batch = []
         for i in indices:
             generation = generations[i]
             outputs = generation.branches if scheme == "cot" and generation.branches else [generation]
             lengths = [generated_length(o, settings.max_new_tokens) for o in outputs]
-            rows += [(len(prompts[i]), lengths[row % len(lengths)]) for row in range(copies)]
-        batches.append(rows)
+            batch.append((len(prompts[i]), [lengths[row % len(lengths)] for row in range(copies)]))
+        batches.append(batch)
     return decode_traffic(batches, weight_bytes, kv_position_bytes)
 
 
@@ -319,11 +319,12 @@ def problems_of(args: argparse.Namespace) -> list[Problem]:
     return problems[: args.limit] if args.limit else problems
 
 
-def batch_rows(batch_size: str, model, prompts: Sequence[list[int]], max_new_tokens: int, copies: int) -> int:
-    """Prompts a batch: the number given, or what `decode(batch_size="auto")` would pick now, handed to every side
-    alike."""
+def batch_rows(batch_size: str, model, prompts: Sequence[list[int]], max_new_tokens: int, copies: int,
+               shared: bool) -> int:
+    """Prompts a batch: the number given, or what `decode(batch_size="auto")` would pick now (`copies` rows a prompt,
+    `shared` or not: `Decoding.shares_prompt`), handed to every side alike."""
     return choose_batch_size("auto" if batch_size == "auto" else int(batch_size), model, list(prompts),
-                             max_new_tokens, copies)
+                             max_new_tokens, copies, shared)
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -438,8 +439,9 @@ def run_scheme(scheme: str, args: argparse.Namespace, models: dict[str, Any], to
     ratio and agreement, and the model of every other side), each warmed on the first batch before its timed pass."""
     model = next(iter(models.values()))
     device = model.device
-    copies = get_decoding(scheme).copies(decode_settings(base, args.prompt_attention), base.vocab)
-    rows = batch_rows(args.batch_size, model, prompts, base.max_new_tokens, copies)
+    decoding = get_decoding(scheme)
+    copies = decoding.copies(decode_settings(base, args.prompt_attention), base.vocab)
+    rows = batch_rows(args.batch_size, model, prompts, base.max_new_tokens, copies, decoding.shares_prompt)
     settings = replace(base, batch_size=rows)
     first_batch = [prompts[i] for i in length_batches(prompts, rows)[0]]
     warm = replace(settings, max_new_tokens=max(2, min(args.warmup_tokens, settings.max_new_tokens)))

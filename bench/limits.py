@@ -19,7 +19,8 @@ MEMORY_BANDWIDTH = {"H100 80GB HBM3": 3.35e12, "H100 SXM": 3.35e12, "H200": 4.8e
 
 BANDWIDTH_CONVENTION = (
     "bytes/step: what one decoding step must read at least, every weight of a matrix product once (the input "
-    "embedding's rows are gathered, not read whole) plus the live rows' key-value cache at their mean live context; "
+    "embedding's rows are gathered, not read whole) plus the live rows' key-value cache at their mean live context, "
+    "a prompt's cache once for all of its rows (beams, CoT branches); "
     "bandwidth: those bytes over all steps / the pass's wall time (prefill included) / the card's datasheet bandwidth"
 )
 
@@ -74,17 +75,19 @@ class Traffic:
 
 
 def decode_traffic(
-    batches: Iterable[Sequence[tuple[int, int]]], weight_bytes: int, kv_bytes_per_position: int
+    batches: Iterable[Sequence[tuple[int, Sequence[int]]]], weight_bytes: int, kv_bytes_per_position: int
 ) -> Traffic:
-    """`batches`: for each batch, (prompt tokens, generated tokens) of every row. A row with prompt p and g generated
-    tokens is live for g - 1 steps (its first token comes from the prompt pass); step j (1..g-1) reads p + j cached
-    positions (the prompt and tokens 1..j); a batch steps until its longest row ends and reads the weights each step."""
+    """`batches`: for each batch, each prompt's tokens and the tokens each of its rows generated. A row with g
+    generated tokens is live for g - 1 steps (its first token comes from the prompt pass); at its step j (1..g-1) it
+    reads its tokens 1..j; the prompt's p cached positions are read once a step while any of its rows is live (its rows
+    share them); a batch steps until its longest row ends and reads the weights each step."""
     steps = row_steps = kv_positions = 0
-    for rows in batches:
-        live = [(p, g - 1) for p, g in rows if g > 1]
-        if not live:
+    for prompts in batches:
+        live = [(p, [g - 1 for g in rows if g > 1]) for p, rows in prompts]
+        longest = max((max(ns) for _, ns in live if ns), default=0)
+        if not longest:
             continue
-        steps += max(n for _, n in live)
-        row_steps += sum(n for _, n in live)
-        kv_positions += sum(n * p + n * (n + 1) // 2 for p, n in live)
+        steps += longest
+        row_steps += sum(sum(ns) for _, ns in live)
+        kv_positions += sum(p * max(ns, default=0) + sum(n * (n + 1) // 2 for n in ns) for p, ns in live)
     return Traffic(steps, row_steps, kv_positions, weight_bytes, kv_bytes_per_position)

@@ -18,8 +18,9 @@ def test_the_bytes_a_pass_reads_follow_its_batches_and_rows() -> None:
     """Prompts of 3 and 2 tokens, one a batch (longest first). Prompt 0 ended at EOS after 3 tokens: 4 generated
     (the EOS too), 3 steps reading 4 + 5 + 6 = 15 positions; prompt 1 ran to max_new_tokens=2: 1 step reading 3.
     4 steps, 18 positions: 4 x 100 + 18 x 10 = 580 bytes. Beam search (2 beams) doubles each batch's rows, not its
-    steps: 4 steps, 36 positions, 760 bytes. CoT: each branch a row (prompt 0's: 4 and 1 generated; prompt 1's: 2 and
-    2): 3 + 1 steps, 15 + 0 + 3 + 3 = 21 positions."""
+    steps, and its rows share their prompt: 4 steps; prompt 0's 3 positions over 3 steps and each beam's 1 + 2 + 3,
+    prompt 1's 2 over 1 step and each beam's 1: 9 + 12 + 2 + 2 = 25 positions, 650 bytes. CoT: each branch a row
+    (prompt 0's: 4 and 1 generated; prompt 1's: 2 and 2): 3 + 1 steps, 9 + 6 + 0 + 2 + 1 + 1 = 19 positions."""
     prompts = [[1, 2, 3], [4, 5]]
     greedy = [Generation("abc", [7, 8, 9], "eos"), Generation("de", [5, 6], "length")]
     traffic = bench.traffic_of("greedy", greedy, prompts, settings(batch_size=1, max_new_tokens=2 + 2), 100, 10)
@@ -31,14 +32,14 @@ def test_the_bytes_a_pass_reads_follow_its_batches_and_rows() -> None:
     assert (clipped.steps, clipped.kv_positions) == (1, 7)
 
     beam = bench.traffic_of("beam", greedy, prompts, settings(batch_size=1), 100, 10)
-    assert (beam.steps, beam.kv_positions, beam.total_bytes) == (4, 36, 760)
+    assert (beam.steps, beam.kv_positions, beam.total_bytes) == (4, 25, 650)
 
     cot = [
         Generation("", [], "length", branches=[Generation("abc", [7, 8, 9], "eos"), Generation("", [7], "length")]),
         Generation("", [], "length", branches=[Generation("", [5, 6], "length"), Generation("", [5, 1], "length")]),
     ]
     traffic = bench.traffic_of("cot", cot, prompts, settings(batch_size=1), 100, 10)
-    assert (traffic.steps, traffic.kv_positions) == (4, 21)
+    assert (traffic.steps, traffic.kv_positions) == (4, 19)
     assert bench.generated_tokens("cot", cot, max_new_tokens=4) == 4 + 1 + 2 + 2
 
 

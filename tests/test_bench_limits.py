@@ -33,10 +33,17 @@ def test_decode_traffic_by_hand() -> None:
     A second batch whose only row generated 1 token takes no step. Weights 100 bytes, 10 bytes a position:
     3 x 100 + 21 x 10 = 510 bytes, 170 a step; 4 row-steps over 3 steps: 4/3 live rows at a mean context of 21/4;
     over 0.5 s against 2,040 bytes/s: half the bandwidth."""
-    traffic = decode_traffic([[(3, 4), (5, 2)], [(7, 1)]], weight_bytes=100, kv_bytes_per_position=10)
+    traffic = decode_traffic([[(3, [4]), (5, [2])], [(7, [1])]], weight_bytes=100, kv_bytes_per_position=10)
     assert (traffic.steps, traffic.row_steps, traffic.kv_positions) == (3, 4, 21)
     assert traffic.total_bytes == 510
     assert traffic.bytes_per_step == 170
     assert traffic.mean_live_rows == pytest.approx(4 / 3)
     assert traffic.mean_context == pytest.approx(21 / 4)
     assert traffic.bandwidth_share(seconds=0.5, bandwidth=2_040) == pytest.approx(0.5)
+
+
+def test_rows_of_one_prompt_read_its_cache_once_a_step() -> None:
+    """A 3-token prompt's two rows (beams, branches) generate 4 and 2 tokens: live 3 and 1 steps. The prompt's 3
+    positions are read at each of the 3 steps its rows step (9), each row its own tokens: 1 + 2 + 3 and 1 (7)."""
+    traffic = decode_traffic([[(3, [4, 2])]], weight_bytes=100, kv_bytes_per_position=10)
+    assert (traffic.steps, traffic.row_steps, traffic.kv_positions) == (3, 4, 16)

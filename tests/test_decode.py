@@ -193,6 +193,63 @@ def test_beam_search_equals_generate(model, tokenizer, reference, early_stopping
     assert any(g.finish_reason == "eos" for g in ours)
 
 
+LONG_PROMPTS = [" ".join(["The quick brown fox jumps over the lazy dog."] * 14), PROMPTS[1], PROMPTS[3]]
+"""A prompt past one block of the static cache (130 tokens, 128 a block), and two short ones."""
+
+
+@pytest.mark.parametrize("batch_size", [1, 2])
+def test_beams_sharing_their_prompt_decode_what_the_eager_engine_does_across_blocks(model, tokenizer, batch_size):
+    """Beams share one copy of their prompt's keys and values on the static engine, each with an area of its own for
+    its tokens, and attend their lineage's: over prompts past one block and 140 new tokens (two blocks an area), alone
+    and in batches that pad prompts, every prompt's tokens and score are the eager engine's (a cache a row, reordered
+    by copying)."""
+    settings = dict(num_beams=3, max_new_tokens=140, eos_token_ids=tokenizer.eos_token_id, batch_size=batch_size)
+    assert len(tokenizer(LONG_PROMPTS[0]).input_ids) > 128
+    eager, static = (
+        decode(model, tokenizer, LONG_PROMPTS, "beam", DecodeSettings(engine=engine, **settings))
+        for engine in ("eager", "static")
+    )
+    assert [g.token_ids for g in static] == [g.token_ids for g in eager]
+    assert [g.score for g in static] == pytest.approx([g.score for g in eager], abs=1e-4)
+    assert max(len(g.token_ids) for g in static) > 128
+
+
+@pytest.mark.parametrize("reorder", [False, True])
+@torch.inference_mode()
+def test_shared_prompt_steps_read_every_block_their_rows_attend(model, tokenizer, reorder):
+    """The live blocks of a step over shared prompts (what the GPU's FlexAttention kernel reads: the CPU's reference
+    code applies the mask everywhere, so only this test sees them) hold every block some row of the entry attends,
+    and for rows that keep their own lineage (CoT branches) no other, over prompts of one and two blocks, as the rows
+    cross from their areas' first block into the second; with beams reordering at random, at least those."""
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    from clozemath.eval.decoding.eager import prefill
+    from clozemath.eval.decoding.static import SharedPromptBatch
+
+    copies, steps = 3, 140
+    prompts = [tokenizer(text).input_ids for text in LONG_PROMPTS]
+    passed, _ = prefill(model, prompts, tokenizer.pad_token_id, "causal")
+    rows = len(prompts) * copies
+    batch = SharedPromptBatch(model, rows, copies, 256, 256, passed.cache, graphs=False, vocab=len(tokenizer),
+                              margins=False)
+    batch.place(range(rows), passed, [row // copies for row in range(rows)],
+                [len(prompts[row // copies]) for row in range(rows)])
+    generator = torch.Generator().manual_seed(0)
+    for step in range(steps):
+        batch.step(torch.randint(len(tokenizer), (rows,), generator=generator))
+        if step in (0, 1, 126, 127, 128, 129, steps - 1):
+            mask = batch._mask
+            attended = create_block_mask(mask.mask_mod, len(prompts), 1, mask.seq_lengths[0], mask.seq_lengths[1],
+                                         device="cpu").to_dense()
+            live = mask.to_dense()
+            assert torch.all(live >= attended), step
+            if not reorder:
+                assert torch.equal(live, attended), step
+        if reorder:
+            parents = torch.randint(copies, (len(prompts), copies), generator=generator)
+            batch.take((torch.arange(len(prompts))[:, None] * copies + parents).flatten())
+
+
 @ENGINES
 def test_beam_search_frees_a_batch_before_it_allocates_the_next(model, tokenizer, engine, monkeypatch):
     """Batch sizing plans memory for one batch: the previous one must be gone (by reference counting alone, the
@@ -417,15 +474,21 @@ SHAPE = ModelShape(layers=2, kv_heads=2, head_dim=4, hidden=8, intermediate=16, 
 
 
 def test_bytes_per_prompt_by_hand():
-    # 2 (K, V) x 2 layers x 2 heads x 4 dims x 2 bytes = 64 bytes a position; 10 + 20 positions round up to a block
-    # of 128
-    row = 64 * (128 + 10) + 4 * 10 * 4  # the static cache, the prompt pass's cache, 4 float32 vocabulary rows
+    # 2 (K, V) x 2 layers x 2 heads x 4 dims x 2 bytes = 64 bytes a position; 4 float32 vocabulary rows a row
     prompt_pass = 10 * (4 * 8 + 2 * 16) * 2 + 10 * 10 * 2  # activations, the 4D mask
-    assert bytes_per_prompt(SHAPE, width=10, max_new_tokens=20, copies=5) == 5 * row + prompt_pass == 46440
+    # one row: 10 + 20 positions round up to a block of 128, beside the prompt pass's cache of 10
+    one = 64 * (128 + 10) + 4 * 10 * 4 + prompt_pass
+    assert bytes_per_prompt(SHAPE, width=10, max_new_tokens=20, copies=1) == one == 10472
+    # five rows (CoT branches): a block each, the prompt pass's cache once
+    five = 64 * (5 * 128 + 10) + 5 * 4 * 10 * 4 + prompt_pass
+    assert bytes_per_prompt(SHAPE, width=10, max_new_tokens=20, copies=5) == five == 43880
+    # five rows that share the prompt (beams): a block for it, a block each for their 20 new tokens
+    shared = 64 * (128 + 5 * 128 + 10) + 5 * 4 * 10 * 4 + prompt_pass
+    assert bytes_per_prompt(SHAPE, width=10, max_new_tokens=20, copies=5, shared=True) == shared == 52072
 
 
 def test_auto_batch_size_fills_its_share_of_free_memory():
-    fits_ten = 10 * 46440 / 0.8
+    fits_ten = 10 * 43880 / 0.8
     assert auto_batch_size(SHAPE, int(fits_ten), 10, 20, copies=5, prompts=100) == 10
     assert auto_batch_size(SHAPE, int(fits_ten) - 1, 10, 20, copies=5, prompts=100) == 9
     assert auto_batch_size(SHAPE, int(fits_ten), 10, 20, copies=5, prompts=3) == 3  # no more than there are

@@ -335,3 +335,46 @@ def test_levers_decode_the_plain_models_tokens_in_float32_up_to_near_ties(loaded
             logits = loaded32.model(input_ids=torch.tensor([prompt + theirs[:at]], device="cuda")).logits[0, -1]
         gap = (logits[theirs[at]] - logits[mine[at]]).item()  # ~0 either way: this pass is not the batch's
         assert abs(gap) < NEAR_TIE, f"{lever}: a prompt's tokens differ at step {at} where the gap is {gap:.2e}"
+
+
+@pytest.mark.parametrize(("copies", "reorder"), [(9, False), (5, True)])
+@torch.inference_mode()
+def test_shared_prompt_attention_on_the_gpu_is_dense_attention_under_its_mask(copies, reorder):
+    """The compiled FlexAttention kernel over `SharedPromptBatch`'s cache (prompts of one and two blocks, each with
+    `copies` rows: CoT branches keeping their own lineage, or beams reordered at random) reads the blocks its mask
+    needs: its attention is dense softmax attention under the same mask, in float32, as the rows cross from their
+    areas' first block into the second. A tiny random Llama (12 query heads over 2 key-value heads, as Qwen's)."""
+    from torch.nn.attention.flex_attention import create_mask
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from clozemath.eval.decoding.eager import prefill
+    from clozemath.eval.decoding.static import SharedPromptBatch, _flex_decode_attention
+
+    torch.manual_seed(0)
+    heads, kv_heads, dim, vocab = 12, 2, 64, 512
+    model = LlamaForCausalLM(LlamaConfig(
+        vocab_size=vocab, hidden_size=heads * dim, intermediate_size=512, num_hidden_layers=2,
+        num_attention_heads=heads, num_key_value_heads=kv_heads, head_dim=dim,
+    )).cuda().eval()
+    prompts = [list(range(1, n)) for n in (200, 90, 10, 140)]
+    passed, _ = prefill(model, prompts, 0, "causal")
+    rows = len(prompts) * copies
+    batch = SharedPromptBatch(model, rows, copies, 256, 256, passed.cache, graphs=False, vocab=vocab, margins=False)
+    batch.place(range(rows), passed, [row // copies for row in range(rows)],
+                [len(prompts[row // copies]) for row in range(rows)])
+    for step in range(140):
+        batch.step(torch.randint(vocab, (rows,), device="cuda"))
+        if step in (0, 126, 127, 128, 139):
+            keys, values = batch.cache.layers[0].keys, batch.cache.layers[0].values
+            query = torch.randn(rows, heads, 1, dim, device="cuda")
+            got, _ = _flex_decode_attention(None, query, keys, values, batch._mask, scaling=dim**-0.5)
+            group = heads // kv_heads
+            grouped = query.reshape(len(prompts), copies, kv_heads, group, dim).transpose(1, 2)
+            grouped = grouped.reshape(len(prompts), kv_heads, copies * group, dim)
+            allowed = create_mask(batch._mask.mask_mod, len(prompts), 1, copies * group, batch.slots, device="cuda")
+            scores = (grouped @ keys.transpose(-1, -2) * dim**-0.5).masked_fill(~allowed, -torch.inf)
+            expected = (scores.softmax(-1) @ values).view(len(prompts), kv_heads, copies, group, dim).transpose(1, 2)
+            torch.testing.assert_close(got, expected.reshape(rows, 1, heads, dim), rtol=1e-4, atol=1e-4)
+        if reorder:
+            parents = torch.randint(copies, (len(prompts), copies), device="cuda")
+            batch.take((torch.arange(len(prompts), device="cuda")[:, None] * copies + parents).flatten())

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from clozemath.eval.decoding.static import slots_for
+from clozemath.eval.decoding.static import cache_slots
 from clozemath.model import memory
 from clozemath.model.attention import head_dim
 
@@ -51,32 +51,34 @@ one a batch, the first ending within seconds, not minutes, and no slower (their 
 a lone prompt pads none); its short fine-tuned prompts at 256 new tokens go 5 a batch."""
 
 
-def bytes_per_prompt(shape: ModelShape, width: int, max_new_tokens: int, copies: int) -> int:
-    """Device memory one prompt of `width` tokens needs while decoding `copies` rows (beams, branches).
+def bytes_per_prompt(shape: ModelShape, width: int, max_new_tokens: int, copies: int, shared: bool = False) -> int:
+    """Device memory one prompt of `width` tokens needs while decoding `copies` rows (beams, branches), their cache
+    `shared` or not (`Decoding.shares_prompt`).
 
-    Per row: the static cache (`width + max_new_tokens` positions, rounded up), the prompt pass's cache it is copied
-    from, and four vocabulary-sized float32 rows (logits, softmax or log-softmax, beam scores). Per prompt: the prompt
-    pass's activations (hidden states, the MLP's two intermediate projections) and its [width, width] 4D mask.
+    Per prompt: its static cache (`static.cache_slots`), the prompt pass's cache it is copied from, the prompt pass's activations (hidden states, the MLP's two intermediate projections) and
+    its [width, width] 4D mask. Per row: four vocabulary-sized float32 rows (logits, softmax or log-softmax, beam
+    scores).
     """
-    slots = slots_for(width, max_new_tokens)
     per_position = 2 * shape.layers * shape.kv_heads * shape.head_dim * shape.dtype_bytes
-    row = per_position * (slots + width) + 4 * shape.vocab * 4
+    cache = per_position * (cache_slots(width, max_new_tokens, copies, shared) + width)
     prompt_pass = width * (4 * shape.hidden + 2 * shape.intermediate) * shape.dtype_bytes
     mask = width * width * shape.dtype_bytes
-    return copies * row + prompt_pass + mask
+    return cache + prompt_pass + mask + copies * 4 * shape.vocab * 4
 
 
 def auto_batch_size(
-    shape: ModelShape, free_bytes: int, width: int, max_new_tokens: int, copies: int, prompts: int
+    shape: ModelShape, free_bytes: int, width: int, max_new_tokens: int, copies: int, prompts: int,
+    shared: bool = False,
 ) -> int:
     """The most prompts per batch whose decoding fits `AUTO_MEMORY_SHARE` of `free_bytes` (at least 1, at most
     `prompts` and `AUTO_MAX_ROWS // copies`)."""
-    fits = int(AUTO_MEMORY_SHARE * free_bytes) // bytes_per_prompt(shape, width, max_new_tokens, copies)
+    fits = int(AUTO_MEMORY_SHARE * free_bytes) // bytes_per_prompt(shape, width, max_new_tokens, copies, shared)
     return max(1, min(fits, prompts, AUTO_MAX_ROWS // copies))
 
 
 def batch_size(
-    chosen: int | Literal["auto"], model: Any, prompts: list[list[int]], max_new_tokens: int, copies: int
+    chosen: int | Literal["auto"], model: Any, prompts: list[list[int]], max_new_tokens: int, copies: int,
+    shared: bool,
 ) -> int:
     """Prompts a batch: the size `chosen`; for "auto", `auto_batch_size` on CUDA, `cpu_batch_size` elsewhere."""
     if chosen != "auto":
@@ -85,7 +87,7 @@ def batch_size(
     if model.device.type != "cuda":
         return cpu_batch_size(width, max_new_tokens, copies)
     free = memory.free_bytes(model.device)
-    return auto_batch_size(ModelShape.of(model), free, width, max_new_tokens, copies, len(prompts))
+    return auto_batch_size(ModelShape.of(model), free, width, max_new_tokens, copies, len(prompts), shared)
 
 
 def cpu_batch_size(width: int, max_new_tokens: int, copies: int) -> int:

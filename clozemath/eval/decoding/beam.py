@@ -14,7 +14,7 @@ from transformers import PreTrainedTokenizerBase
 from clozemath.eval.decoding.eager import KVBatch
 from clozemath.eval.decoding.job import Decoding, Emit, Job, RunEngine, batches
 from clozemath.eval.decoding.settings import DecodeSettings
-from clozemath.eval.decoding.static import StaticBatch
+from clozemath.eval.decoding.static import SharedPromptBatch
 from clozemath.eval.decoding.tokens import Generation, Stops, first_stop, without_padding
 
 _NEG = -1.0e9
@@ -23,6 +23,8 @@ _NEG = -1.0e9
 
 class BeamSearch(Decoding):
     """`num_beams` rows a prompt; `length_penalty` and `early_stopping` as `generate` takes them."""
+
+    shares_prompt = True
 
     def copies(self, settings: DecodeSettings, vocab: int) -> int:
         return settings.num_beams
@@ -43,7 +45,7 @@ def _search_batch(job: Job, indices: list[int], engine: RunEngine) -> list[Gener
     return _search(batch, logits, job)
 
 
-def _search(batch: KVBatch | StaticBatch, logits: torch.Tensor, job: Job) -> list[Generation]:
+def _search(batch: KVBatch | SharedPromptBatch, logits: torch.Tensor, job: Job) -> list[Generation]:
     """Beam search over `batch`, which holds each item's rows `num_beams` times, copies adjacent; `logits` are the
     items' [items, vocab]; a generation per item.
 

@@ -12,7 +12,7 @@ from transformers import PreTrainedTokenizerBase
 
 from clozemath.eval.decoding.eager import KVBatch, prefill
 from clozemath.eval.decoding.settings import DecodeSettings
-from clozemath.eval.decoding.static import StaticBatch
+from clozemath.eval.decoding.static import StaticBatch, static_batch
 from clozemath.eval.decoding.tokens import Generation, Stops
 
 RunEngine = Literal["eager", "static", "graphs"]
@@ -65,9 +65,11 @@ class Job:
     stats: DecodeStats
     copies: int
     """Rows a prompt takes (`Decoding.copies`)."""
-    slots: int
-    """Static cache positions a row (`static.slots_for` the longest prompt): one for every batch of the call, so that
-    the compiled attention and the graphs keep one shape."""
+    shared: bool
+    """A prompt's rows share one cache entry on the static engines (`Decoding.shares_prompt`)."""
+    width: int
+    """The longest prompt's tokens: every static batch of the call sizes its cache for it, so that the compiled
+    attention and the graphs keep one shape."""
     on_progress: OnProgress | None = None
 
     def looked(self, running: int, tokens: int) -> None:
@@ -92,13 +94,17 @@ class Job:
             if self.copies > 1:
                 passed.repeat(self.copies)
             return passed, logits
-        batch = StaticBatch(
-            self.model, len(indices) * self.copies, self.slots, passed.cache, graphs=engine == "graphs",
-            vocab=self.stops.vocab, margins=False,
-        )
+        batch = self.static_batch(len(indices), passed, graphs=engine == "graphs", margins=False)
         sources = [prompt for prompt in range(len(indices)) for _ in range(self.copies)]
         batch.place(range(len(sources)), passed, sources, [len(self.prompts[indices[p]]) for p in sources])
         return batch, logits
+
+    def static_batch(self, prompts: int, like: KVBatch, graphs: bool, margins: bool) -> StaticBatch:
+        """A static batch for `prompts` prompts' rows (`copies` each), its cache shaped after the prompt pass `like`'s."""
+        return static_batch(
+            self.model, prompts * self.copies, self.copies, self.shared, self.width, self.stops.max_new_tokens,
+            like.cache, graphs, self.stops.vocab, margins,
+        )
 
 
 def batches(indices: Sequence[int], size: int) -> Iterator[list[int]]:
@@ -114,6 +120,12 @@ class Decoding:
     and CoT-decoding build on `rows.RowDecoding` (rows that continue greedily, refilled on the static engines); beam
     search on `Job.batch` (batches kept whole).
     """
+
+    shares_prompt = False
+    """On the static engines, a prompt's rows share one copy of its keys and values (`static.SharedPromptBatch`):
+    right for rows that reorder (beams: a reorder then moves a bit a generated slot, not the cache; 2.05x beam-5 on
+    the 1B shape, one H200, 2026-12-02), not for rows that never do (CoT's branches: each branch's queries would
+    compute over every branch's area; 0.68x there)."""
 
     def check(self, settings: DecodeSettings) -> None:
         """Refuse settings this decoding cannot run with (a ClozeMathError), before any work."""

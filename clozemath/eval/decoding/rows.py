@@ -157,10 +157,7 @@ class _Refilling:
         passed, logits = job.prefill(taken)
         tokens, margins = self.decoding.first(logits, job)
         if self.batch is None:
-            self.batch = StaticBatch(
-                job.model, self.units * copies, job.slots, passed.cache, self.graphs, job.stops.vocab,
-                margins is not None,
-            )
+            self.batch = job.static_batch(self.units, passed, self.graphs, margins is not None)
         else:
             job.stats.refills += len(taken)
         self.batch.place(targets, passed, sources, lengths, tokens, margins)

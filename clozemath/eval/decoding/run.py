@@ -17,7 +17,7 @@ from clozemath.eval.decoding.batching import batch_size, longest_first
 from clozemath.eval.decoding.job import DecodeStats, Decoding, Emit, Job, OnProgress, RunEngine
 from clozemath.eval.decoding.registry import get_decoding
 from clozemath.eval.decoding.settings import ENGINES, DecodeSettings
-from clozemath.eval.decoding.static import sliding_window, slots_for
+from clozemath.eval.decoding.static import sliding_window
 from clozemath.eval.decoding.tokens import Generation, Stops
 
 _BIDIRECTIONAL_ATTENTION = ("sdpa", "eager")
@@ -63,10 +63,10 @@ def decode(
         engine = "graphs" if model.device.type == "cuda" else "eager"
     job = Job(
         model, tokenizer, encoded, pad_id, stops, settings, stats if stats is not None else DecodeStats(),
-        copies=scheme.copies(settings, len(tokenizer)), slots=slots_for(max(map(len, encoded)), stops.max_new_tokens),
+        copies=scheme.copies(settings, len(tokenizer)), shared=scheme.shares_prompt, width=max(map(len, encoded)),
         on_progress=on_progress,
     )
-    size = batch_size(settings.batch_size, model, encoded, settings.max_new_tokens, job.copies)
+    size = batch_size(settings.batch_size, model, encoded, settings.max_new_tokens, job.copies, job.shared)
     results: list[Generation | None] = [None] * len(encoded)
     with sdpa_kernel(SDPA_BACKENDS):
         for part_engine, part in _engine_parts(model, encoded, settings.max_new_tokens, engine):
