@@ -102,6 +102,24 @@ def test_refilled_rows_give_the_tokens_of_a_batch_of_all_prompts(loaded32, promp
     assert (refilling.refills, whole.refills) == (len(prompts) - 8, 0)
 
 
+def test_beams_sharing_their_prompt_on_graphs_give_the_eager_engines_beams_in_float32(loaded32, prompts):
+    """Beam-5 on CUDA graphs over a cache entry a prompt (`SharedPromptBatch`: one copy of the prompt, the beams'
+    lineages as bits) against the eager engine (a cache a row, reordered by copying), in float32 on the real model,
+    160 new tokens (into the areas' second block): at least 90% of the prompts get the same tokens (a beam's near-tie
+    between two kernels' roundings is not checked one by one), and their scores agree."""
+    def run(engine: str):
+        return decode(loaded32.model, loaded32.tokenizer, prompts, "beam", DecodeSettings(
+            max_new_tokens=160, batch_size=16, num_beams=5, engine=engine,
+        ))
+
+    shared, eager = run("graphs"), run("eager")
+    same = [s.token_ids == e.token_ids for s, e in zip(shared, eager)]
+    assert sum(same) >= 0.9 * len(prompts), f"{sum(same)} of {len(prompts)} prompts with the eager engine's beams"
+    for s, e, is_same in zip(shared, eager, same):
+        if is_same:
+            assert s.score == pytest.approx(e.score, abs=1e-3)
+
+
 def test_a_model_in_training_evaluated_on_graphs_decodes_its_static_steps_tokens_and_trains_on_as_it_was(
     prompts, tmp_path, monkeypatch
 ):

@@ -19,6 +19,8 @@ Printed first, per model and training set, so that a replication shows which dif
 - Comparisons: each trained method against IT and against base on every (eval set, decoding) both have: the
   difference in points with a 95% paired bootstrap interval over problems pooled over seeds (`clozemath.intervals`),
   from the per-problem predictions the trials logged as artifacts.
+- Seeds: each method's seeds side by side on the training set's own test, those far below the others flagged, with
+  what each run's training did (its final loss, gradient-norm peak and spikes: `seeds`).
 Every trial's tags, params (among them the steps and tokens it trained, and a matched budget as configured) and
 latest metrics are also written as JSON (`trials.json`), and every step of its training (loss, gradient norm,
 learning rate, tokens) as gzipped JSON (`steps.json.gz`, `history`); the compute table gives each trial's trained
@@ -29,7 +31,7 @@ predictions.jsonl.gz); several such folders (a study's slices) are reported as o
 
 Its parts: `runs` (the trials read back), `names` (how things are named and ordered), `tables` and `render` (the
 tables, as markdown or LaTeX), `artifacts` and `compare` (per-problem predictions and the bootstrap comparisons),
-`figure` (Figure 3), `history` (the steps' export, and the histories read back from a store or from it), `folders`
+`figure` (Figure 3), `seeds` (the seeds table), `history` (the steps' export, and the histories read back from a store or from it), `folders`
 (report folders read back and merged), `command` (`report`, which composes them).
 """
 

@@ -18,6 +18,7 @@ from clozemath.report.folders import read_folders
 from clozemath.report.history import STEPS_FILE, Histories, StoreHistories, export_steps
 from clozemath.report.render import Table, TextTable, to_latex, to_markdown
 from clozemath.report.runs import TRIALS_FILE, TrialResult, experiments_runs, trials_json
+from clozemath.report.seeds import seed_tables
 from clozemath.report.tables import (
     comparison_tables,
     compute_table,
@@ -116,6 +117,7 @@ def write_report(
     render: Callable[[Table | TextTable], str] = to_latex if latex else to_markdown
     tables: list[Table | TextTable] = [
         *results_tables(results), *comparison_tables(found), *floors, *grading_tables(results),
+        *seed_tables(results, histories),
         *(table for table in paper_tables(results, decoding) if table.values),
     ]
     text = "\n\n".join([*map(render, tables), compute_table(results)])
