@@ -31,8 +31,8 @@ predictions.jsonl.gz); several such folders (a study's slices) are reported as o
 
 Its parts: `runs` (the trials read back), `names` (how things are named and ordered), `tables` and `render` (the
 tables, as markdown or LaTeX), `artifacts` and `compare` (per-problem predictions and the bootstrap comparisons),
-`figure` (Figure 3), `seeds` (the seeds table), `history` (the steps' export, and the histories read back from a store or from it), `folders`
-(report folders read back and merged), `command` (`report`, which composes them).
+`figure` (Figure 3), `seeds` (the seeds table), `history` (the steps' export, and the histories read back from a
+store or from it), `folders` (report folders read back and merged), `command` (`report`, which composes them).
 """
 
 from __future__ import annotations

@@ -15,7 +15,7 @@ from clozemath.report.artifacts import EXPORT_FILE, PredictionArtifacts, artifac
 from clozemath.report.compare import comparisons, noise_floors, orderings
 from clozemath.report.figure import FIGURE_FILE, accuracy_curves, no_curve_reason, plot_accuracy_vs_steps
 from clozemath.report.folders import read_folders
-from clozemath.report.history import STEPS_FILE, Histories, StoreHistories, export_steps
+from clozemath.report.history import STEPS_FILE, ExportedHistories, Histories, StoreHistories, export_steps
 from clozemath.report.render import Table, TextTable, to_latex, to_markdown
 from clozemath.report.runs import TRIALS_FILE, TrialResult, experiments_runs, trials_json
 from clozemath.report.seeds import seed_tables
@@ -111,6 +111,8 @@ def write_report(
     folder.mkdir(parents=True, exist_ok=True)
     # one order whatever the source: a store lists its runs newest first, a report's files sorted
     every = sorted(results, key=lambda r: (r.train_set, r.model, r.method, r.seed, r.rerun, r.run_id))
+    # each trained trial's steps read once (a store: a query a metric): the seeds table, Figure 3 and the export
+    histories = ExportedHistories({r.run_id: histories.steps(r) for r in every if r.steps is not None})
     floors = noise_floor_tables(noise_floors(every, artifacts))
     results = [r for r in every if r.rerun == 0]  # every table but the noise floor's: a seed's first run
     found = comparisons(results, artifacts)

@@ -55,9 +55,9 @@ def bytes_per_prompt(shape: ModelShape, width: int, max_new_tokens: int, copies:
     """Device memory one prompt of `width` tokens needs while decoding `copies` rows (beams, branches), their cache
     `shared` or not (`Decoding.shares_prompt`).
 
-    Per prompt: its static cache (`static.cache_slots`), the prompt pass's cache it is copied from, the prompt pass's activations (hidden states, the MLP's two intermediate projections) and
-    its [width, width] 4D mask. Per row: four vocabulary-sized float32 rows (logits, softmax or log-softmax, beam
-    scores).
+    Per prompt: its static cache (`static.cache_slots`), the prompt pass's cache it is copied from, the prompt pass's
+    activations (hidden states, the MLP's two intermediate projections) and its [width, width] 4D mask. Per row: four
+    vocabulary-sized float32 rows (logits, softmax or log-softmax, beam scores).
     """
     per_position = 2 * shape.layers * shape.kv_heads * shape.head_dim * shape.dtype_bytes
     cache = per_position * (cache_slots(width, max_new_tokens, copies, shared) + width)

@@ -100,7 +100,7 @@ class Job:
         return batch, logits
 
     def static_batch(self, prompts: int, like: KVBatch, graphs: bool, margins: bool) -> StaticBatch:
-        """A static batch for `prompts` prompts' rows (`copies` each), its cache shaped after the prompt pass `like`'s."""
+        """A static batch for `prompts` prompts' rows (`copies` each), its cache shaped after prompt pass `like`'s."""
         return static_batch(
             self.model, prompts * self.copies, self.copies, self.shared, self.width, self.stops.max_new_tokens,
             like.cache, graphs, self.stops.vocab, margins,

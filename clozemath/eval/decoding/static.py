@@ -385,7 +385,7 @@ class SharedPromptBatch(StaticBatch):
         _move_prompts(prefill, source_index[::copies], length[::copies], self.cache, entries)
         self._lengths.index_copy_(0, index, length)
         self._lineage.index_fill_(0, index, False)
-        prompt_blocks = [-(-n // _KV_BLOCK) for n in lengths[::copies]]
+        prompt_blocks = [whole_blocks(n) // _KV_BLOCK for n in lengths[::copies]]
         self._prompt_blocks.index_copy_(0, entries, _on_device(prompt_blocks, device).to(torch.int32))
         orders = [self._block_order(blocks) for blocks in prompt_blocks]
         self._order[:, 0, 0].index_copy_(0, entries, _on_device(orders, device).to(torch.int32))
