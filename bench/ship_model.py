@@ -12,8 +12,10 @@ tarball of the data the grids read, the wheels the GPU machine lacks beyond ../s
 
     python3 bench/ship_model.py receive
 
-which moves what the call carried out of the tree, unpacks the site bundle (.gpu/site.tar.xz), the data and the
-wheels, and, once every piece is there, joins them into the model's chunk files (`part1.bin`...), each of the
+which moves what the call carried out of the tree, unpacks the data and the wheels, and, once all of a bundle's
+pieces are there, joins them: the site bundle's (../shared/tools/gpu-site's .gpu/site.tar.xz, cut into `site.<k>-of-<n>`
+like the model: beside a tree of 19 MiB the 45 MiB bundle no longer fits one call, 2026-12-03) is unpacked into
+/tmp/site; the model's are cut into the model's chunk files (`part1.bin`...), each of the
 config's `chunk_bytes`, checked against its `size` and `sha256`: a run then reads them with
 `model.gguf_chunks.packages=null 'model.gguf_chunks.files=/tmp/qwen/part*.bin'`. `receive` needs nothing but the
 standard library and PyYAML (there before the site bundle is).
@@ -62,6 +64,7 @@ EXTRA_WHEELS = ("gguf==0.19.0", "math-verify==0.9.0", "latex2sympy2_extended==1.
 """What the runs need beyond ../shared/tools/gpu-site's bundle: the GGUF reader, and math-verify for MATH's grading
 (the versions this project's environment holds)."""
 SITE_BUNDLE = ROOT / ".gpu" / "site.tar.xz"
+"""../shared/tools/gpu-site's bundle, here; it travels in pieces `site.<k>-of-<n>`."""
 VLLM_LOCK = ROOT / "bench" / "vllm_wheels.txt"
 PLATFORMS = ("manylinux1_x86_64", "manylinux2010_x86_64", "manylinux2014_x86_64",
              *(f"manylinux_2_{n}_x86_64" for n in range(5, 40)))
@@ -198,10 +201,19 @@ def side_files(out: Path, data: Path, wheels: list[str]) -> list[Path]:
     return files
 
 
-def calls_text(pieces: list[Path], side: list[Path], limit: int, tree: int) -> str:
-    """The calls, in order: the site bundle alone, a piece each, the side files with the last piece where they fit."""
+def site_pieces(bundle: Path, out: Path, piece_bytes: int) -> list[Path]:
+    """gpu-site's bundle as pieces `site.<k>-of-<n>` in `out`, each of which fits a call beside the tree."""
+    if not bundle.is_file():
+        raise ShipError(f"{bundle}: no site bundle (make it here first: ../shared/tools/gpu-site {bundle.parent})")
+    clear(out, "site")
+    return write_pieces([bundle], out, piece_bytes, "site")
+
+
+def calls_text(site: list[Path], pieces: list[Path], side: list[Path], limit: int, tree: int) -> str:
+    """The calls, in order: the site bundle's pieces, the model's, a piece each, the side files with the last piece
+    where they fit."""
     side_bytes = sum(path.stat().st_size for path in side)
-    calls = [[SITE_BUNDLE]] + [[piece] for piece in pieces]
+    calls = [[piece] for piece in site + pieces]
     if tree + pieces[-1].stat().st_size + side_bytes <= limit - MARGIN:
         calls[-1] += side
     else:
@@ -243,9 +255,10 @@ def prepare(args: argparse.Namespace) -> str:
     for path in (args.out / DATA_FILE, args.out / "calls.md"):
         path.unlink(missing_ok=True)
     shutil.rmtree(args.out / WHEELS_DIR, ignore_errors=True)
+    site = site_pieces(args.site_bundle, args.out, piece_bytes)
     pieces = write_pieces(chunks, args.out, piece_bytes)
     side = side_files(args.out, args.data, [] if args.no_wheels else list(EXTRA_WHEELS))
-    text = calls_text(pieces, side, args.limit, tree)
+    text = calls_text(site, pieces, side, args.limit, tree)
     (args.out / "calls.md").write_text(text, encoding="utf-8")
     return text
 
@@ -291,13 +304,14 @@ def prepare_wheels(args: argparse.Namespace) -> str:
         raise ShipError(f"no wheels for {args.lock}")
     tree = tree_bytes()
     piece_bytes = piece_size(args, tree)
+    site = site_pieces(args.site_bundle, args.out, piece_bytes)
     clear(args.out, stem)
     tar_path = args.out / f"{stem}.tar"
     tar_wheels(wheels, tar_path)
     pieces = write_pieces([tar_path], args.out, piece_bytes, stem)
     tar_path.unlink()
     text = (f"# {len(wheels)} wheels of {args.lock.name}, {sum(w.stat().st_size for w in wheels) / MIB:.1f} MiB\n"
-            + calls_list([[SITE_BUNDLE]] + [[piece] for piece in pieces], tree))
+            + calls_list([[piece] for piece in site + pieces], tree))
     (args.out / f"calls-{stem}.md").write_text(text, encoding="utf-8")
     return text
 
@@ -315,35 +329,41 @@ def write_ray_command(site: Path) -> None:
     ray.chmod(0o755)
 
 
-def unpack_site(bundle: Path, site: Path) -> str:
-    """gpu-site's bundle into `site` (once), with a `ray` command in `site/bin` (wheels unpacked have no scripts)."""
-    marker = site / ".unpacked"
-    if marker.exists():
+def unpack_site(held: Path, site: Path) -> str:
+    """gpu-site's bundle, once all its pieces are held, into `site` (once), with a `ray` command in `site/bin`
+    (wheels unpacked have no scripts)."""
+    if (site / ".unpacked").exists():
         return "site: unpacked before"
-    if not bundle.is_file():
-        return "site: not here yet"
+    pieces, waiting = whole_set(held, "site")
+    if waiting:
+        return waiting
     site.mkdir(parents=True, exist_ok=True)
-    with tarfile.open(bundle) as tar:
+    with _joined(pieces) as stream, tarfile.open(fileobj=stream, mode="r|xz") as tar:
         tar.extractall(site, filter="tar")  # keeps each file's mode: Ray's servers stay executable
     write_ray_command(site)
-    marker.touch()
-    bundle.unlink()
+    (site / ".unpacked").touch()
+    for piece in pieces:
+        piece.unlink()
     return f"site: unpacked into {site} (put {site} on PYTHONPATH and {site / 'bin'} on PATH)"
 
 
-def piece_counts(pieces: list[Path]) -> set[int]:
-    """The piece counts the pieces' names give (one, unless pieces of two preparations are mixed)."""
-    return {int(match["count"]) for piece in pieces if (match := PIECES.match(piece.name))}
+def whole_set(held: Path, stem: str) -> tuple[list[Path], str]:
+    """The held pieces of `stem` in order, and, while some are still to come, a line saying how many are here."""
+    pieces = sorted(held.glob(f"{stem}.*-of-*"), key=_natural)
+    counts = {int(match["count"]) for piece in pieces if (match := PIECES.match(piece.name))}
+    if len(counts) > 1:
+        raise ShipError(f"{held}: {stem} pieces of different preparations ({', '.join(map(str, sorted(counts)))} "
+                        "pieces)")
+    if not pieces or len(pieces) < min(counts):
+        return pieces, f"{stem}: {len(pieces)} of {min(counts) if counts else '?'} pieces"
+    return pieces, ""
 
 
 def join_pieces(held: Path, chunks_into: Path, chunked: Chunked) -> str:
     """Every piece, in order, cut into the config's chunk files, checked against its size and SHA-256."""
-    pieces = sorted(held.glob("model.*-of-*"), key=_natural)
-    counts = piece_counts(pieces)
-    if len(counts) > 1:
-        raise ShipError(f"{held}: pieces of different preparations ({', '.join(map(str, sorted(counts)))} pieces)")
-    if not pieces or len(pieces) < min(counts):
-        return f"model: {len(pieces)} of {min(counts) if counts else '?'} pieces"
+    pieces, waiting = whole_set(held, "model")
+    if waiting:
+        return waiting
     chunks_into.mkdir(parents=True, exist_ok=True)
     digest, size, index, sink = hashlib.sha256(), 0, 0, None
     try:
@@ -374,11 +394,11 @@ def join_pieces(held: Path, chunks_into: Path, chunked: Chunked) -> str:
 
 def receive(args: argparse.Namespace) -> str:
     chunked = Chunked.read(args.model_config)
-    lines = [unpack_site(args.site_bundle, args.site)]
     args.held.mkdir(parents=True, exist_ok=True)
     for path in sorted(args.ship.glob("*.*-of-*")):
         if PIECES.match(path.name):
             shutil.move(str(path), args.held / path.name)
+    lines = [unpack_site(args.held, args.site)]
     if (args.ship / DATA_FILE).is_file():
         shutil.rmtree(args.data_into, ignore_errors=True)
         with tarfile.open(args.ship / DATA_FILE) as tar:
@@ -406,14 +426,11 @@ def install_locked(held: Path, lock: Path, target: Path) -> str:
     the lock's hash, and the pieces removed. A `target` that holds this lock's install already is left as it is."""
     stem = lock.stem
     marker = target / f".installed-{stem}-{hashlib.sha256(lock.read_bytes()).hexdigest()[:16]}"
-    pieces = sorted(held.glob(f"{stem}.*-of-*"), key=_natural)
-    counts = piece_counts(pieces)
-    if len(counts) > 1:
-        raise ShipError(f"{held}: {stem} pieces of different preparations ({', '.join(map(str, sorted(counts)))})")
+    pieces, waiting = whole_set(held, stem)
     if marker.exists() and not pieces:
         return f"{stem}: installed in {target} before"
-    if not pieces or len(pieces) < min(counts):
-        return f"{stem}: {len(pieces)} of {min(counts) if counts else '?'} pieces"
+    if waiting:
+        return waiting
     unpacked = held / stem
     shutil.rmtree(unpacked, ignore_errors=True)
     unpacked.mkdir()
@@ -478,6 +495,7 @@ def main(argv: list[str] | None = None) -> int:
     here.add_argument("--limit", type=int, default=CALL_LIMIT, help="bytes a call carries (default 64 MiB)")
     here.add_argument("--piece-bytes", type=int, help="default: what a call leaves beside the tree")
     here.add_argument("--no-wheels", action="store_true", help="no extra wheels (EXTRA_WHEELS)")
+    here.add_argument("--site-bundle", type=Path, default=SITE_BUNDLE, help="gpu-site's (default: %(default)s)")
     wheels = commands.add_parser("prepare-wheels", help="here: a wheel lock's wheels in pieces into --ship")
     wheels.add_argument("--lock", type=Path, default=VLLM_LOCK, help="pinned wheels with hashes (default: %(default)s)")
     wheels.add_argument("--wheels", type=Path, default=Path.home() / ".cache" / "clozemath" / "ship",
@@ -485,8 +503,8 @@ def main(argv: list[str] | None = None) -> int:
     wheels.add_argument("--wheels-from", type=Path, help="a folder holding the lock's wheels already (no download)")
     wheels.add_argument("--limit", type=int, default=CALL_LIMIT, help="bytes a call carries (default 64 MiB)")
     wheels.add_argument("--piece-bytes", type=int, help="default: what a call leaves beside the tree")
+    wheels.add_argument("--site-bundle", type=Path, default=SITE_BUNDLE, help="gpu-site's (default: %(default)s)")
     there = commands.add_parser("receive", help="on the GPU machine, every call: unpack, keep, and join when whole")
-    there.add_argument("--site-bundle", type=Path, default=SITE_BUNDLE)
     there.add_argument("--site", type=Path, default=Path("/tmp/site"))
     there.add_argument("--held", type=Path, default=Path("/tmp/ship"), help="where the pieces wait")
     there.add_argument("--data-into", type=Path, default=Path("/tmp/data"))

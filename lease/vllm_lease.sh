@@ -22,12 +22,12 @@
 # The session, in order (each call within the machine's 30 s of the last; device time estimated from the 2026-12-02
 # sessions: ~7 s a shipping call, vLLM's engine ~1 min to start cold, our warm-ups ~10 s):
 #   here:   python bench/ship_model.py prepare-wheels        # .ship/vllm_wheels.{1..8}-of-8 + calls-vllm_wheels.md
-#   1.      carry [.gpu/site.tar.xz]                          command: python3 bench/ship_model.py receive
-#   2-9.    carry [.ship/vllm_wheels.K-of-8], one a call      command: python3 bench/ship_model.py receive
-#           (the 9th prints "vllm_wheels: 74 wheels installed into /tmp/vsite")          ~1.5 min with the machine's
+#   1-2.    carry [.ship/site.K-of-2], one a call            command: python3 bench/ship_model.py receive
+#   3-10.   carry [.ship/vllm_wheels.K-of-8], one a call      command: python3 bench/ship_model.py receive
+#           (the 10th prints "vllm_wheels: 74 wheels installed into /tmp/vsite")          ~1.5 min with the machine's
 #                                                                                        start ~1.5 min: ~3 min
-#   10.     carry [.gpu/lease49]   command: bash lease/vllm_lease.sh greedy            (timeout_s 600) ~5 min
-#   11.     carry [.gpu/lease49]   command: bash lease/vllm_lease.sh beam-cot          (timeout_s 600) ~5 min
+#   11.     carry [.gpu/lease49]   command: bash lease/vllm_lease.sh greedy            (timeout_s 600) ~5 min
+#   12.     carry [.gpu/lease49]   command: bash lease/vllm_lease.sh beam-cot          (timeout_s 600) ~5 min
 #   1B shape in all: ~13 min of device time. Then, if time is left, Qwen: here `python bench/ship_model.py prepare`
 #   (its 24 pieces, the data and the gguf wheel; it leaves the vLLM pieces), then its .ship/calls.md but the first
 #   call (the site bundle is there already), each with `receive` (~3 min), then:

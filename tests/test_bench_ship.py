@@ -38,31 +38,34 @@ def model(tmp_path: Path) -> tuple[Path, list[bytes]]:
     return config, chunks
 
 
-def test_pieces_carried_one_a_call_are_joined_into_the_models_chunks_and_checked(model, tmp_path: Path) -> None:
-    """`prepare` cuts pieces of 700 bytes (5, the last 500) across the chunks' bounds; the data's tarball rides with
-    the last piece; the site bundle comes first. After the first calls the model waits for its pieces; after the
-    last, its four chunk files are the originals, and a call carrying nothing more finds them there."""
+def test_pieces_carried_one_a_call_are_joined_into_the_site_and_the_models_chunks_and_checked(
+        model, tmp_path: Path) -> None:
+    """`prepare` cuts pieces of 700 bytes: the site bundle's first (an incompressible 1,500-byte file makes it 3), then
+    the model's (5, the last 500) across the chunks' bounds; the data's tarball rides with the last piece. The site
+    is unpacked once its last piece is held; the model waits for its pieces; after the last, its four chunk files are
+    the originals, and a call carrying nothing more finds them there."""
     config, chunks = model
     data = tmp_path / "data"
     (data / "gsm8k").mkdir(parents=True)
     (data / "gsm8k" / "test.jsonl").write_text('{"question": "1+1?", "answer": "#### 2"}\n')
+    noise = b"".join(hashlib.sha256(str(k).encode()).digest() for k in range(47))  # does not compress
+    bundle = _site_bundle(tmp_path / "site.tar.xz", {"pkg/__init__.py": b"x=1\n", "pkg/noise.bin": noise[:1500]})
     out = tmp_path / "out"
     calls = _main(["--model-config", str(config), "--ship", str(out), "prepare", "--chunks",
                    str(tmp_path / "chunks" / "part*.bin"), "--piece-bytes", "700", "--data", str(data),
-                   "--no-wheels"]).splitlines()
+                   "--no-wheels", "--site-bundle", str(bundle)]).splitlines()
+    site_pieces = sorted(out.glob("site.*"), key=ship._natural)
+    assert len(site_pieces) == -(-bundle.stat().st_size // 700) >= 3
     pieces = sorted(out.glob("model.*"), key=ship._natural)
     assert [p.name for p in pieces] == [f"model.{k}-of-5" for k in range(1, 6)]
     assert [p.stat().st_size for p in pieces] == [700, 700, 700, 700, 500]
     carried = [line for line in calls if line[:1].isdigit()]
-    assert len(carried) == 6 and "site.tar.xz" in carried[0] and ship.DATA_FILE in carried[-1]
+    assert len(carried) == len(site_pieces) + 5 and all(f"site.{k + 1}-of-" in carried[k]
+                                                        for k in range(len(site_pieces)))
+    assert ship.DATA_FILE in carried[-1]
     assert (out / "calls.md").read_text().strip() == "\n".join(calls).strip()
     side = [out / ship.DATA_FILE]
 
-    bundle = tmp_path / "site.tar.xz"
-    with tarfile.open(bundle, "w:xz") as tar:
-        info = tarfile.TarInfo("pkg/__init__.py")
-        info.size = 4
-        tar.addfile(info, io.BytesIO(b"x=1\n"))
     there = {"site": tmp_path / "site", "held": tmp_path / "held", "data": tmp_path / "data_there",
              "chunks": tmp_path / "joined"}
     tree = tmp_path / "tree"
@@ -71,15 +74,16 @@ def test_pieces_carried_one_a_call_are_joined_into_the_models_chunks_and_checked
         _fresh(tree / ".ship")
         for path in carry:
             shutil.copy(path, tree / ".ship" / path.name)
-        args = ["--model-config", str(config), "--ship", str(tree / ".ship"), "receive",
-                "--site-bundle", str(tree / "site.tar.xz"), "--site", str(there["site"]), "--held",
-                str(there["held"]), "--data-into", str(there["data"]), "--chunks-into", str(there["chunks"])]
-        if bundle in carry:
-            shutil.copy(bundle, tree / "site.tar.xz")
-        return _main(args)
+        return _main(["--model-config", str(config), "--ship", str(tree / ".ship"), "receive", "--site",
+                      str(there["site"]), "--held", str(there["held"]), "--data-into", str(there["data"]),
+                      "--chunks-into", str(there["chunks"])])
 
-    assert "site: unpacked" in call(bundle) and (there["site"] / "pkg" / "__init__.py").read_text() == "x=1\n"
-    assert (there["site"] / "bin" / "ray").stat().st_mode & 0o111
+    for k, piece in enumerate(site_pieces[:-1]):
+        assert f"site: {k + 1} of {len(site_pieces)} pieces" in call(piece)
+    assert "site: unpacked" in call(site_pieces[-1])
+    assert (there["site"] / "pkg" / "__init__.py").read_text() == "x=1\n"
+    assert (there["site"] / "pkg" / "noise.bin").read_bytes() == noise[:1500]
+    assert (there["site"] / "bin" / "ray").stat().st_mode & 0o111 and not list(there["held"].glob("site.*"))
     for k, piece in enumerate(pieces[:-1]):
         assert f"model: {k + 1} of 5 pieces" in call(piece)
     last = call(pieces[-1], *side)
@@ -94,8 +98,8 @@ def test_a_piece_of_another_model_fails_the_check_in_one_line(model, tmp_path: P
     held = tmp_path / "held"
     held.mkdir()
     (held / "model.1-of-1").write_bytes(b"not the model")
-    args = ["--model-config", str(config), "--ship", str(tmp_path / "empty"), "receive", "--site-bundle",
-            str(tmp_path / "none"), "--site", str(tmp_path / "site"), "--held", str(held), "--chunks-into",
+    args = ["--model-config", str(config), "--ship", str(tmp_path / "empty"), "receive",
+            "--site", str(tmp_path / "site"), "--held", str(held), "--chunks-into",
             str(tmp_path / "joined"), "--data-into", str(tmp_path / "d")]
     (tmp_path / "empty").mkdir()
     assert ship.main(args) == 2
@@ -108,15 +112,11 @@ def test_wheels_with_scripts_installed_into_the_site_leave_its_ray_command(model
     do): pip's `--target --upgrade` replaces the site's `bin` folder, and `ray` must be there after it (the first
     Qwen session's chain failed at `ray start` so)."""
     config, _ = model
-    bundle = tmp_path / "site.tar.xz"
-    with tarfile.open(bundle, "w:xz") as tar:
-        info = tarfile.TarInfo("pkg/__init__.py")
-        info.size = 0
-        tar.addfile(info, io.BytesIO(b""))
     ship_dir = _fresh(tmp_path / "ship")
+    _site_bundle(ship_dir / "site.1-of-1", {"pkg/__init__.py": b""})
     _wheel_with_script(_fresh(ship_dir / ship.WHEELS_DIR) / "toolpkg-1.0-py3-none-any.whl")
     site = tmp_path / "site"
-    out = _main(["--model-config", str(config), "--ship", str(ship_dir), "receive", "--site-bundle", str(bundle),
+    out = _main(["--model-config", str(config), "--ship", str(ship_dir), "receive",
                  "--site", str(site), "--held", str(tmp_path / "held"), "--data-into", str(tmp_path / "d"),
                  "--chunks-into", str(tmp_path / "joined")])
     assert "wheels: 1 installed" in out
@@ -135,12 +135,13 @@ def test_a_locked_wheel_set_travels_in_pieces_and_is_installed_once_whole(model,
     lock = _lock(tmp_path / "locked.txt", wheels)
     out = _fresh(tmp_path / "out")
     (out / "model.1-of-1").write_bytes(b"a model piece of another preparation")
+    bundle = _site_bundle(tmp_path / "site.tar.xz", {"pkg/__init__.py": b""})
     calls = _main(["--model-config", str(config), "--ship", str(out), "prepare-wheels", "--lock", str(lock),
-                   "--wheels-from", str(wheels), "--piece-bytes", "2000"])
+                   "--wheels-from", str(wheels), "--piece-bytes", "2000", "--site-bundle", str(bundle)])
     pieces = sorted(out.glob("locked.*-of-*"), key=ship._natural)
     tar_bytes = sum(p.stat().st_size for p in pieces)
     assert len(pieces) == -(-tar_bytes // 2000) >= 3 and {p.stat().st_size for p in pieces[:-1]} == {2000}
-    assert (out / "model.1-of-1").is_file() and "site.tar.xz" in calls and str(pieces[-1].name) in calls
+    assert (out / "model.1-of-1").is_file() and "site.1-of-1" in calls and str(pieces[-1].name) in calls
     assert (out / "calls-locked.md").read_text().strip() == calls.strip() and calls.startswith("# 2 wheels of locked")
 
     target, held = tmp_path / "vsite", tmp_path / "held"
@@ -149,8 +150,8 @@ def test_a_locked_wheel_set_travels_in_pieces_and_is_installed_once_whole(model,
         ship_dir = _fresh(tmp_path / "tree" / ".ship")
         for path in carry:
             shutil.copy(path, ship_dir / path.name)
-        return _main(["--model-config", str(config), "--ship", str(ship_dir), "receive", "--site-bundle",
-                      str(tmp_path / "none"), "--site", str(tmp_path / "site"), "--held", str(held), "--data-into",
+        return _main(["--model-config", str(config), "--ship", str(ship_dir), "receive",
+                      "--site", str(tmp_path / "site"), "--held", str(held), "--data-into",
                       str(tmp_path / "d"), "--chunks-into", str(tmp_path / "joined"), "--lock", str(lock),
                       "--lock-into", str(target)])
 
@@ -170,17 +171,27 @@ def test_a_wheel_that_is_not_the_locked_one_fails_the_install_in_one_line(model,
     _wheel_with_script(wheels / "toolpkg-1.0-py3-none-any.whl", payload=b"changed since it was locked")
     out = _fresh(tmp_path / "out")
     _main(["--model-config", str(config), "--ship", str(out), "prepare-wheels", "--lock", str(lock), "--wheels-from",
-           str(wheels)])
+           str(wheels), "--site-bundle", str(_site_bundle(tmp_path / "site.tar.xz", {"pkg/__init__.py": b""}))])
     held = _fresh(tmp_path / "held")
     for piece in out.glob("locked.*-of-*"):
         shutil.move(piece, held / piece.name)
     assert ship.main(["--model-config", str(config), "--ship", str(_fresh(tmp_path / "empty")), "receive",
-                      "--site-bundle", str(tmp_path / "none"), "--site", str(tmp_path / "site"), "--held", str(held),
+                      "--site", str(tmp_path / "site"), "--held", str(held),
                       "--data-into", str(tmp_path / "d"), "--chunks-into", str(tmp_path / "joined"), "--lock",
                       str(lock), "--lock-into", str(tmp_path / "vsite")]) == 2
     error = capsys.readouterr().err.strip().splitlines()[-1]
     assert error.startswith("ship_model: error: pip could not install the 1 wheels of locked")
     assert not (tmp_path / "vsite" / "toolpkg").exists()
+
+
+def _site_bundle(path: Path, files: dict[str, bytes]) -> Path:
+    """A site bundle as gpu-site makes one: a tar.xz of the files."""
+    with tarfile.open(path, "w:xz") as tar:
+        for name, content in files.items():
+            info = tarfile.TarInfo(name)
+            info.size = len(content)
+            tar.addfile(info, io.BytesIO(content))
+    return path
 
 
 def _lock(path: Path, wheels: Path) -> Path:
