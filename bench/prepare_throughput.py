@@ -20,7 +20,7 @@ from clozemath.data.prepare import training_samples
 from clozemath.data.sources import load_problems
 from clozemath.data.training_sets import training_set_names
 from clozemath.data.tokenize import encode_sample, encode_samples, install_special_tokens, num_sentinels_needed
-from clozemath.model.load import load_tokenizer
+from clozemath.model.tokenizer import load_tokenizer
 from clozemath.safe_yaml import read_yaml
 
 CONFIGS = Path(__file__).resolve().parent.parent / "configs"

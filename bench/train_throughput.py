@@ -72,7 +72,8 @@ from clozemath.data.tokenize import IGNORE_INDEX, collate_packs  # noqa: E402
 from clozemath.errors import ClozeMathError  # noqa: E402
 from clozemath.files import write_text_atomic  # noqa: E402
 from clozemath.model.attention import flex_kernel_options, head_dim  # noqa: E402
-from clozemath.model.load import aligned_vocabulary, load_model, load_tokenizer  # noqa: E402
+from clozemath.model.load import aligned_vocabulary, load_model  # noqa: E402
+from clozemath.model.tokenizer import load_tokenizer  # noqa: E402
 from clozemath.safe_yaml import read_yaml  # noqa: E402
 from clozemath.train.batches import model_inputs  # noqa: E402
 from clozemath.train.flops import (  # noqa: E402

@@ -34,7 +34,7 @@ from clozemath.config import ExperimentConfig, GridConfig, TrackingConfig, from_
 from clozemath.errors import ClozeMathError
 from clozemath.eval.predictions import read_predictions, results_table, trials_results_table
 from clozemath.files import remove_abandoned_staging, storage_fault_advice
-from clozemath.model.load import load_tokenizer
+from clozemath.model.tokenizer import load_tokenizer
 from clozemath.plan import RunPlan, data_inputs, run_inputs, trial_labels, with_absolute_paths
 from clozemath.records import (
     ADAPTER_DIR,

@@ -149,7 +149,7 @@ def _kind_counts(kinds: Any) -> dict[str, int]:
 
 def _build(config: ExperimentConfig, problems: list[Problem], folder: Path) -> dict[str, Any]:
     """Run the pipeline into `folder`; returns the metadata it writes beside the rows."""
-    from clozemath.model.load import load_tokenizer  # models and peft: the driver's, not the pipeline's workers'
+    from clozemath.model.tokenizer import load_tokenizer  # the driver's, not the pipeline's workers'
 
     tokenizer = load_tokenizer(config.model)  # before Ray starts: a wrong model path fails fast, in one line
     init_ray()

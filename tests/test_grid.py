@@ -126,10 +126,11 @@ def smoke_grid(tmp_path_factory: pytest.TempPathFactory) -> tuple[subprocess.Com
         no_token = {key: value for key, value in env.items() if key != "RAY_AUTH_TOKEN"}
         home = tmp_path_factory.mktemp("home")  # no ~/.ray/auth_token there
         for mode, driver_env in (("disabled", env), ("token", {**no_token, "HOME": str(home)})):
-            refused = subprocess.run(  # a driver without the cluster's token, as `ray start` users meet it
+            refused = subprocess.run(  # a driver without the cluster's token, as `ray start` users meet it; Ray
+                # retries its first call to the GCS once a second, 20 times unless RAY_gcs_server_port_wait_time_s says
                 [sys.executable, "-m", "clozemath_cli", "run", "configs/grids/smoke.yaml", *overrides], cwd=ROOT,
-                env={**driver_env, "RAY_ADDRESS": gcs, "RAY_AUTH_MODE": mode}, capture_output=True, text=True,
-                timeout=300,
+                env={**driver_env, "RAY_ADDRESS": gcs, "RAY_AUTH_MODE": mode, "RAY_gcs_server_port_wait_time_s": "2"},
+                capture_output=True, text=True, timeout=300,
             )
             assert refused.returncode == 2, refused.stderr[-3000:]
             assert "Traceback" not in refused.stderr and refused.stderr.strip().splitlines()[-1] == (

@@ -105,3 +105,12 @@ def test_the_schema_loads_no_registry() -> None:
     code = "import sys, clozemath.config; print(' '.join(m for m in sys.modules if m.startswith('clozemath')))"
     loaded = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
     assert set(loaded.stdout.split()) <= {"clozemath", "clozemath.config", "clozemath.errors"}, loaded.stdout
+
+
+def test_the_processes_that_load_no_model_import_no_peft() -> None:
+    """peft takes 5-10 s to import on 2 cores. The driver (`ray_jobs.grid`), each trial's process (the same module)
+    and Ray Train's controller (`ray_jobs.train`, the workers' loop's module) load no model: a `clozemath run` once
+    paid it in each of them, one after another, before a worker started."""
+    code = "import sys, ray_jobs.grid, ray_jobs.train; print(sorted(m for m in ('peft', 'deepspeed') if m in sys.modules))"
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0 and done.stdout.strip() == "[]", done.stdout + done.stderr[-2000:]

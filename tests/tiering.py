@@ -31,6 +31,8 @@ UNIT_TEST_MAX_S = 2.0
 """A test recorded slower than this (setup, call and teardown) runs in the full tier only."""
 UNIT_TIER_BUDGET_S = 180.0
 """The unit tier's tests, summed, on a 2-core machine."""
+SAID_SLOW_S = 120.0
+"""A test that took longer is named as it ends, with the time into the run (CI's log then shows where its time went)."""
 USES = {
     "ray": "starts Ray",
     "subprocess": "starts a subprocess",
@@ -43,8 +45,10 @@ USES = {
 class _Tiers:
     """The session's state: which tier runs, what each test and fixture used, how long each test took."""
 
-    def __init__(self, everything: bool) -> None:
+    def __init__(self, everything: bool, config: pytest.Config) -> None:
         self.everything = everything
+        self.config = config
+        self.started = time.monotonic()
         record = json.loads(RECORD.read_text()) if RECORD.is_file() else {}
         self.tests: dict[str, dict[str, Any]] = record.get("tests", {})
         self.fixtures: dict[str, list[str]] = record.get("fixtures", {})
@@ -137,7 +141,7 @@ def pytest_configure(config: pytest.Config) -> None:
     for name, meaning in USES.items():
         config.addinivalue_line("markers", f"{name}: {meaning} (set by tests/tiering.py from tests/tiers.json)")
     config.addinivalue_line("markers", "integration: any of those, or slow: runs with --tier all only")
-    _STATE = _Tiers(config.getoption("--tier") == "all")
+    _STATE = _Tiers(config.getoption("--tier") == "all", config)
     _install_tripwires()
 
 
@@ -176,8 +180,25 @@ def pytest_fixture_setup(fixturedef: pytest.FixtureDef[Any], request: pytest.Fix
 
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
-    if _STATE is not None:
-        _STATE.durations[report.nodeid] += report.duration
+    if _STATE is None:
+        return
+    _STATE.durations[report.nodeid] += report.duration
+    if report.failed or (report.when == "teardown" and _STATE.durations[report.nodeid] > SAID_SLOW_S):
+        _say_now(report)
+
+
+def _say_now(report: pytest.TestReport) -> None:
+    """A failure with its traceback's end, or a slow test's time, printed as it happens: a CI run stopped at its time
+    limit ends before pytest's summary, which would have said it."""
+    assert _STATE is not None
+    into = time.monotonic() - _STATE.started
+    at = f"{_STATE.durations[report.nodeid]:.0f} s, {into // 60:.0f}:{into % 60:02.0f} into the run"
+    writer = _STATE.config.get_terminal_writer()
+    if not report.failed:
+        writer.line(f"\nslow: {report.nodeid} ({at})")
+        return
+    tail = "\n".join(report.longreprtext.splitlines()[-40:])
+    writer.line(f"\nFAILED ({report.when}): {report.nodeid} ({at})\n{tail}", red=True)
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:

@@ -73,7 +73,7 @@ model shipped in chunks, not yet installed): the Llama-3.2 tokenizer that `make 
 def local_tokenizer_model(model: ModelConfig, candidates: list[ModelConfig]) -> tuple[ModelConfig, str]:
     """The model config to count tokens with: the model's own tokenizer where it is on this machine, else the first
     of `candidates` whose tokenizer is (an estimate, said so)."""
-    from clozemath.model.load import load_tokenizer
+    from clozemath.model.tokenizer import load_tokenizer
 
     for counting in [model, *candidates]:
         try:
@@ -132,7 +132,7 @@ class Estimator:
         """The model's shape and the model config its tokens are counted with (once per model)."""
         key = model.model_dump_json()
         if key not in self._shapes:
-            from clozemath.model.load import load_tokenizer
+            from clozemath.model.tokenizer import load_tokenizer
 
             shape_cfg = self.table.shape_of(model)
             counting, note = local_tokenizer_model(model, [shape_cfg, self.table.model_config(STAND_IN_TOKENIZER)])

@@ -214,7 +214,7 @@ class PreparedData:
 
 def prepare_data(config: ExperimentConfig, limit: int | None = None) -> PreparedData:
     """The run's preprocessing steps on this machine: problems -> samples -> balanced copies -> token ids."""
-    from clozemath.model.load import load_tokenizer  # models and peft: not for Ray's preprocessing workers
+    from clozemath.model.tokenizer import load_tokenizer  # the model floor, above data
 
     data, method = config.data, config.method
     problems = load_problems(data.dataset, data.split, data.path, limit if limit is not None else data.limit)

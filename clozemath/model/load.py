@@ -1,4 +1,5 @@
-"""Base model + tokenizer (hub id, local folder, GGUF file or its chunks, or random init), the method's special tokens, LoRA.
+"""Base model (hub id, local folder, GGUF file or its chunks, or random init; its tokenizer from
+`clozemath.model.tokenizer`), the method's special tokens, LoRA.
 
 The special tokens' rows of the input embedding (and of the output matrix when it is untied) train along with LoRA
 through peft's `trainable_token_indices`: peft keeps a small trainable copy of those rows and writes them over the
@@ -7,24 +8,18 @@ frozen matrix in every forward pass, so every other row stays bit-for-bit the ba
 
 from __future__ import annotations
 
-import copy
-import importlib.util
 import json
-import struct
-import threading
 from dataclasses import dataclass
 from functools import lru_cache, partial
 from pathlib import Path
 from typing import Any
 
 import torch
-from huggingface_hub.errors import HFValidationError
 from peft import LoraConfig as PeftLoraConfig
 from peft import PeftModel, get_peft_model
 from peft.tuners.trainable_tokens.layer import TrainableTokensLayer
 from transformers import (
     AutoModelForCausalLM,
-    AutoTokenizer,
     LlamaConfig,
     LlamaForCausalLM,
     PreTrainedModel,
@@ -35,11 +30,10 @@ from clozemath.config import LoraConfig, ModelConfig
 from clozemath.data.tokenize import SpecialTokens, install_special_tokens, special_names
 from clozemath.errors import ClozeMathError
 from clozemath.files import write_text_atomic
-from clozemath.model.chunks import joined_gguf
-from clozemath.model.gguf_cache import load_gguf_model, load_gguf_tokenizer
+from clozemath.model.gguf_cache import load_gguf_model
 from clozemath.model.speed import PLAIN, SpeedLevers, apply_levers
+from clozemath.model.tokenizer import from_pretrained, load_tokenizer, looks_local, weights_location
 
-PACKAGE_PREFIX = "package:"
 SPECIALS_FILE = "special_tokens.json"
 SEED = 0
 """Seed of random weights (a `random_init` model unless its settings carry `seed`, rows added to a vocabulary):
@@ -48,122 +42,6 @@ VOCAB_MULTIPLE = 64
 """The embedding and output matrices grow to a multiple of this many rows when tokens are added: a row count off
 a multiple of 8 puts the output layer's matrix products (a training step's largest) on cuBLAS's slow unaligned
 kernels. Decoding never picks the rows past the tokenizer (`generation_config.suppress_tokens`)."""
-
-
-def resolve_location(spec: str) -> str:
-    """`package:<module>[/sub/dir]` -> that folder inside the installed package; any other spec unchanged."""
-    if not spec.startswith(PACKAGE_PREFIX):
-        return spec
-    module, _, sub = spec[len(PACKAGE_PREFIX) :].partition("/")
-    try:
-        found = importlib.util.find_spec(module)
-    except (ImportError, ValueError):
-        found = None
-    if found is None:
-        raise ClozeMathError(f"{spec}: package '{module}' is not installed")
-    roots = list(found.submodule_search_locations or [Path(found.origin).parent])
-    folder = Path(roots[0]) / sub
-    if not folder.exists():
-        raise ClozeMathError(f"{spec}: no such folder {folder}")
-    return str(folder)
-
-
-def load_tokenizer(cfg: ModelConfig) -> PreTrainedTokenizerBase:
-    """The model's tokenizer: `cfg.tokenizer` if set, else the one beside the weights (inside the GGUF file if any).
-
-    Read once a process and copied for each caller (a copy ~0.15 s): a GGUF file's tokenizer takes ~7 s to read, and
-    a grid's driver prepared its training sets in threads that each read it, under the GIL 55 s before any data was
-    touched (SmolLM2, 4 threads, 2 cores). A copy each, because loading a model adds special tokens to it."""
-    if cfg.tokenizer is not None:
-        location, gguf_file = _checked_location(cfg.tokenizer, None, "tokenizer path")
-    else:
-        location, gguf_file = weights_location(cfg)
-    key = (location, gguf_file, _modified(location, gguf_file))
-    with _TOKENIZERS_LOCK:  # the other threads wait for the first reader instead of reading it too
-        if key not in _TOKENIZERS:
-            _TOKENIZERS[key] = _read_tokenizer(location, gguf_file)
-    return copy.deepcopy(_TOKENIZERS[key])
-
-
-def _read_tokenizer(location: str, gguf_file: str | None) -> PreTrainedTokenizerBase:
-    def read(folder: str, gguf: str | None) -> PreTrainedTokenizerBase:
-        return _from_pretrained(AutoTokenizer, folder, gguf_file=gguf)
-
-    if gguf_file is not None and _looks_local(location):
-        return load_gguf_tokenizer(Path(location).expanduser() / gguf_file, read)  # parsed once a file, then kept
-    return read(location, gguf_file)
-
-
-_TOKENIZERS: dict[tuple[str, str | None, int | None], PreTrainedTokenizerBase] = {}
-_TOKENIZERS_LOCK = threading.Lock()
-
-
-def _modified(location: str, gguf_file: str | None) -> int | None:
-    """When the local file a tokenizer is read from last changed (None: a hub id): a rewritten one is read again."""
-    folder = Path(location).expanduser()
-    candidates = [folder / gguf_file] if gguf_file else [folder / name for name in _FOLDER_MARKERS["tokenizer path"]]
-    stamps = [path.stat().st_mtime_ns for path in candidates if path.is_file()]
-    return max(stamps) if stamps else None
-
-
-def weights_location(cfg: ModelConfig) -> tuple[str, str | None]:
-    """The folder (or hub id) of the weights and the GGUF file in it, if any; chunks are joined into the cache."""
-    if cfg.gguf_chunks is not None:
-        assert cfg.gguf_file is not None, "ModelConfig guarantees a name for the joined file"
-        return str(joined_gguf(cfg.gguf_chunks, cfg.gguf_file).parent), cfg.gguf_file
-    return _checked_location(cfg.path, cfg.gguf_file)
-
-
-# --------------------------------------------------------------------------------------------------------------
-# Locations and errors
-
-
-_FOLDER_MARKERS = {"model path": ("config.json",), "tokenizer path": ("tokenizer.json", "tokenizer_config.json")}
-"""A local folder without any of these files is not what it is meant to be (a GGUF file stands in for them)."""
-
-
-def _looks_local(location: str) -> bool:
-    """A folder rather than a hub id (`org/name` or `name`)."""
-    return Path(location).exists() or location.startswith(("/", ".", "~")) or location.count("/") > 1
-
-
-def _checked_location(spec: str | None, gguf_file: str | None, what: str = "model path") -> tuple[str, str | None]:
-    """Resolve `spec`; a local folder (and the GGUF file in it) must exist."""
-    assert spec is not None, "ModelConfig guarantees a path or a tokenizer"
-    location = resolve_location(spec)
-    if _looks_local(location):
-        folder = Path(location).expanduser()
-        if not folder.is_dir():
-            raise ClozeMathError(f"{what} '{spec}': no such folder")
-        if gguf_file is not None and not (folder / gguf_file).is_file():
-            raise ClozeMathError(f"GGUF file '{gguf_file}' not found in {folder}")
-        markers = _FOLDER_MARKERS[what]
-        if gguf_file is None and not any((folder / marker).is_file() for marker in markers):
-            raise ClozeMathError(f"{what} '{spec}': no {' or '.join(markers)} in {folder}")
-        return str(folder), gguf_file
-    return location, gguf_file
-
-
-def _from_pretrained(factory: Any, location: str, **kwargs: Any) -> Any:
-    """`factory.from_pretrained` with a missing or unreachable model turned into a one-line error."""
-    kwargs = {key: value for key, value in kwargs.items() if value is not None}
-    try:
-        return factory.from_pretrained(location, **kwargs)
-    except (OSError, HFValidationError) as exc:
-        raise ClozeMathError(f"model '{location}': cannot be loaded ({_first_line(exc)})") from None
-    except _UNREADABLE_GGUF as exc:  # transformers' GGUF reader on a file that is not one, or not one it reads
-        if "gguf_file" not in kwargs:
-            raise
-        raise ClozeMathError(
-            f"GGUF file '{Path(location) / kwargs['gguf_file']}': cannot be read ({_first_line(exc)})"
-        ) from None
-
-
-_UNREADABLE_GGUF = (ValueError, struct.error, EOFError, IndexError, KeyError, OverflowError, MemoryError)
-
-
-def _first_line(exc: BaseException) -> str:
-    return str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -220,11 +98,11 @@ def _pretrained_model(cfg: ModelConfig, dtype: torch.dtype, attn_implementation:
     location, gguf_file = weights_location(cfg)
 
     def read(folder: str, gguf: str | None) -> PreTrainedModel:
-        return _from_pretrained(
+        return from_pretrained(
             AutoModelForCausalLM, folder, gguf_file=gguf, dtype=dtype, attn_implementation=attn_implementation
         )
 
-    if gguf_file is not None and _looks_local(location):
+    if gguf_file is not None and looks_local(location):
         return load_gguf_model(Path(location).expanduser() / gguf_file, dtype, read)  # dequantized once, then kept
     return read(location, gguf_file)
 

@@ -22,7 +22,6 @@ import torch.distributed as dist
 from clozemath.data.tokenize import SpecialTokens
 from clozemath.errors import ClozeMathError
 from clozemath.files import remove_abandoned_staging, staging_folder, write_text_atomic
-from clozemath.model.load import save_adapter
 from clozemath.train.distributed import all_ranks_reduce, from_rank_zero, world_rank
 from clozemath.train.layout import StepCounts
 
@@ -73,6 +72,8 @@ def full_trainable_parameters(engine: Any) -> Iterator[None]:
 def export_adapter(engine: Any, folder: Path, specials: SpecialTokens) -> None:
     """Rank 0 writes the adapter (LoRA + special-token rows, safetensors) and the special-token map; under ZeRO-3
     every rank takes part in gathering the trainable parameters first."""
+    from clozemath.model.load import save_adapter  # peft: the training workers', not their controller's (~5 s)
+
     with full_trainable_parameters(engine):
         if dist.get_rank() == 0:
             save_adapter(engine.module.model, folder, specials)
