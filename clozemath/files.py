@@ -15,6 +15,15 @@ from typing import TextIO
 
 from clozemath.errors import ClozeMathError
 
+CACHE_ENV_VAR = "CLOZEMATH_CACHE_DIR"
+
+
+def user_cache_root() -> Path:
+    """`$CLOZEMATH_CACHE_DIR`, else the user's cache folder (`$XDG_CACHE_HOME/clozemath`, `~/.cache/clozemath`)."""
+    if os.environ.get(CACHE_ENV_VAR):
+        return Path(os.environ[CACHE_ENV_VAR]).expanduser()
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache").expanduser() / "clozemath"
+
 
 @contextmanager
 def atomic_path(path: str | Path) -> Iterator[Path]:

@@ -154,6 +154,51 @@ def test_drivers_that_start_together_on_a_new_sqlite_store_each_create_their_exp
     assert sorted(e.name for e in tracking.client(uri).search_experiments()) == sorted(["Default", *names])
 
 
+def _made_by_migrations(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The SQLite files whose tables MLflow's migrations make from now on, in this process."""
+    import mlflow.store.db.utils as db_utils
+
+    made: list[str] = []
+    migrate = db_utils._initialize_tables
+
+    def counted(engine: Any) -> None:
+        made.append(str(engine.url.database))
+        migrate(engine)
+
+    monkeypatch.setattr(db_utils, "_initialize_tables", counted)
+    return made
+
+
+def test_new_sqlite_stores_are_copies_of_an_empty_one_migrated_once(tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """MLflow's migrations (~5 s on 2 cores) run once per MLflow version, for the empty store in the user's cache,
+    not for every new store; each store's default experiment is its own, as MLflow makes it for a store it creates."""
+    monkeypatch.setenv("CLOZEMATH_CACHE_DIR", str(tmp_path / "cache"))
+    made = _made_by_migrations(monkeypatch)
+    configs = [TrackingConfig(uri=f"sqlite:///{tmp_path / name / 'mlruns.db'}", experiment=name)
+               for name in ("first", "second")]
+    for config in configs:
+        tracking.experiment_id(config)
+    assert len(made) == 1 and Path(made[0]).parent == tmp_path / "cache" / "mlflow"
+    for config in configs:
+        experiments = {e.name: e for e in tracking.client(config.uri).search_experiments()}
+        assert sorted(experiments) == sorted(["Default", config.experiment])
+        assert experiments["Default"].experiment_id == "0" and not experiments["Default"].tags
+        assert experiments[config.experiment].artifact_location == tracking.artifact_location(config)
+
+
+def test_a_cache_that_cannot_be_written_leaves_the_store_to_mlflows_migrations(tmp_path: Path,
+                                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "cache").write_text("a file where the cache folder would be")
+    monkeypatch.setenv("CLOZEMATH_CACHE_DIR", str(tmp_path / "cache"))
+    made = _made_by_migrations(monkeypatch)
+    (tmp_path / "store").mkdir()
+    config = TrackingConfig(uri=f"sqlite:///{tmp_path / 'store' / 'mlruns.db'}", experiment="kept")
+    tracking.experiment_id(config)
+    assert made == [str(tmp_path / "store" / "mlruns.db")]
+    assert sorted(e.name for e in tracking.client(config.uri).search_experiments()) == ["Default", "kept"]
+
+
 def test_four_trials_at_once_on_a_tracking_server(tracking_server: str, server_folder: Path, tmp_path: Path) -> None:
     assert_trials_at_once_are_all_found(tracking_server, tmp_path)
     assert list((server_folder / "served").rglob("predictions.jsonl"))  # the server holds the artifacts

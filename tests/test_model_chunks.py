@@ -16,7 +16,7 @@ import yaml
 
 from clozemath.config import GgufChunksConfig, ModelConfig
 from clozemath.errors import ClozeMathError
-from clozemath.model import chunks as chunks_module
+from clozemath.files import CACHE_ENV_VAR
 from clozemath.model.chunks import joined_gguf
 from clozemath.model.tokenizer import load_tokenizer, weights_location
 from clozemath.safe_yaml import read_yaml
@@ -58,7 +58,7 @@ def site(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     folder = tmp_path / "site"
     folder.mkdir()
     monkeypatch.syspath_prepend(str(folder))
-    monkeypatch.setenv(chunks_module.CACHE_ENV_VAR, str(tmp_path / "cache"))
+    monkeypatch.setenv(CACHE_ENV_VAR, str(tmp_path / "cache"))
     importlib.invalidate_caches()
     return folder
 

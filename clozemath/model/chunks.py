@@ -17,7 +17,6 @@ import glob
 import hashlib
 import importlib.metadata
 import json
-import os
 import re
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
@@ -26,9 +25,8 @@ from filelock import FileLock
 
 from clozemath.config import GgufChunksConfig
 from clozemath.errors import ClozeMathError
-from clozemath.files import atomic_path
+from clozemath.files import atomic_path, user_cache_root
 
-CACHE_ENV_VAR = "CLOZEMATH_CACHE_DIR"
 READ_BYTES = 16 << 20
 
 
@@ -43,13 +41,6 @@ class Chunk:
     identity: str = ""
     """What makes this chunk this content, for the cache key: a package's name, version and recorded hash; a plain
     file's path, size and modification time."""
-
-
-def user_cache_root() -> Path:
-    """`$CLOZEMATH_CACHE_DIR`, else the user's cache folder (`$XDG_CACHE_HOME/clozemath`, `~/.cache/clozemath`)."""
-    if os.environ.get(CACHE_ENV_VAR):
-        return Path(os.environ[CACHE_ENV_VAR]).expanduser()
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache").expanduser() / "clozemath"
 
 
 def cache_root(chunks: GgufChunksConfig) -> Path:

@@ -33,8 +33,7 @@ import transformers
 from filelock import FileLock
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from clozemath.files import staging_folder
-from clozemath.model.chunks import user_cache_root
+from clozemath.files import staging_folder, user_cache_root
 
 SWITCH_ENV_VAR = "CLOZEMATH_GGUF_CACHE"
 FOLDER = "from_gguf"
