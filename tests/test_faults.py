@@ -182,7 +182,7 @@ def test_a_run_after_its_training_data_changed_never_resumes_the_old_checkpoints
 
     data = _training_file(tmp_path)
     storage = tmp_path / "checkpoints"
-    args = [f"data.path={data}", f"train.storage={storage}"]
+    args = [f"data.path={data}", f"train.storage={storage}", "eval.sets=[]"]  # what trains is the test
     code, lines = run_smoke(tmp_path, *args)
     assert code == 0, "\n".join(lines[-30:])
     folder = tmp_path / "runs" / "smoke"
@@ -412,8 +412,9 @@ def _assert_same_adapter(resumed: Path, reference: Path) -> None:
         torch.testing.assert_close(tensor, theirs[name], rtol=1e-4, atol=1e-6, msg=name)
 
 
-TWELVE_STEPS = ["train.max_steps=12", "train.checkpoint_every=4", "train.max_failures=0"]
-"""Checkpoints at steps 4, 8 and 12; a failure is not retried within the command."""
+TWELVE_STEPS = ["train.max_steps=12", "train.checkpoint_every=4", "train.max_failures=0", "eval.sets=[]"]
+"""Checkpoints at steps 4, 8 and 12; a failure is not retried within the command; the adapter, not an evaluation, is
+compared."""
 
 
 @pytest.fixture(scope="module")
@@ -522,8 +523,8 @@ def test_sigterm_to_the_process_group_during_training_ends_in_one_line_and_resum
     silence, exit 1, runs left RUNNING; now: exit 143 within seconds, one line saying how to resume, the runs
     KILLED; the same command resumes it to the end."""
     shutil.copytree(smoke_samples, tmp_path / "runs" / "cache")
-    overrides = [*LEARNS, "train.max_steps=60", "train.checkpoint_every=10", "eval.sets=[]"]  # no evaluation: the
-    # resumed run's end is what is tested
+    overrides = [*LEARNS, "train.num_workers=1", "train.max_steps=60", "train.checkpoint_every=10", "eval.sets=[]"]
+    # one worker and no evaluation: the signal's path and the resumed run's end are what is tested
     log = tmp_path / "first.log"
     first = _start_run(tmp_path, log, *overrides)
     _wait_for(first, lambda: TRAINING_STEP.search(log.read_text()))
@@ -896,7 +897,8 @@ def test_two_runs_of_different_experiments_started_together_both_finish(smoke_sa
     cluster, num_cpus and num_gpus must not be provided"), and says so first."""
     shutil.copytree(smoke_samples, tmp_path / "runs" / "cache")
     logs = [tmp_path / "first.log", tmp_path / "second.log"]
-    runs = [_start_run(tmp_path, log, *LEARNS, f"name={name}", "eval.sets=[]")  # trained, not evaluated: Ray's part
+    runs = [_start_run(tmp_path, log, *LEARNS, f"name={name}", "train.num_workers=1", "train.max_steps=2",
+                       "eval.sets=[]")  # a short training each, not evaluated: two Rays side by side are the test
             for log, name in zip(logs, ("first", "second"))]
     codes = [_ended(run, 900) for run in runs]
     consoles = [log.read_text() for log in logs]

@@ -568,8 +568,8 @@ def test_sigterm_during_training_leaves_a_resumable_run_marked_killed(smoke_samp
     it to the end is tests/test_faults.py's SIGTERM to the whole process group (Slurm's, `timeout`'s)."""
     shutil.copytree(smoke_samples, tmp_path / "runs" / "cache")  # the samples `LEARNS` makes, prepared once
     command = [sys.executable, "-m", "clozemath_cli", "run", str(SMOKE), *outputs(tmp_path), *LEARNS,
-               "train.max_steps=60", "train.checkpoint_every=10"]  # seconds of training (6 steps took under one:
-    # the signal then came during the evaluation, after the run had finished)
+               "train.num_workers=1", "train.max_steps=60", "train.checkpoint_every=10"]  # seconds of training (6
+    # steps took under one: the signal then came during the evaluation, after the run had finished)
     env = {key: value for key, value in os.environ.items() if key != "RAY_ADDRESS"}
     log = tmp_path / "first.log"
     with open(log, "w") as out:
