@@ -523,8 +523,9 @@ def test_sigterm_to_the_process_group_during_training_ends_in_one_line_and_resum
     silence, exit 1, runs left RUNNING; now: exit 143 within seconds, one line saying how to resume, the runs
     KILLED; the same command resumes it to the end."""
     shutil.copytree(smoke_samples, tmp_path / "runs" / "cache")
-    overrides = [*LEARNS, "train.num_workers=1", "train.max_steps=60", "train.checkpoint_every=10", "eval.sets=[]"]
-    # one worker and no evaluation: the signal's path and the resumed run's end are what is tested
+    overrides = [*LEARNS, "train.num_workers=1", "train.max_steps=30", "train.checkpoint_every=10", "eval.sets=[]"]
+    # one worker and no evaluation: the signal's path and the resumed run's end are what is tested; 30 steps keep
+    # training going for seconds after the first one is seen
     log = tmp_path / "first.log"
     first = _start_run(tmp_path, log, *overrides)
     _wait_for(first, lambda: TRAINING_STEP.search(log.read_text()))
