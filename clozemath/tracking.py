@@ -353,8 +353,8 @@ def _copy_empty_store(path: Path) -> None:
     """A new SQLite store begins as a copy of one with MLflow's tables and nothing in them, made once per MLflow
     version in the user's cache: creating the tables runs MLflow's migrations, ~5 s on 2 cores for every new store
     (a first run into a folder, each test's). MLflow then adds the default experiment to the copy, with its own
-    artifact root, as it does to a store it creates. Not in `_creating`'s lock only: the copy is renamed into place
-    whole, so a process that opens the store without the lock never meets half a file."""
+    artifact root, as it does to a store it creates. Called under `_creating`'s lock; the copy is also renamed into
+    place whole, so a process that opens the store without the lock never meets half a file."""
     import mlflow
     from filelock import FileLock
     from mlflow import MlflowClient

@@ -50,7 +50,7 @@ def load_tokenizer(cfg: ModelConfig) -> PreTrainedTokenizerBase:
     a grid's driver prepared its training sets in threads that each read it, under the GIL 55 s before any data was
     touched (SmolLM2, 4 threads, 2 cores). A copy each, because loading a model adds special tokens to it."""
     if cfg.tokenizer is not None:
-        location, gguf_file = checked_location(cfg.tokenizer, None, "tokenizer path")
+        location, gguf_file = _checked_location(cfg.tokenizer, None, "tokenizer path")
     else:
         location, gguf_file = weights_location(cfg)
     key = (location, gguf_file, _modified(location, gguf_file))
@@ -86,7 +86,7 @@ def weights_location(cfg: ModelConfig) -> tuple[str, str | None]:
     if cfg.gguf_chunks is not None:
         assert cfg.gguf_file is not None, "ModelConfig guarantees a name for the joined file"
         return str(joined_gguf(cfg.gguf_chunks, cfg.gguf_file).parent), cfg.gguf_file
-    return checked_location(cfg.path, cfg.gguf_file)
+    return _checked_location(cfg.path, cfg.gguf_file)
 
 
 _FOLDER_MARKERS = {"model path": ("config.json",), "tokenizer path": ("tokenizer.json", "tokenizer_config.json")}
@@ -98,7 +98,7 @@ def looks_local(location: str) -> bool:
     return Path(location).exists() or location.startswith(("/", ".", "~")) or location.count("/") > 1
 
 
-def checked_location(spec: str | None, gguf_file: str | None, what: str = "model path") -> tuple[str, str | None]:
+def _checked_location(spec: str | None, gguf_file: str | None, what: str = "model path") -> tuple[str, str | None]:
     """Resolve `spec`; a local folder (and the GGUF file in it) must exist."""
     assert spec is not None, "ModelConfig guarantees a path or a tokenizer"
     location = resolve_location(spec)
@@ -121,17 +121,17 @@ def from_pretrained(factory: Any, location: str, **kwargs: Any) -> Any:
     try:
         return factory.from_pretrained(location, **kwargs)
     except (OSError, HFValidationError) as exc:
-        raise ClozeMathError(f"model '{location}': cannot be loaded ({first_line(exc)})") from None
+        raise ClozeMathError(f"model '{location}': cannot be loaded ({_first_line(exc)})") from None
     except _UNREADABLE_GGUF as exc:  # transformers' GGUF reader on a file that is not one, or not one it reads
         if "gguf_file" not in kwargs:
             raise
         raise ClozeMathError(
-            f"GGUF file '{Path(location) / kwargs['gguf_file']}': cannot be read ({first_line(exc)})"
+            f"GGUF file '{Path(location) / kwargs['gguf_file']}': cannot be read ({_first_line(exc)})"
         ) from None
 
 
 _UNREADABLE_GGUF = (ValueError, struct.error, EOFError, IndexError, KeyError, OverflowError, MemoryError)
 
 
-def first_line(exc: BaseException) -> str:
+def _first_line(exc: BaseException) -> str:
     return str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
