@@ -226,7 +226,10 @@ def calls_list(calls: list[list[Path]], tree: int) -> str:
     relative = lambda path: str(path.relative_to(ROOT)) if path.is_relative_to(ROOT) else str(path)  # noqa: E731
     lines = [f"# {len(calls)} calls, back to back (each within the machine's 30 s of the last); tree {tree / MIB:.1f} "
              f"MiB + at most {max(sum(p.stat().st_size for p in c if p.exists()) for c in calls) / MIB:.1f} MiB a call",
-             "# command of every call: python3 bench/ship_model.py receive", ""]
+             "# command of every call: python3 bench/ship_model.py receive; the last call's: python3 "
+             "bench/ship_model.py receive --whole && <the chain's start>",
+             "# call 0 carries nothing: it starts the machine, so a start refused loses no piece", "",
+             "0. carry []"]
     lines += [f"{k + 1}. carry {[relative(path) for path in call]}" for k, call in enumerate(calls)]
     return "\n".join(lines) + "\n"
 
@@ -418,7 +421,22 @@ def receive(args: argparse.Namespace) -> str:
     else:
         lines.append(join_pieces(args.held, args.chunks_into, chunked))
     lines += [install_locked(args.held, args.lock, args.lock_into)] if args.lock else []
+    if args.whole:
+        check_whole_there(args, chunked, lines)
     return "\n".join(lines)
+
+
+def check_whole_there(args: argparse.Namespace, chunked: Chunked, lines: list[str]) -> None:
+    """`receive --whole`, the last call's: fails unless the site, the data and every chunk file are there, so that a
+    chain started after it (`receive --whole && ...`) never meets a machine that lost a call (2026-12-03: the first
+    call found no machine, the site's first piece never came, and the chain started without Ray)."""
+    missing = [what for what, there in (
+        ("the site bundle", (args.site / ".unpacked").exists()),
+        ("the data", args.data_into.is_dir()),
+        ("the model", len(list(args.chunks_into.glob("part*.bin"))) == chunked.count))
+        if not there]
+    if missing:
+        raise ShipError(f"not whole: {', '.join(missing)} missing ({'; '.join(lines)}): ship the calls again")
 
 
 def install_locked(held: Path, lock: Path, target: Path) -> str:
@@ -512,6 +530,8 @@ def main(argv: list[str] | None = None) -> int:
     there.add_argument("--lock", type=Path, default=VLLM_LOCK,
                        help="install this lock's wheels once all its pieces are held (default: %(default)s)")
     there.add_argument("--lock-into", type=Path, default=Path("/tmp/vsite"))
+    there.add_argument("--whole", action="store_true",
+                       help="the last call's: fail (exit 2) unless the site, data and model are all there")
     args = parser.parse_args(argv)
     args.model_config = args.model_config or model_config(args.model)
     args.out = args.ship

@@ -39,11 +39,12 @@ def model(tmp_path: Path) -> tuple[Path, list[bytes]]:
 
 
 def test_pieces_carried_one_a_call_are_joined_into_the_site_and_the_models_chunks_and_checked(
-        model, tmp_path: Path) -> None:
+        model, tmp_path: Path, capsys) -> None:
     """`prepare` cuts pieces of 700 bytes: the site bundle's first (an incompressible 1,500-byte file makes it 3), then
     the model's (5, the last 500) across the chunks' bounds; the data's tarball rides with the last piece. The site
     is unpacked once its last piece is held; the model waits for its pieces; after the last, its four chunk files are
-    the originals, and a call carrying nothing more finds them there."""
+    the originals, and a call carrying nothing more finds them there. `receive --whole` (the last call's, before
+    the chain starts) fails in one line while the data and the model are missing, and passes once all is there."""
     config, chunks = model
     data = tmp_path / "data"
     (data / "gsm8k").mkdir(parents=True)
@@ -59,7 +60,8 @@ def test_pieces_carried_one_a_call_are_joined_into_the_site_and_the_models_chunk
     pieces = sorted(out.glob("model.*"), key=ship._natural)
     assert [p.name for p in pieces] == [f"model.{k}-of-5" for k in range(1, 6)]
     assert [p.stat().st_size for p in pieces] == [700, 700, 700, 700, 500]
-    carried = [line for line in calls if line[:1].isdigit()]
+    assert "0. carry []" in calls  # the call that starts the machine carries nothing
+    carried = [line for line in calls if line[:1].isdigit() and not line.startswith("0.")]
     assert len(carried) == len(site_pieces) + 5 and all(f"site.{k + 1}-of-" in carried[k]
                                                         for k in range(len(site_pieces)))
     assert ship.DATA_FILE in carried[-1]
@@ -70,13 +72,16 @@ def test_pieces_carried_one_a_call_are_joined_into_the_site_and_the_models_chunk
              "chunks": tmp_path / "joined"}
     tree = tmp_path / "tree"
 
+    def receive_args(*extra: str) -> list[str]:
+        return ["--model-config", str(config), "--ship", str(tree / ".ship"), "receive", "--site",
+                str(there["site"]), "--held", str(there["held"]), "--data-into", str(there["data"]),
+                "--chunks-into", str(there["chunks"]), *extra]
+
     def call(*carry: Path) -> str:
         _fresh(tree / ".ship")
         for path in carry:
             shutil.copy(path, tree / ".ship" / path.name)
-        return _main(["--model-config", str(config), "--ship", str(tree / ".ship"), "receive", "--site",
-                      str(there["site"]), "--held", str(there["held"]), "--data-into", str(there["data"]),
-                      "--chunks-into", str(there["chunks"])])
+        return _main(receive_args())
 
     for k, piece in enumerate(site_pieces[:-1]):
         assert f"site: {k + 1} of {len(site_pieces)} pieces" in call(piece)
@@ -86,11 +91,16 @@ def test_pieces_carried_one_a_call_are_joined_into_the_site_and_the_models_chunk
     assert (there["site"] / "bin" / "ray").stat().st_mode & 0o111 and not list(there["held"].glob("site.*"))
     for k, piece in enumerate(pieces[:-1]):
         assert f"model: {k + 1} of 5 pieces" in call(piece)
+    _fresh(tree / ".ship")
+    assert ship.main(receive_args("--whole")) == 2  # a chain started now would find no model and no data
+    error = capsys.readouterr().err.strip().splitlines()
+    assert len(error) == 1 and "not whole: the data, the model missing" in error[0], error
     last = call(pieces[-1], *side)
     assert "model: 4 chunk files" in last and "SHA-256 checked" in last and "data: unpacked" in last
     assert [(there["chunks"] / f"part{k + 1}.bin").read_bytes() for k in range(4)] == chunks
     assert (there["data"] / "gsm8k" / "test.jsonl").is_file()
     assert "4 chunk files in" in call() and "before" in call()
+    assert ship.main(receive_args("--whole")) == 0
 
 
 def test_a_piece_of_another_model_fails_the_check_in_one_line(model, tmp_path: Path, capsys) -> None:
