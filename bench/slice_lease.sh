@@ -56,20 +56,41 @@ report() {  # report EXPERIMENT STORE DECODING OUT: the slice's report, its pred
     fi
 }
 
-slice_run() {  # one slice: what is left of it, as a grid run in $WORK/<slice>, then its report
-    local name=$1 dir=$WORK/$1 info line grid="" experiment="" decoding=beam todo=""
-    local overrides=()
-    info=$("$PY" bench/slices.py --plan "$PLAN" describe "$name") || { echo "chain: $name: not described"; return 1; }
+MODEL=()  # the model's chunk files instead of its packages, for every driver
+[ -z "$MODEL_CHUNKS" ] || MODEL=(model.gguf_chunks.packages=null "model.gguf_chunks.files=$MODEL_CHUNKS/part*.bin")
+
+describe() {  # describe SLICE: GRID, EXPERIMENT, DECODING, TODO, OVERRIDES and RERUN of it, from bench/slices.py
+    local info line
+    GRID="" EXPERIMENT="" DECODING=beam TODO="" OVERRIDES=() RERUN=""
+    info=$("$PY" bench/slices.py --plan "$PLAN" describe "$1") || return 1
     while IFS= read -r line; do
         case $line in
-            grid=*) grid=${line#grid=};;
-            experiment=*) experiment=${line#experiment=};;
-            decoding=*) decoding=${line#decoding=};;
-            todo=*) todo=${line#todo=};;
-            override=*) overrides+=("${line#override=}");;
-            rerun=*) echo "chain: $name: runs ${line#rerun=} again (finished, but inside what is left)";;
+            grid=*) GRID=${line#grid=};;
+            experiment=*) EXPERIMENT=${line#experiment=};;
+            decoding=*) DECODING=${line#decoding=};;
+            todo=*) TODO=${line#todo=};;
+            override=*) OVERRIDES+=("${line#override=}");;
+            rerun=*) RERUN=${line#rerun=};;
         esac
     done <<< "$info"
+}
+
+warm() {  # warm SLICE...: the first one left to run has its model read into this machine's caches (`clozemath warm`)
+    # while its driver starts and prepares data: otherwise its first training worker parses the GGUF file then, the
+    # card idle (2026-12-03: 100 s from the workers' start to their first step on a fresh machine, the parse among it)
+    local name
+    for name in "$@"; do
+        describe "$name" && [ "$TODO" != 0 ] || continue
+        run "$PY" -m clozemath_cli warm "$GRID" "${MODEL[@]}" "${OVERRIDES[@]}"
+        return
+    done
+}
+
+slice_run() {  # one slice: what is left of it, as a grid run in $WORK/<slice>, then its report
+    local name=$1 dir=$WORK/$1
+    describe "$name" || { echo "chain: $name: not described"; return 1; }
+    local grid=$GRID experiment=$EXPERIMENT decoding=$DECODING todo=$TODO overrides=("${OVERRIDES[@]}")
+    [ -z "$RERUN" ] || echo "chain: $name: runs $RERUN again (finished, but inside what is left)"
     if [ "$todo" = 0 ]; then
         echo "chain: $name: every trial is finished in the committed results; skipped"
         return 0
@@ -77,8 +98,7 @@ slice_run() {  # one slice: what is left of it, as a grid run in $WORK/<slice>, 
     echo "chain: slice $name: $todo trial(s) of $grid"
     mkdir -p "$dir"
     rm -f "$dir/done"
-    local model=() store="sqlite:///$dir/mlruns.db"
-    [ -z "$MODEL_CHUNKS" ] || model=(model.gguf_chunks.packages=null "model.gguf_chunks.files=$MODEL_CHUNKS/part*.bin")
+    local model=("${MODEL[@]}") store="sqlite:///$dir/mlruns.db"
     echo "$experiment $decoding" > "$dir/experiment"  # for collect's report of a slice still running
     if [ -n "${DRY_RUN:-}" ]; then
         driver "$grid" "${model[@]}" "train.output_dir=$dir/runs" "tracking.uri=$store" "${overrides[@]}"
@@ -109,6 +129,11 @@ chain() {  # every slice named, in order, on one Ray cluster
         return 1
     fi
     export RAY_ADDRESS=127.0.0.1:$RAY_PORT
+    if [ -n "${DRY_RUN:-}" ]; then
+        warm "$@"
+    else
+        warm "$@" 2>&1 | grep --line-buffered -E '^(\[|warm:|clozemath: error)' &  # into chain.log, warnings aside
+    fi
     for name in "$@"; do
         echo "chain: [$(date +%T)] slice $name"
         slice_run "$name" || echo "chain: slice $name failed"

@@ -237,6 +237,34 @@ def _prepare(args: argparse.Namespace) -> None:
                   args.format)
 
 
+def _add_warm(commands: argparse._SubParsersAction) -> None:
+    warm = commands.add_parser("warm", help="read the models a config names into this machine's caches (GGUF chunks "
+                               "joined, GGUF weights dequantized), so that its trials here start without parsing them")
+    warm.add_argument("config", help="an experiment or grid YAML")
+    warm.add_argument("overrides", nargs="*", metavar="key=value", help="dotted config overrides")
+    warm.add_argument("--device", choices=["auto", "cuda", "cpu"], default="auto",
+                      help="the device whose dtype the weights are kept in (auto: cuda where there is one)")
+    warm.set_defaults(handler=_warm)
+
+
+def _warm(args: argparse.Namespace) -> None:
+    import time
+
+    import torch
+
+    from clozemath.model.load import warm_caches
+    from clozemath.plan import load_plan
+
+    device = args.device if args.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
+    models = {model.model_dump_json(): model
+              for model in (experiment.model for experiment in load_plan(args.config, args.overrides).experiments)}
+    for k, model in enumerate(models.values()):
+        started = time.monotonic()
+        print(f"warm: {model.name} ({k + 1} of {len(models)}) for {device}...", flush=True)
+        print(f"warm: {model.name}: {warm_caches(model, device)} in this machine's caches "
+              f"({time.monotonic() - started:.0f} s)", flush=True)
+
+
 def _add_report(commands: argparse._SubParsersAction) -> None:
     report = commands.add_parser(
         "report", help="print a grid's results over seeds, how its answers were graded, the differences between its "
@@ -430,6 +458,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_generate(commands)
     _add_export(commands)
     _add_prepare(commands)
+    _add_warm(commands)
     _add_data(commands)
     _add_score(commands)
     return parser

