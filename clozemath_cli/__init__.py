@@ -250,12 +250,10 @@ def _add_warm(commands: argparse._SubParsersAction) -> None:
 def _warm(args: argparse.Namespace) -> None:
     import time
 
-    import torch
-
     from clozemath.model.load import warm_caches
     from clozemath.plan import load_plan
 
-    device = args.device if args.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
+    device = _device(args.device)
     models = {model.model_dump_json(): model
               for model in (experiment.model for experiment in load_plan(args.config, args.overrides).experiments)}
     for k, model in enumerate(models.values()):
@@ -388,12 +386,9 @@ def _add_generate(commands: argparse._SubParsersAction) -> None:
 
 
 def _generate(args: argparse.Namespace) -> None:
-    import torch
-
     from clozemath.eval.ask import ask
 
-    device = ("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device
-    for answer in ask(_one_experiment(args.config, args.overrides, "generate"), args.question, device):
+    for answer in ask(_one_experiment(args.config, args.overrides, "generate"), args.question, _device(args.device)):
         cut = " (cut at eval.max_new_tokens)" if answer.finish_reason == "length" else ""
         print(f"question: {answer.question}\n{answer.generation.strip()}\nanswer: {answer.answer or '(none found)'}"
               f"{cut}\n")
@@ -418,6 +413,13 @@ def _export(args: argparse.Namespace) -> None:
         raise ClozeMathError(f"method '{config.method.name}' trains no adapter: nothing to merge")
     print(f"exported {export_merged(config.model, adapter, args.out)} (the adapter {adapter} merged into "
           f"{config.model.name})")
+
+
+def _device(choice: str) -> str:
+    """A `--device` choice, `auto` resolved: a GPU if there is one."""
+    import torch
+
+    return ("cuda" if torch.cuda.is_available() else "cpu") if choice == "auto" else choice
 
 
 def _one_experiment(path: str, overrides: Sequence[str], command: str) -> ExperimentConfig:
