@@ -4,7 +4,9 @@
 # cluster, detached from the call that starts them (a call lasts at most 10 minutes, a session 30).
 #
 #   python3 bench/ship_model.py receive                 # once a session, over ~25 calls: packages, data, model
-#   bash bench/slice_lease.sh start rates-1 rates-2      # returns at once
+#   bash bench/slice_lease.sh start rates-1 rates-2      # returns at once (SESSION_S=N: the device seconds the
+#                                                        # session has for the chain; a slice whose estimate passes
+#                                                        # what is left is skipped, not cut: bench/slices.py estimate)
 #   bash bench/slice_lease.sh wait 480                   # progress, and (with $OUT set) collects; call again at
 #                                                        # once, within the machine's 30 s, until "chain: done"
 #                                                        # (on a fresh machine it says so at once, exit 3; a
@@ -59,9 +61,9 @@ report() {  # report EXPERIMENT STORE DECODING OUT: the slice's report, its pred
 MODEL=()  # the model's chunk files instead of its packages, for every driver
 [ -z "$MODEL_CHUNKS" ] || MODEL=(model.gguf_chunks.packages=null "model.gguf_chunks.files=$MODEL_CHUNKS/part*.bin")
 
-describe() {  # describe SLICE: GRID, EXPERIMENT, DECODING, TODO, OVERRIDES and RERUN of it, from bench/slices.py
+describe() {  # describe SLICE: GRID, EXPERIMENT, DECODING, TODO, OVERRIDES, RERUN and ESTIMATE_S of it (bench/slices.py)
     local info line
-    GRID="" EXPERIMENT="" DECODING=beam TODO="" OVERRIDES=() RERUN=""
+    GRID="" EXPERIMENT="" DECODING=beam TODO="" OVERRIDES=() RERUN="" ESTIMATE_S=""
     info=$("$PY" bench/slices.py --plan "$PLAN" describe "$1") || return 1
     while IFS= read -r line; do
         case $line in
@@ -71,6 +73,7 @@ describe() {  # describe SLICE: GRID, EXPERIMENT, DECODING, TODO, OVERRIDES and 
             todo=*) TODO=${line#todo=};;
             override=*) OVERRIDES+=("${line#override=}");;
             rerun=*) RERUN=${line#rerun=};;
+            estimate_s=*) ESTIMATE_S=${line#estimate_s=};;
         esac
     done <<< "$info"
 }
@@ -86,15 +89,21 @@ warm() {  # warm SLICE...: the first one left to run has its model read into thi
     done
 }
 
-slice_run() {  # one slice: what is left of it, as a grid run in $WORK/<slice>, then its report
-    local name=$1 dir=$WORK/$1
+slice_run() {  # slice_run SLICE SECONDS_LEFT: what is left of it, as a grid run in $WORK/<slice>, then its report
+    local name=$1 left=$2 dir=$WORK/$1
     describe "$name" || { echo "chain: $name: not described"; return 1; }
     local grid=$GRID experiment=$EXPERIMENT decoding=$DECODING todo=$TODO overrides=("${OVERRIDES[@]}")
-    [ -z "$RERUN" ] || echo "chain: $name: runs $RERUN again (finished, but inside what is left)"
     if [ "$todo" = 0 ]; then
         echo "chain: $name: every trial is finished in the committed results; skipped"
         return 0
     fi
+    if [ -n "$left" ] && [ -n "$ESTIMATE_S" ] && [ "$ESTIMATE_S" -gt "$left" ]; then  # cut by the session's end, its
+        # unfinished trials would be lost: the next session runs it whole
+        echo "chain: $name: skipped: its estimate, $ESTIMATE_S s, is more than the session's $left s left"
+        return 0
+    fi
+    [ -n "$left" ] && [ -z "$ESTIMATE_S" ] && echo "chain: $name: no estimate (bench/slices.py estimate); run anyway"
+    [ -z "$RERUN" ] || echo "chain: $name: runs $RERUN again (finished, but inside what is left)"
     echo "chain: slice $name: $todo trial(s) of $grid"
     mkdir -p "$dir"
     rm -f "$dir/done"
@@ -136,7 +145,7 @@ chain() {  # every slice named, in order, on one Ray cluster
     fi
     for name in "$@"; do
         echo "chain: [$(date +%T)] slice $name"
-        slice_run "$name" || echo "chain: slice $name failed"
+        slice_run "$name" "${SESSION_S:+$((SESSION_S - (SECONDS - started)))}" || echo "chain: slice $name failed"
     done
     finish "$started"
 }
@@ -202,6 +211,10 @@ collect() {  # into $OUT: a tarball a slice (< 16 MiB), the chain's log and the 
     ls -l "$into"
 }
 
+if [ -n "${SESSION_S:-}" ] && ! [[ $SESSION_S =~ ^[0-9]+$ ]]; then
+    echo "slice_lease: SESSION_S=$SESSION_S: not a whole number of seconds" >&2
+    exit 2
+fi
 case "${1:-}" in
     start)
         shift

@@ -15,7 +15,9 @@ The estimate is `clozemath run --dry-run`'s (`clozemath.cost.estimate`) for each
 less Ray's start and the GGUF parse, which a session pays once (with the machine's start, shipping the model and the
 last collect: `session`), times the plan's `session.calibration` (what slices measured took over their dry-run);
 the slices not yet done are then packed, in the plan's order, into sessions of the device time left. Beside each
-estimate stands what the slice measured, read from its committed console.
+estimate stands what the slice measured, read from its committed console. The estimates are saved in the results
+folder (`estimates.json`), whence `describe` gives the lease script each slice's: a chain told its session's seconds
+(`SESSION_S`) starts no slice that would not finish in them.
 """
 
 from __future__ import annotations
@@ -41,6 +43,8 @@ from clozemath.safe_yaml import read_yaml  # noqa: E402
 
 PLAN = ROOT / "bench" / "slices_qwen1.5b.yaml"
 TRIALS_FILE = "trials.json"
+ESTIMATES_FILE = "estimates.json"
+"""In the plan's `results`: each slice's calibrated seconds, as `estimate` last made them."""
 
 
 @dataclass(frozen=True)
@@ -155,6 +159,8 @@ def describe(plan: Plan, name: str) -> str:
     if trials.left():
         overrides, rerun = narrowed(piece, trials)
         lines += [f"override={override}" for override in overrides] + [f"rerun={name}" for name in rerun]
+        seconds = read_estimates(plan).get(name)
+        lines += [] if seconds is None else [f"estimate_s={seconds}"]  # the whole slice's: what is left takes less
     return "\n".join(lines)
 
 
@@ -176,7 +182,8 @@ class SliceEstimate:
     """The slice's wall time on one card, less Ray's start and the GGUF parse: the dry-run's times the plan's
     `session.calibration` (what slices measured took over what the dry-run said)."""
     once_s: float
-    """Ray's start and the GGUF parse: once a session."""
+    """Ray's start and the GGUF parse: once a session (the plan's `session.once_s` where measured, else the
+    dry-run's)."""
     dry_run_s: float | None = None
     """The dry-run's figure, before the calibration."""
     measured_s: float | None = None
@@ -205,8 +212,29 @@ def estimate_slice(plan: Plan, piece: Slice) -> SliceEstimate:
     once = result.ray_start_s + result.gguf_parse_s
     dry = result.wall_s - once
     done = all(slice_trials(plan, piece).finished)
+    once = plan.session.get("once_s", once)  # what a session pays once, where measured
     return SliceEstimate(piece, len(result.scheduled), dry * plan.session.get("calibration", 1.0), once, dry,
                          measured_seconds(plan, piece.name), done)
+
+
+def save_estimates(plan: Plan, estimates: list[SliceEstimate]) -> Path:
+    """Each slice's calibrated seconds into the plan's `ESTIMATES_FILE` (beside the entries of slices not estimated
+    now), where `describe` reads them: a chain given its session's seconds skips a slice that would not finish in
+    them (the estimate is ~25 s of CPU a slice: too slow to make on the device while the card waits)."""
+    path = plan.results / ESTIMATES_FILE
+    saved = read_estimates(plan)
+    saved.update({e.piece.name: round(e.seconds) for e in estimates})
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(saved, indent=1, sort_keys=True) + "\n", encoding="utf-8")
+    return path
+
+
+def read_estimates(plan: Plan) -> dict[str, int]:
+    path = plan.results / ESTIMATES_FILE
+    try:
+        return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
+    except ValueError as exc:
+        raise ClozeMathError(f"{path}: not an estimates file ({exc}); `bench/slices.py estimate` writes it") from None
 
 
 def sessions(plan: Plan, estimates: list[SliceEstimate]) -> tuple[float, list[list[SliceEstimate]]]:
@@ -277,7 +305,9 @@ def main(argv: list[str] | None = None) -> int:
             text = describe(plan, args.slice)
         else:
             names = args.slices or list(plan.slices)
-            text = estimate_text(plan, [estimate_slice(plan, plan.slice(name)) for name in names])
+            estimates = [estimate_slice(plan, plan.slice(name)) for name in names]
+            text = estimate_text(plan, estimates)
+            save_estimates(plan, estimates)
             if args.out is not None:
                 args.out.write_text(text + "\n", encoding="utf-8")
     except ClozeMathError as exc:

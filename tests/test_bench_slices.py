@@ -204,6 +204,32 @@ def test_the_lease_chain_skips_a_finished_slice_and_runs_what_is_left_of_another
     assert usage.returncode == 2 and "usage:" in usage.stderr
 
 
+def test_a_chain_told_its_sessions_seconds_skips_a_slice_whose_estimate_passes_them(tmp_path: Path) -> None:
+    """SESSION_S=600: slice a (estimated 300 s) runs, slice b (900 s) would be cut by the session's end, losing its
+    trials, so it is skipped and said; slice c (100 s) still runs after it; a slice with no estimate runs, said so.
+    The estimates are those `bench/slices.py estimate` saved, read back by `describe`."""
+    sliced = {"grid": SMOKE, "set": ["axes.model=[tiny-llama]", "axes.dataset=[gsm8k]"]}
+    methods = {"a": "[mft]", "b": "[clozemath]", "c": "[it]", "d": "[base]"}
+    plan_path = write_plan(tmp_path, {name: {"grid": SMOKE, "set": [*sliced["set"], f"axes.method={method}"]}
+                                      for name, method in methods.items()})
+    plan = slices.read_plan(plan_path)
+    pieces = [plan.slice(name) for name in "abc"]
+    slices.save_estimates(plan, [slices.SliceEstimate(p, 1, s, 0) for p, s in zip(pieces, (300.4, 900, 100))])
+    assert described(plan_path, "b")["estimate_s"] == ["900"] and "estimate_s" not in described(plan_path, "d")
+    env = {**os.environ, "DRY_RUN": "1", "WORK": str(tmp_path / "work"), "PLAN": str(plan_path),
+           "PYTHON": sys.executable, "MODEL_CHUNKS": "", "SESSION_S": "600"}
+    done = subprocess.run(["bash", "bench/slice_lease.sh", "chain", "a", "b", "c", "d"], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    runs = [line for line in done.stdout.splitlines() if "-m clozemath_cli run " in line]
+    assert [run.rsplit("axes.method=", 1)[1] for run in runs] == ["[mft]", "[it]", "[base]"]
+    assert "chain: b: skipped: its estimate, 900 s, is more than the session's" in done.stdout
+    assert "chain: d: no estimate (bench/slices.py estimate); run anyway" in done.stdout
+    bad = subprocess.run(["bash", "bench/slice_lease.sh", "start", "a"], cwd=ROOT, capture_output=True, text=True,
+                         env={**env, "SESSION_S": "25min"})
+    assert bad.returncode == 2 and bad.stderr.strip() == "slice_lease: SESSION_S=25min: not a whole number of seconds"
+
+
 def test_waiting_on_a_machine_without_the_chain_returns_at_once_and_a_dead_chain_is_said_stopped(
         tmp_path: Path) -> None:
     """A `wait` that reaches a fresh machine (the one running the chain went back between calls) must not spend its
