@@ -115,3 +115,145 @@ def orderings_paragraph(comparisons: list[Comparison], name: Callable[[str], str
         if phrases:
             lines.append(f"- {wording[label]}, {len(phrases)}: " + "; ".join(phrases) + ".")
     return "\n".join(lines)
+
+
+# --------------------------------------------------------------------------------------------------------------
+# The paper's claims, each table's and Figure 3's, against a replication (issue 46: "which of the paper's claims
+# hold, are reversed, or are unresolved at this scale, and whether the budget arm changes any of them")
+
+PAPER_MODELS = ("DeepSeek-Math-7B", "Llama-3.1-8B", "Llama-3.2-3B", "Llama-3.2-1B")
+"""The paper's models, in its tables' column order."""
+NOT_RUN, DESCRIBED = "not run yet", "described, no interval"
+
+
+@dataclass(frozen=True)
+class Claim:
+    """One ordering the paper reports: `better` above `worse`, trained on `train_set`, evaluated on `eval_set`."""
+
+    source: str
+    """Where the paper reports it: "Table 1"."""
+    train_set: str
+    eval_set: str
+    better: str
+    worse: str
+    paper_better: tuple[float, ...] = ()
+    """The paper's accuracies of `better`, one a model of `PAPER_MODELS` (the first ones where fewer)."""
+    paper_worse: tuple[float, ...] = ()
+    decoding: str | None = None
+    """The decoding the paper's table used where it is not the report's (Table 2: CoT-decoding)."""
+    statement: str = ""
+    """What the paper says, where it gives no numbers (Figure 3)."""
+
+    def paper_text(self) -> str:
+        """"74.22 vs 70.20 on DeepSeek-Math-7B; ahead on 4 of 4 models"."""
+        if self.statement:
+            return self.statement
+        pairs = list(zip(self.paper_better, self.paper_worse))
+        ahead = sum(better > worse for better, worse in pairs)
+        first = f"{self.paper_better[0]:.2f} vs {self.paper_worse[0]:.2f} on {PAPER_MODELS[0]}"
+        return first if len(pairs) == 1 else f"{first}; ahead on {ahead} of {len(pairs)} models"
+
+
+def _table(source: str, train_set: str, eval_set: str, better: str, worse: str, paper_better: tuple[float, ...],
+           paper_worse: tuple[float, ...], decoding: str | None = None) -> Claim:
+    return Claim(source, train_set, eval_set, better, worse, paper_better, paper_worse, decoding)
+
+
+_T1 = {  # Table 1, GSM8K then MATH, per model
+    ("gsm8k", "clozemath"): (74.22, 70.00, 53.15, 27.89), ("gsm8k", "mft"): (70.20, 64.82, 45.03, 21.15),
+    ("gsm8k", "base"): (59.21, 49.58, 17.66, 4.62),
+    ("math", "clozemath"): (36.90, 22.88, 11.18, 5.00), ("math", "mft"): (33.42, 20.94, 10.14, 4.52),
+    ("math", "base"): (31.68, 18.06, 4.54, 3.84),
+}
+_T3 = {  # Table 3: (training set, evaluation set) -> (ClozeMath, MFT) per model
+    ("gsm8k", "gsm_symbolic"): ((65.65, 63.40, 46.70, 23.95), (63.05, 60.90, 40.45, 18.55)),
+    ("gsm8k", "gsm_p1"): ((49.25, 47.65, 28.6, 11.25), (44.25, 41.30, 22.5, 8.30)),
+    ("gsm8k", "gsm_p2"): ((20.00, 22.50, 10.20, 3.20), (20.20, 22.30, 6.80, 1.30)),
+    ("math", "gsm_symbolic"): ((58.35, 45.85, 25.10, 4.05), (55.50, 39.85, 17.40, 4.10)),
+    ("math", "gsm_p1"): ((40.25, 23.90, 8.45, 1.60), (35.00, 21.80, 7.85, 1.40)),
+    ("math", "gsm_p2"): ((16.90, 8.50, 1.80, 1.00), (14.70, 7.50, 2.30, 1.00)),
+}
+PAPER_CLAIMS: tuple[Claim, ...] = (
+    *(_table("Table 1", data, data, better, worse, _T1[data, better], _T1[data, worse])
+      for data in ("gsm8k", "math") for better, worse in (("clozemath", "mft"), ("mft", "base"))),
+    _table("Table 2", "gsm8k", "gsm8k", "clozemath", "mft", (77.10, 75.97, 57.39, 31.84), (76.50, 74.30, 55.27, 28.80),
+           decoding="cot"),
+    *(_table("Table 3", data, evaluation, "clozemath", "mft", *_T3[data, evaluation])
+      for data in ("gsm8k", "math") for evaluation in ("gsm_symbolic", "gsm_p1", "gsm_p2")),
+    *(_table("Table 4", "gsm8k", "gsm8k", "clozemath", ablation, (PAPER_GSM8K["clozemath"],), (PAPER_GSM8K[ablation],))
+      for ablation in ("it_prefixlm", "clozemath_causal", "it", "random_span")),
+    Claim("Figure 3", "gsm8k", "gsm8k", "clozemath", "mft",
+          statement="above at every recorded checkpoint (DeepSeek-Math-7B; \"more sample efficient than MFT\")"),
+)
+"""Every ordering the paper's Tables 1-4 and Figure 3 report for its methods, in the paper's order. Table 3's P2 after
+GSM8K training is one the paper calls "only a slight performance gap" (MFT ahead on DeepSeek-Math-7B); Table 4 holds
+DeepSeek-Math-7B alone, and says each ablation falls below ClozeMath."""
+
+
+@dataclass(frozen=True)
+class ClaimCheck:
+    """A claim against one model's runs: the matched runs' comparison, each grid variant's (a budget arm's), or, for
+    a claim no interval can judge (Figure 3's curves hold accuracies, not predictions), what the runs show."""
+
+    claim: Claim
+    comparison: Comparison | None = None
+    arms: tuple[tuple[str, Comparison], ...] = ()
+    """(variant, its comparison): `arm=budget3x`'s runs compared as the matched runs are."""
+    described: str = ""
+
+    @property
+    def verdict(self) -> str:
+        if self.described:
+            return DESCRIBED
+        return NOT_RUN if self.comparison is None else verdict(self.comparison)
+
+    def changed_by(self) -> list[str]:
+        """The variants whose verdict differs from the matched runs' (both judged)."""
+        judged = self.verdict in (HOLDS, REVERSED, UNRESOLVED)
+        return [arm for arm, comparison in self.arms if judged and verdict(comparison) != self.verdict]
+
+
+def _here(comparison: Comparison) -> str:
+    """"-1.83 [-9.76, +6.27], 2 and 3 runs × 1,319 problems, provisional: 2 seeds"."""
+    if comparison.seeds is None:
+        return f"{comparison.gap:+.2f}, no interval: {comparison.missing}"
+    interval = f"[{comparison.seeds.low:+.2f}, {comparison.seeds.high:+.2f}]"
+    return f"{comparison.seeds.points:+.2f} {interval}, {_scale(comparison.seeds)}{provisional_label(comparison)}"
+
+
+def _claim_line(check: ClaimCheck, name: Callable[[str], str], title: Callable[[tuple[str, str]], str]) -> str:
+    claim = check.claim
+    evaluation = check.comparison.evaluation if check.comparison else (claim.eval_set, claim.decoding or "")
+    where = f"{claim.source} ({claim.train_set.upper()}-trained, {title(evaluation).strip()})"
+    line = f"{where}: {name(claim.better)} > {name(claim.worse)}. Paper: {claim.paper_text()}."
+    if check.described:
+        line += f" Here: {check.described}."
+    elif check.comparison is not None:
+        line += f" Here: {_here(check.comparison)}."
+    for arm, comparison in check.arms:
+        line += f" At {arm}: {verdict(comparison)}, {_here(comparison)}."
+    return line
+
+
+def claims_list(checks: list[ClaimCheck], name: Callable[[str], str], title: Callable[[tuple[str, str]], str],
+                model: str) -> str:
+    """The paper's claims against one model's runs, grouped by verdict (a markdown list), and which verdicts a grid
+    variant (a budget arm) changes."""
+    wording = {HOLDS: "Hold", REVERSED: "Reversed", UNRESOLVED: "Not resolved (the interval holds 0)",
+               UNTESTED: "Not tested (no interval)", DESCRIBED: "Described (no interval)", NOT_RUN: "Not run yet"}
+    lines = [f"**The paper's claims on {model}** (the paper: its numbers, DeepSeek-Math-7B first; here: the difference "
+             "in points with its 95% interval over training seeds and test problems; a verdict from fewer than "
+             f"{MIN_SEEDS} seeds of a trained method is provisional; \"at arm=...\": the same claim among one grid "
+             "variant's runs, such as a budget arm):"]
+    for label, heading in wording.items():
+        group = [check for check in checks if check.verdict == label]
+        if group:
+            lines.append(f"- {heading}, {len(group)}:")
+            lines += [f"  - {_claim_line(check, name, title)}" for check in group]
+    arms = sorted({arm for check in checks for arm, _ in check.arms})
+    changed = [f"{check.claim.source} {name(check.claim.better)} > {name(check.claim.worse)} "
+               f"({', '.join(check.changed_by())})" for check in checks if check.changed_by()]
+    if arms:
+        lines.append(f"- Grid variants ({', '.join(arms)}) change the verdict of "
+                     + ("; ".join(changed) if changed else "none of the claims they ran") + ".")
+    return "\n".join(lines)

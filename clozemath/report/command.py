@@ -12,7 +12,7 @@ from clozemath.errors import ClozeMathError
 from clozemath.files import write_text_atomic
 from clozemath.records import is_eval_metric
 from clozemath.report.artifacts import EXPORT_FILE, PredictionArtifacts, artifact_folder, export_predictions
-from clozemath.report.compare import comparisons, noise_floors, orderings
+from clozemath.report.compare import comparisons, noise_floors, orderings, paper_claims
 from clozemath.report.figure import FIGURE_FILE, accuracy_curves, no_curve_reason, plot_accuracy_vs_steps
 from clozemath.report.folders import read_folders
 from clozemath.report.history import STEPS_FILE, ExportedHistories, Histories, StoreHistories, export_steps
@@ -51,7 +51,7 @@ class WrittenReport:
 
     folder: Path
     summary: str
-    """The paper's orderings against the runs (`summary.md`)."""
+    """The paper's orderings and each of its claims against the runs (`summary.md`)."""
     tables: str
     """Every table, rendered (`tables.md` or `tables.tex`)."""
     grids: list[tuple[Run, list[TrialResult]]]
@@ -125,11 +125,12 @@ def write_report(
     text = "\n\n".join([*map(render, tables), compute_table(results)])
     tables_file = folder / ("tables.tex" if latex else "tables.md")
     write_text_atomic(tables_file, text + "\n")
-    summary = orderings(found, decoding, results)
+    curves = accuracy_curves(histories, results, decoding)
+    summary = "\n\n".join(text for text in (orderings(found, decoding, results), paper_claims(found, curves, decoding))
+                           if text)
     write_text_atomic(folder / SUMMARY_FILE, summary + "\n")
     write_text_atomic(folder / TRIALS_FILE, trials_json(every))
-    figure = plot_accuracy_vs_steps(accuracy_curves(histories, results, decoding), folder / FIGURE_FILE,
-                                    no_curve_reason(results))
+    figure = plot_accuracy_vs_steps(curves, folder / FIGURE_FILE, no_curve_reason(results))
     steps = export_steps(every, histories, folder / STEPS_FILE)
     written = [tables_file, folder / SUMMARY_FILE, folder / TRIALS_FILE, steps, figure]
     if export is not None:

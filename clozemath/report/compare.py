@@ -1,15 +1,19 @@
 """Which differences between methods are more than noise: each pair of methods on every (eval set, decoding), the
 difference with its seed-aware and problems-only intervals (`clozemath.intervals`) from the per-problem
-predictions, and the paper's orderings against them (`clozemath.claims`)."""
+predictions, and the paper's orderings and claims (Tables 1-4, Figure 3) against them (`clozemath.claims`)."""
 
 from __future__ import annotations
 
 import statistics
 from dataclasses import dataclass
 
-from clozemath.claims import PAPER_GSM8K, Comparison, orderings_paragraph, paper_pairs
+from clozemath.claims import (
+    NOT_RUN, PAPER_CLAIMS, PAPER_GSM8K, Claim, ClaimCheck, Comparison, claims_list, orderings_paragraph,
+    paper_pairs,
+)
 from clozemath.intervals import BySeed, problems_difference, seeds_difference
 from clozemath.report.artifacts import PredictionArtifacts
+from clozemath.report.figure import Curves, CurvePoint
 from clozemath.report.names import (
     BASE_DECODING,
     REFERENCES,
@@ -38,10 +42,19 @@ def _by_seed(trials: list[TrialResult], column: Column, artifacts: PredictionArt
 
 def _compared_pairs(measured: set[str]) -> list[tuple[str, str]]:
     """The (method, reference) pairs of one evaluation: every pair the paper's numbers order, its better method
-    first (`clozemath.claims`); then each other trained method (a grid's variant) against IT and against base."""
+    first (`clozemath.claims`); the same pairs among the methods of each grid variant (`clozemath (arm=budget3x)`
+    against `mft (arm=budget3x)`: whether a budget arm changes a verdict); then each other trained method (a grid's
+    variant) against IT and against base."""
     pairs = paper_pairs(measured, REPLICATION_METHODS)
     others = ordered(measured - set(PAPER_GSM8K) - {"base"}, REPLICATION_METHODS)
-    return pairs + [(method, reference) for method in others for reference in REFERENCES if reference in measured]
+    variants: dict[str, set[str]] = {}
+    for method in others:
+        name, _, variant = method.partition(" (")
+        variants.setdefault(variant, set()).add(name)
+    within = [(f"{better} ({variant}", f"{worse} ({variant}") for variant, names in variants.items()
+              for better, worse in paper_pairs(names, REPLICATION_METHODS)]
+    return pairs + within + [(method, reference) for method in others for reference in REFERENCES
+                             if reference in measured]
 
 
 def trains(method: str) -> bool:
@@ -190,3 +203,48 @@ def _noise_floor(column: Column, method: str, pairs: list[tuple[TrialResult, Tri
         shares.append(100 * sum(one[i] != two[i] for i in shared) / len(shared) if shared else 0.0)
     differing = statistics.fmean(shares) if len(shares) == len(pairs) else None
     return NoiseFloor(column, method, len(pairs), statistics.fmean(gaps), max(gaps), differing)
+
+
+def paper_claims(found: dict[Block, list[Comparison]], curves: Curves, decoding: str) -> str:
+    """Every claim of the paper's Tables 1-4 and Figure 3 against each model's runs (`clozemath.claims.claims_list`):
+    the comparison of the claim's methods on its evaluation with `decoding` (else greedy, as base models are
+    decoded; Table 2's with CoT-decoding), the same among each grid variant's runs, and Figure 3's curves described;
+    nothing for a model whose runs test none of them."""
+    models = ordered({model for _, model in found} | set(curves), ())
+    lists = []
+    for model in models:
+        checks = [_claim_check(claim, found.get((claim.train_set, model), []), curves.get(model, {}), decoding)
+                  for claim in PAPER_CLAIMS]
+        if all(check.verdict == NOT_RUN for check in checks):  # runs of none of the claims' methods: no list
+            continue
+        lists.append(claims_list(checks, lambda m: method_name(m, REPLICATION_NAMES), column_name, model_name(model)))
+    return "\n\n".join(lists)
+
+
+def _claim_check(claim: Claim, rows: list[Comparison], curves: dict[str, list[CurvePoint]], decoding: str
+                 ) -> ClaimCheck:
+    if claim.source == "Figure 3":
+        return ClaimCheck(claim, described=_curves_described(curves.get(claim.better), curves.get(claim.worse)))
+    decodings = [claim.decoding] if claim.decoding else [decoding, BASE_DECODING]
+
+    def find(better: str, worse: str) -> Comparison | None:
+        return next((c for d in decodings for c in rows if c.evaluation == (claim.eval_set, d)
+                     and (c.method, c.reference) == (better, worse)), None)
+
+    variants = ordered({c.method.partition(" (")[2][:-1] for c in rows if " (" in c.method}, ())
+    arms = tuple((variant, arm) for variant in variants
+                 if (arm := find(f"{claim.better} ({variant})", f"{claim.worse} ({variant})")) is not None)
+    return ClaimCheck(claim, find(claim.better, claim.worse), arms)
+
+
+def _curves_described(better: list[CurvePoint] | None, worse: list[CurvePoint] | None) -> str:
+    """Figure 3's claim as the curves show it: at how many shared checkpoints the better method's mean over seeds is
+    above, and the first and last of them ("" when either method has no curve: the claim is then not run)."""
+    if not better or not worse:
+        return ""
+    shared = list(zip(better, worse))
+    above = sum(b.mean > w.mean for b, w in shared)
+    (first_b, first_w), (last_b, last_w) = shared[0], shared[-1]
+    return (f"above at {above} of {len(shared)} checkpoints (means over {first_b.seeds} and {first_w.seeds} seeds: "
+            f"{first_b.mean:.1f} vs {first_w.mean:.1f} at the first, step {first_b.step:.0f}; {last_b.mean:.1f} vs "
+            f"{last_w.mean:.1f} at the last, step {last_b.step:.0f}); the curves keep accuracies, not predictions")
