@@ -81,9 +81,14 @@ def _scale(difference: Difference) -> str:
     return f"{difference.method_runs} and {difference.reference_runs} runs × {difference.problems:,} problems"
 
 
+def _interval(difference: Difference) -> str:
+    """"[-9.76, +6.27]"."""
+    return f"[{difference.low:+.2f}, {difference.high:+.2f}]"
+
+
 def _phrase(comparison: Comparison, name: Callable[[str], str], with_scale: bool) -> str:
     assert comparison.seeds is not None
-    interval = f"[{comparison.seeds.low:+.2f}, {comparison.seeds.high:+.2f}]"
+    interval = _interval(comparison.seeds)
     scale = f", {_scale(comparison.seeds)}" if with_scale else ""
     return (f"{name(comparison.method)} > {name(comparison.reference)} ({comparison.seeds.points:+.2f} {interval}"
             f"{scale}{provisional_label(comparison)})")
@@ -154,11 +159,6 @@ class Claim:
         return first if len(pairs) == 1 else f"{first}; ahead on {ahead} of {len(pairs)} models"
 
 
-def _table(source: str, train_set: str, eval_set: str, better: str, worse: str, paper_better: tuple[float, ...],
-           paper_worse: tuple[float, ...], decoding: str | None = None) -> Claim:
-    return Claim(source, train_set, eval_set, better, worse, paper_better, paper_worse, decoding)
-
-
 _T1 = {  # Table 1, GSM8K then MATH, per model
     ("gsm8k", "clozemath"): (74.22, 70.00, 53.15, 27.89), ("gsm8k", "mft"): (70.20, 64.82, 45.03, 21.15),
     ("gsm8k", "base"): (59.21, 49.58, 17.66, 4.62),
@@ -174,13 +174,13 @@ _T3 = {  # Table 3: (training set, evaluation set) -> (ClozeMath, MFT) per model
     ("math", "gsm_p2"): ((16.90, 8.50, 1.80, 1.00), (14.70, 7.50, 2.30, 1.00)),
 }
 PAPER_CLAIMS: tuple[Claim, ...] = (
-    *(_table("Table 1", data, data, better, worse, _T1[data, better], _T1[data, worse])
+    *(Claim("Table 1", data, data, better, worse, _T1[data, better], _T1[data, worse])
       for data in ("gsm8k", "math") for better, worse in (("clozemath", "mft"), ("mft", "base"))),
-    _table("Table 2", "gsm8k", "gsm8k", "clozemath", "mft", (77.10, 75.97, 57.39, 31.84), (76.50, 74.30, 55.27, 28.80),
+    Claim("Table 2", "gsm8k", "gsm8k", "clozemath", "mft", (77.10, 75.97, 57.39, 31.84), (76.50, 74.30, 55.27, 28.80),
            decoding="cot"),
-    *(_table("Table 3", data, evaluation, "clozemath", "mft", *_T3[data, evaluation])
+    *(Claim("Table 3", data, evaluation, "clozemath", "mft", *_T3[data, evaluation])
       for data in ("gsm8k", "math") for evaluation in ("gsm_symbolic", "gsm_p1", "gsm_p2")),
-    *(_table("Table 4", "gsm8k", "gsm8k", "clozemath", ablation, (PAPER_GSM8K["clozemath"],), (PAPER_GSM8K[ablation],))
+    *(Claim("Table 4", "gsm8k", "gsm8k", "clozemath", ablation, (PAPER_GSM8K["clozemath"],), (PAPER_GSM8K[ablation],))
       for ablation in ("it_prefixlm", "clozemath_causal", "it", "random_span")),
     Claim("Figure 3", "gsm8k", "gsm8k", "clozemath", "mft",
           statement="above at every recorded checkpoint (DeepSeek-Math-7B; \"more sample efficient than MFT\")"),
@@ -217,8 +217,8 @@ def _here(comparison: Comparison) -> str:
     """"-1.83 [-9.76, +6.27], 2 and 3 runs × 1,319 problems, provisional: 2 seeds"."""
     if comparison.seeds is None:
         return f"{comparison.gap:+.2f}, no interval: {comparison.missing}"
-    interval = f"[{comparison.seeds.low:+.2f}, {comparison.seeds.high:+.2f}]"
-    return f"{comparison.seeds.points:+.2f} {interval}, {_scale(comparison.seeds)}{provisional_label(comparison)}"
+    return (f"{comparison.seeds.points:+.2f} {_interval(comparison.seeds)}, {_scale(comparison.seeds)}"
+            f"{provisional_label(comparison)}")
 
 
 def _claim_line(check: ClaimCheck, name: Callable[[str], str], title: Callable[[tuple[str, str]], str]) -> str:

@@ -25,6 +25,8 @@ from clozemath.report.names import (
     method_name,
     model_name,
     ordered,
+    split_variant,
+    with_variant,
 )
 from clozemath.report.runs import TrialResult, accuracy_metric, blocks, eval_columns, measured_on, percents
 
@@ -49,17 +51,17 @@ def _compared_pairs(measured: set[str]) -> list[tuple[str, str]]:
     others = ordered(measured - set(PAPER_GSM8K) - {"base"}, REPLICATION_METHODS)
     variants: dict[str, set[str]] = {}
     for method in others:
-        name, _, variant = method.partition(" (")
+        name, variant = split_variant(method)
         variants.setdefault(variant, set()).add(name)
-    within = [(f"{better} ({variant}", f"{worse} ({variant}") for variant, names in variants.items()
-              for better, worse in paper_pairs(names, REPLICATION_METHODS)]
+    within = [(with_variant(better, variant), with_variant(worse, variant)) for variant, names in variants.items()
+              if variant for better, worse in paper_pairs(names, REPLICATION_METHODS)]
     return pairs + within + [(method, reference) for method in others for reference in REFERENCES
                              if reference in measured]
 
 
 def trains(method: str) -> bool:
     """Whether the method's runs were trained (each seed a model of its own); a base model is one untrained run."""
-    return method.partition(" (")[0] != "base"
+    return split_variant(method)[0] != "base"
 
 
 def _pairs_seeds(trials: list[TrialResult]) -> bool:
@@ -231,9 +233,9 @@ def _claim_check(claim: Claim, rows: list[Comparison], curves: dict[str, list[Cu
         return next((c for d in decodings for c in rows if c.evaluation == (claim.eval_set, d)
                      and (c.method, c.reference) == (better, worse)), None)
 
-    variants = ordered({c.method.partition(" (")[2][:-1] for c in rows if " (" in c.method}, ())
+    variants = ordered({split_variant(c.method)[1] for c in rows} - {""}, ())
     arms = tuple((variant, arm) for variant in variants
-                 if (arm := find(f"{claim.better} ({variant})", f"{claim.worse} ({variant})")) is not None)
+                 if (arm := find(with_variant(claim.better, variant), with_variant(claim.worse, variant))) is not None)
     return ClaimCheck(claim, find(claim.better, claim.worse), arms)
 
 

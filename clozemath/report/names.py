@@ -55,6 +55,17 @@ def method_name(method: str, names: dict[str, str] = REPLICATION_NAMES) -> str:
     return f"{names.get(name, name)} ({variant}" if variant else names.get(method, method)
 
 
+def split_variant(method: str) -> tuple[str, str]:
+    """`it (arm=budget3x)` -> (`it`, `arm=budget3x`); a method of no grid variant -> (it, "")."""
+    name, _, variant = method.partition(" (")
+    return name, variant.removesuffix(")")
+
+
+def with_variant(name: str, variant: str) -> str:
+    """The method `name` of the grid variant `variant` (`split_variant`'s inverse)."""
+    return f"{name} ({variant})" if variant else name
+
+
 def ordered(names: Iterable[str], preferred: Sequence[str]) -> list[str]:
     """In `preferred`'s order, a grid variant (`it (lr=0.0001)`) after its method's place, variants by the numbers in
     them (5e-05 before 0.0001), the names `preferred` lacks after, alphabetically."""
