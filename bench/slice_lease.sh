@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Issue 46's slices on one GPU machine (bench/slices_qwen1.5b.yaml, bench/slices.py): each slice is a grid run of its
 # own, with its folder, store and report under $WORK/<slice>; the slices named run one after another on one Ray
-# cluster, detached from the call that starts them (a call lasts at most 10 minutes, a session 30).
+# cluster, detached from the call that starts them (a call lasts at most 10 minutes, a session 30). They share one
+# data cache ($WORK/cache), the later slices' sets prepared while the first one trains, and each slice's report is
+# written while the next one starts.
 #
 #   python3 bench/ship_model.py receive                 # once a session, over ~25 calls: packages, data, model
 #   bash bench/slice_lease.sh start rates-1 rates-2      # returns at once (SESSION_S=N: the device seconds the
@@ -37,6 +39,7 @@ RAY_PORT=${RAY_PORT:-6379}                # RAY_CPUS: the head's CPUs (default: 
 RAY_START_ARGS=${RAY_START_ARGS:-}        # more of `ray start`'s options (a shared machine: other ports; and
                                           # RAY_STOP=0 there, then stop the head's processes by their ids)
 FILE_LIMIT=$((15 * 1024 * 1024))          # below what comes back (16 MiB a file)
+REPORTS=()                                # the slices' reports, written in the background
 
 driver() {  # clozemath run ARGS..., started once more if it fails within STARTUP_S
     local started=$SECONDS
@@ -78,14 +81,28 @@ describe() {  # describe SLICE: GRID, EXPERIMENT, DECODING, TODO, OVERRIDES, RER
     done <<< "$info"
 }
 
+slice_folder() {  # slice_folder SLICE: its folder, its run's data cache the chain's one (<slice>/runs/cache ->
+    # $WORK/cache), so that a slice's driver reads the sets an earlier slice or `warm` prepared (2026-12-03: 55 s of
+    # Ray Data at a slice's start, the card idle, where its sets were another slice's or could have been made before)
+    mkdir -p "$WORK/cache" "$WORK/$1/runs"
+    [ -e "$WORK/$1/runs/cache" ] || ln -s "$WORK/cache" "$WORK/$1/runs/cache"
+}
+
 warm() {  # warm SLICE...: the first one left to run has its model read into this machine's caches (`clozemath warm`)
     # while its driver starts and prepares data: otherwise its first training worker parses the GGUF file then, the
-    # card idle (2026-12-03: 100 s from the workers' start to their first step on a fresh machine, the parse among it)
-    local name
+    # card idle (2026-12-03: 100 s from the workers' start to their first step on a fresh machine, the parse among it);
+    # then the later ones have their training sets prepared into the chain's cache while the first one trains
+    local name first=1
     for name in "$@"; do
         describe "$name" && [ "$TODO" != 0 ] || continue
-        run "$PY" -m clozemath_cli warm "$GRID" "${MODEL[@]}" "${OVERRIDES[@]}"
-        return
+        if [ -n "$first" ]; then
+            run "$PY" -m clozemath_cli warm "$GRID" "${MODEL[@]}" "${OVERRIDES[@]}"
+            first=""
+        else
+            slice_folder "$name"
+            run "$PY" -m clozemath_cli warm --data --no-models "$GRID" "${MODEL[@]}" \
+                "train.output_dir=$WORK/$name/runs" "${OVERRIDES[@]}"
+        fi
     done
 }
 
@@ -105,8 +122,8 @@ slice_run() {  # slice_run SLICE SECONDS_LEFT: what is left of it, as a grid run
     [ -n "$left" ] && [ -z "$ESTIMATE_S" ] && echo "chain: $name: no estimate (bench/slices.py estimate); run anyway"
     [ -z "$RERUN" ] || echo "chain: $name: runs $RERUN again (finished, but inside what is left)"
     echo "chain: slice $name: $todo trial(s) of $grid"
-    mkdir -p "$dir"
-    rm -f "$dir/done"
+    slice_folder "$name"
+    rm -f "$dir/done" "$dir/driven"
     local model=("${MODEL[@]}") store="sqlite:///$dir/mlruns.db"
     echo "$experiment $decoding" > "$dir/experiment"  # for collect's report of a slice still running
     if [ -n "${DRY_RUN:-}" ]; then
@@ -116,9 +133,17 @@ slice_run() {  # slice_run SLICE SECONDS_LEFT: what is left of it, as a grid run
             > "$dir/driver.log" 2>&1
         echo "chain: slice $name: driver exit $? ($(grep -c 'finished' "$dir/driver.log") 'finished' lines)"
     fi
-    report "$experiment" "$store" "$decoding" "$dir/report" > "$dir/report.log" 2>&1
-    [ -z "${DRY_RUN:-}" ] || cat "$dir/report.log"
-    touch "$dir/done"
+    touch "$dir/driven"
+    if [ -n "${DRY_RUN:-}" ]; then
+        report "$experiment" "$store" "$decoding" "$dir/report" > "$dir/report.log" 2>&1
+        cat "$dir/report.log"
+        touch "$dir/done"
+        return 0
+    fi
+    # the report beside the next slice's start (30 s of CPU, the card idle, when it came first)
+    { report "$experiment" "$store" "$decoding" "$dir/report" > "$dir/report.log" 2>&1; touch "$dir/done"
+      echo "chain: slice $name: reported"; } &
+    REPORTS+=($!)
 }
 
 chain() {  # every slice named, in order, on one Ray cluster
@@ -147,6 +172,7 @@ chain() {  # every slice named, in order, on one Ray cluster
         echo "chain: [$(date +%T)] slice $name"
         slice_run "$name" "${SESSION_S:+$((SESSION_S - (SECONDS - started)))}" || echo "chain: slice $name failed"
     done
+    [ ${#REPORTS[@]} -eq 0 ] || wait "${REPORTS[@]}"
     finish "$started"
 }
 
@@ -196,7 +222,11 @@ collect() {  # into $OUT: a tarball a slice (< 16 MiB), the chain's log and the 
         dir=${dir%/}
         name=$(basename "$dir")
         [ -e "$dir/experiment" ] && [ -e "$dir/mlruns.db" ] && snapshot "$dir" || continue
-        if [ ! -e "$dir/done" ]; then  # still running: what it has finished, reported from the copy
+        for _ in $(seq 60); do  # its driver done: its report is being written (< 1 min), into the same folder
+            [ -e "$dir/driven" ] && [ ! -e "$dir/done" ] || break
+            sleep 2
+        done
+        if [ ! -e "$dir/driven" ]; then  # still running: what it has finished, reported from the copy
             read -r experiment decoding < "$dir/experiment"
             report "$experiment" "sqlite:///$dir/snapshot.db" "$decoding" "$dir/report" > "$dir/report.log" 2>&1
         fi

@@ -244,23 +244,58 @@ def _add_warm(commands: argparse._SubParsersAction) -> None:
     warm.add_argument("overrides", nargs="*", metavar="key=value", help="dotted config overrides")
     warm.add_argument("--device", choices=["auto", "cuda", "cpu"], default="auto",
                       help="the device whose dtype the weights are kept in (auto: cuda where there is one)")
+    warm.add_argument("--data", action="store_true",
+                      help="also prepare the training sets its run would prepare (Ray Data, on the Ray instance "
+                      "RAY_ADDRESS names, else a local one) into the run's cache, <train.output_dir>/cache, so that "
+                      "its driver and trials read them from there")
+    warm.add_argument("--no-models", action="store_true",
+                      help="with --data: the training sets alone (the models read by another `clozemath warm`)")
     warm.set_defaults(handler=_warm)
 
 
 def _warm(args: argparse.Namespace) -> None:
+    from clozemath.plan import load_plan
+
+    if args.no_models and not args.data:
+        raise ClozeMathError("warm --no-models: nothing left to warm; add --data (the training sets)")
+    device = _device(args.device)
+    plan = load_plan(args.config, args.overrides)
+    if not args.no_models:
+        _warm_models(plan, device)
+    if args.data:
+        _warm_data(plan)
+
+
+def _warm_models(plan: RunPlan, device: str) -> None:
+    """`clozemath warm`: each distinct model of the run read into this machine's caches."""
     import time
 
     from clozemath.model.load import warm_caches
-    from clozemath.plan import load_plan
 
-    device = _device(args.device)
-    models = {model.model_dump_json(): model
-              for model in (experiment.model for experiment in load_plan(args.config, args.overrides).experiments)}
+    models = {model.model_dump_json(): model for model in (experiment.model for experiment in plan.experiments)}
     for k, model in enumerate(models.values()):
         started = time.monotonic()
         print(f"warm: {model.name} ({k + 1} of {len(models)}) for {device}...", flush=True)
         print(f"warm: {model.name}: {warm_caches(model, device)} in this machine's caches "
               f"({time.monotonic() - started:.0f} s)", flush=True)
+
+
+def _warm_data(plan: RunPlan) -> None:
+    """`clozemath warm --data`: the run's training sets prepared into its cache, as its driver would first."""
+    import time
+    from pathlib import Path
+
+    from clozemath.plan import with_absolute_paths
+    from clozemath.records import CACHE_DIR
+    from ray_jobs.run import prepare_training_sets, run_training_sets
+
+    sets = run_training_sets([with_absolute_paths(e) for e in plan.experiments], plan.root)
+    cache = Path(plan.experiments[0].train.output_dir).resolve() / CACHE_DIR
+    started = time.monotonic()
+    print(f"warm: the training sets of {plan.grid.name} into {cache}...", flush=True)
+    prepared = prepare_training_sets(sets)
+    print(f"warm: {plan.grid.name}: {len(prepared)} training set(s) in {cache} ({time.monotonic() - started:.0f} s)",
+          flush=True)
 
 
 def _add_report(commands: argparse._SubParsersAction) -> None:

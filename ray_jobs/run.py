@@ -112,27 +112,39 @@ def _matched(config: ExperimentConfig, reference: Footprint, mine: Footprint) ->
 def with_budgets(experiments: list[ExperimentConfig], root: Path, parallel: int = 8) -> list[ExperimentConfig]:
     """The experiments with a matched `train.budget` turned into `train.epochs`: the steps or training tokens that
     `train.budget_reference` makes in `train.epochs` on the same data. The training sets are prepared here (then
-    cached for the trials), each distinct one once (a reference is often another trial's own), `parallel` at a time
-    rather than one after the other before the grid starts: Ray Data runs the pipelines side by side, each into a
-    cache folder of its own."""
+    cached for the trials: `prepare_training_sets`)."""
     def matched(experiment: ExperimentConfig) -> bool:
         return experiment.train.budget != "epochs" and experiment.method.trains
 
-    needed: dict[str, ExperimentConfig] = {}
-    for experiment in filter(matched, experiments):
-        for config in (budget_reference(experiment, root), experiment):
-            needed.setdefault(training_set_identity(config), config)
-    if not needed:
-        return experiments
-    if len(needed) > 1:
-        init_ray()  # once, before the threads: each would start it
-    with ThreadPoolExecutor(max_workers=min(parallel, len(needed))) as pool:
-        footprints = dict(zip(needed, pool.map(_footprint, needed.values())))
+    footprints = prepare_training_sets(run_training_sets(list(filter(matched, experiments)), root), parallel)
     return [
         _matched(e, footprints[training_set_identity(budget_reference(e, root))], footprints[training_set_identity(e)])
         if matched(e) else e
         for e in experiments
     ]
+
+
+def run_training_sets(experiments: list[ExperimentConfig], root: Path) -> list[ExperimentConfig]:
+    """What a run of `experiments` prepares: each trained trial's training set and, for a matched budget, its
+    reference's."""
+    return [config for experiment in experiments if experiment.method.trains
+            for config in ((budget_reference(experiment, root),) if experiment.train.budget != "epochs" else ())
+            + (experiment,)]
+
+
+def prepare_training_sets(configs: list[ExperimentConfig], parallel: int = 8) -> dict[str, Footprint]:
+    """Each distinct training set of `configs` (by `training_set_identity`: a reference is often another trial's
+    own) prepared into its cache, `parallel` at a time rather than one after the other: Ray Data runs the pipelines
+    side by side, each into a cache folder of its own. Their footprints, by identity."""
+    needed: dict[str, ExperimentConfig] = {}
+    for config in configs:
+        needed.setdefault(training_set_identity(config), config)
+    if not needed:
+        return {}
+    if len(needed) > 1:
+        init_ray()  # once, before the threads: each would start it
+    with ThreadPoolExecutor(max_workers=min(parallel, len(needed))) as pool:
+        return dict(zip(needed, pool.map(_footprint, needed.values())))
 
 
 def _prepare(config: ExperimentConfig) -> TokenizedSet:

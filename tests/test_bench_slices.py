@@ -246,3 +246,58 @@ def test_waiting_on_a_machine_without_the_chain_returns_at_once_and_a_dead_chain
                           text=True, timeout=60)
     assert dead.returncode == 4, dead.stdout
     assert "ended without finishing" in dead.stdout and dead.stdout.rstrip().endswith("chain: stopped")
+
+
+def test_a_chains_later_slices_have_their_training_sets_prepared_while_the_first_runs(tmp_path: Path) -> None:
+    """`chain b c` (DRY_RUN): b's model is read first (`clozemath warm`), then c's training sets are prepared into the
+    chain's one data cache (`clozemath warm --data --no-models`, c's own folder), which every slice's run folder
+    links to, so that c's driver reads them there."""
+    plan = write_plan(tmp_path, {
+        name: {"grid": SMOKE, "set": ["axes.model=[tiny-llama]", "axes.dataset=[gsm8k]", f"axes.method={method}"]}
+        for name, method in (("b", "[mft]"), ("c", "[clozemath]"))})
+    work = tmp_path / "work"
+    env = {**os.environ, "DRY_RUN": "1", "WORK": str(work), "PLAN": str(plan), "PYTHON": sys.executable,
+           "MODEL_CHUNKS": ""}
+    done = subprocess.run(["bash", "bench/slice_lease.sh", "chain", "b", "c"], cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    commands = [line.split("$ ", 1)[1].split(" -m clozemath_cli ", 1)[-1]
+                for line in done.stdout.splitlines() if "] $ " in line]
+    sliced = "axes.model=[tiny-llama] axes.dataset=[gsm8k]"
+    assert commands[1:4] == [
+        f"warm {SMOKE} {sliced} axes.method=[mft]",
+        f"warm --data --no-models {SMOKE} train.output_dir={work}/c/runs {sliced} axes.method=[clozemath]",
+        f"run {SMOKE} train.output_dir={work}/b/runs tracking.uri=sqlite:///{work}/b/mlruns.db {sliced} "
+        "axes.method=[mft]",
+    ]
+    for name in "bc":
+        link = work / name / "runs" / "cache"
+        assert link.is_symlink() and link.resolve() == (work / "cache").resolve()
+
+
+def test_collect_waits_for_a_finished_slices_report_instead_of_writing_another_beside_it(tmp_path: Path) -> None:
+    """A slice whose driver is done (`driven`) has its report written in the background while the next slice starts;
+    `collect` meanwhile waits for it (`done`) rather than reporting from a snapshot into the same folder, and packs
+    the report that the chain wrote."""
+    import sqlite3
+    import tarfile
+    import time
+
+    work, out = tmp_path / "work", tmp_path / "out"
+    folder = work / "a"
+    (folder / "report").mkdir(parents=True)
+    out.mkdir()
+    sqlite3.connect(folder / "mlruns.db").close()
+    (folder / "experiment").write_text("smoke-grid beam\n")
+    (folder / "report.log").write_text("the chain's report\n")
+    (folder / "driven").touch()
+    env = {**os.environ, "WORK": str(work), "OUT": str(out), "PYTHON": sys.executable}
+    started = time.monotonic()
+    collecting = subprocess.Popen(["bash", "bench/slice_lease.sh", "collect"], cwd=ROOT, env=env,
+                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    time.sleep(3)
+    assert collecting.poll() is None  # waiting for the report
+    (folder / "done").touch()
+    assert collecting.wait(timeout=60) == 0 and time.monotonic() - started >= 3
+    with tarfile.open(out / "a.tar.gz") as packed:
+        assert packed.extractfile("report.log").read() == b"the chain's report\n"

@@ -1,7 +1,9 @@
 """Compute budgets: equal epochs, or the steps / training tokens of a reference method (arithmetic, and a grid's
-budgets with made-up footprints: no Ray started)."""
+budgets with made-up footprints: no Ray started); the sets they are counted on, prepared ahead of a run (on Ray)."""
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import pytest
 
@@ -108,3 +110,40 @@ def test_the_record_of_a_matched_budget_is_the_drivers_to_write() -> None:
     with pytest.raises(ClozeMathError, match="budget_configured"):
         load_config("configs/experiments/smoke.yaml", ["train.max_steps=null", "train.budget=steps",
                                                       "train.budget_configured=steps", "train.epochs_configured=1"])
+
+
+def test_warm_data_prepares_what_a_run_prepares_so_that_the_run_reads_its_cache(
+    ray_session: None, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`clozemath warm --data --no-models` on base, IT and ClozeMath at IT's tokens: the 2 training sets (IT's, also the budget's
+    reference, and ClozeMath's; base trains nothing) go into the run's `<train.output_dir>/cache`, where the run's own
+    preparation (the driver's, then each trial's) finds them."""
+    from clozemath.records import CACHE_DIR
+    from clozemath_cli import main
+    from ray_jobs.grid import with_absolute_paths
+    from ray_jobs.preprocess import preprocess
+
+    overrides = ["axes.model=[tiny-llama]", "axes.dataset=[gsm8k]", "axes.method=[base,it,clozemath]",
+                 "train.max_steps=null", "train.budget=tokens", "train.budget_reference=it",
+                 "data.limit=4", f"train.output_dir={tmp_path / 'runs'}"]
+    assert main(["warm", "configs/grids/smoke.yaml", *overrides, "--data", "--no-models"]) == 0
+    said = capsys.readouterr().out
+    assert "the tokenizer" not in said, said  # the models are another warm's
+    cache = (tmp_path / "runs" / CACHE_DIR).resolve()
+    assert f"warm: smoke-grid: 2 training set(s) in {cache}" in said, said
+    made = sorted(folder.name for folder in cache.iterdir() if folder.is_dir())
+    assert len(made) == 2, made
+    trained = [with_absolute_paths(e) for e in load_plan("configs/grids/smoke.yaml", overrides).experiments
+               if e.method.trains]
+    assert len(trained) == 2
+    for experiment in trained:
+        assert preprocess(experiment, cache).from_cache, experiment.name
+    assert sorted(folder.name for folder in cache.iterdir() if folder.is_dir()) == made
+
+
+def test_warm_told_to_leave_the_models_out_needs_the_data(capsys: pytest.CaptureFixture[str]) -> None:
+    from clozemath_cli import main
+
+    assert main(["warm", "configs/grids/smoke.yaml", "--no-models"]) == 2
+    assert capsys.readouterr().err.strip() == ("clozemath: error: warm --no-models: nothing left to warm; add --data "
+                                               "(the training sets)")
