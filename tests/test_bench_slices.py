@@ -54,6 +54,21 @@ def described(plan: Path, name: str) -> dict[str, list[str]]:
     return found
 
 
+def dry_chain(plan: Path, work: Path, *names: str, **env: str) -> tuple[str, dict[str, str]]:
+    """`bench/slice_lease.sh chain NAMES` under DRY_RUN (its commands printed, none run): its console, and its
+    environment for another call of the script."""
+    env = {**os.environ, "DRY_RUN": "1", "WORK": str(work), "PLAN": str(plan), "PYTHON": sys.executable, **env}
+    done = subprocess.run(["bash", "bench/slice_lease.sh", "chain", *names], cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    return done.stdout, env
+
+
+def commands_of(console: str) -> list[str]:
+    """The commands a dry chain printed, in order."""
+    return [line.split("$ ", 1)[1] for line in console.splitlines() if "] $ " in line]
+
+
 def test_a_slice_runs_only_its_unfinished_trials_and_a_trial_missing_a_set_is_unfinished(tmp_path: Path) -> None:
     """Of base, MFT and ClozeMath on tiny-llama: MFT has every set's accuracy (finished), ClozeMath only GSM8K beam's
     (cut while evaluating): what is left is base and ClozeMath, and the overrides expand to exactly those."""
@@ -180,13 +195,9 @@ def test_the_lease_chain_skips_a_finished_slice_and_runs_what_is_left_of_another
         "b": {"grid": SMOKE, "set": ["axes.model=[tiny-llama]", "axes.dataset=[gsm8k]"]}})
     commit(tmp_path, "a", {name.format("mft"): GSM8K_SETS})
     work = tmp_path / "work"
-    env = {**os.environ, "DRY_RUN": "1", "WORK": str(work), "PLAN": str(plan), "PYTHON": sys.executable,
-           "MODEL_CHUNKS": "/tmp/qwen"}
-    done = subprocess.run(["bash", "bench/slice_lease.sh", "chain", "a", "b"], cwd=ROOT, env=env, capture_output=True,
-                          text=True, timeout=120)
-    assert done.returncode == 0, done.stderr
-    assert "chain: a: every trial is finished in the committed results; skipped" in done.stdout
-    commands = [line.split("$ ", 1)[1] for line in done.stdout.splitlines() if "] $ " in line]
+    console, _ = dry_chain(plan, work, "a", "b", MODEL_CHUNKS="/tmp/qwen")
+    assert "chain: a: every trial is finished in the committed results; skipped" in console
+    commands = commands_of(console)
     assert commands[0].startswith("ray start --head")
     warm, run, report = commands[1:]
     store = f"sqlite:///{work}/b/mlruns.db"
@@ -216,15 +227,11 @@ def test_a_chain_told_its_sessions_seconds_skips_a_slice_whose_estimate_passes_t
     pieces = [plan.slice(name) for name in "abc"]
     slices.save_estimates(plan, [slices.SliceEstimate(p, 1, s, 0) for p, s in zip(pieces, (300.4, 900, 100))])
     assert described(plan_path, "b")["estimate_s"] == ["900"] and "estimate_s" not in described(plan_path, "d")
-    env = {**os.environ, "DRY_RUN": "1", "WORK": str(tmp_path / "work"), "PLAN": str(plan_path),
-           "PYTHON": sys.executable, "MODEL_CHUNKS": "", "SESSION_S": "600"}
-    done = subprocess.run(["bash", "bench/slice_lease.sh", "chain", "a", "b", "c", "d"], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=120)
-    assert done.returncode == 0, done.stderr
-    runs = [line for line in done.stdout.splitlines() if "-m clozemath_cli run " in line]
+    console, env = dry_chain(plan_path, tmp_path / "work", "a", "b", "c", "d", MODEL_CHUNKS="", SESSION_S="600")
+    runs = [command for command in commands_of(console) if "-m clozemath_cli run " in command]
     assert [run.rsplit("axes.method=", 1)[1] for run in runs] == ["[mft]", "[it]", "[base]"]
-    assert "chain: b: skipped: its estimate, 900 s, is more than the session's" in done.stdout
-    assert "chain: d: no estimate (bench/slices.py estimate); run anyway" in done.stdout
+    assert "chain: b: skipped: its estimate, 900 s, is more than the session's" in console
+    assert "chain: d: no estimate (bench/slices.py estimate); run anyway" in console
     bad = subprocess.run(["bash", "bench/slice_lease.sh", "start", "a"], cwd=ROOT, capture_output=True, text=True,
                          env={**env, "SESSION_S": "25min"})
     assert bad.returncode == 2 and bad.stderr.strip() == "slice_lease: SESSION_S=25min: not a whole number of seconds"
@@ -256,13 +263,8 @@ def test_a_chains_later_slices_have_their_training_sets_prepared_while_the_first
         name: {"grid": SMOKE, "set": ["axes.model=[tiny-llama]", "axes.dataset=[gsm8k]", f"axes.method={method}"]}
         for name, method in (("b", "[mft]"), ("c", "[clozemath]"))})
     work = tmp_path / "work"
-    env = {**os.environ, "DRY_RUN": "1", "WORK": str(work), "PLAN": str(plan), "PYTHON": sys.executable,
-           "MODEL_CHUNKS": ""}
-    done = subprocess.run(["bash", "bench/slice_lease.sh", "chain", "b", "c"], cwd=ROOT, env=env, capture_output=True,
-                          text=True, timeout=120)
-    assert done.returncode == 0, done.stderr
-    commands = [line.split("$ ", 1)[1].split(" -m clozemath_cli ", 1)[-1]
-                for line in done.stdout.splitlines() if "] $ " in line]
+    console, _ = dry_chain(plan, work, "b", "c", MODEL_CHUNKS="")
+    commands = [command.split(" -m clozemath_cli ", 1)[-1] for command in commands_of(console)]
     sliced = "axes.model=[tiny-llama] axes.dataset=[gsm8k]"
     assert commands[1:4] == [
         f"warm {SMOKE} {sliced} axes.method=[mft]",
