@@ -36,8 +36,8 @@ if "CLOZEMATH_DATA_DIR" not in os.environ and _SHARED_DATA.is_dir():
 
 # Ray Data 2.60 reads Parquet footers on a pool of 32 actors per `read_parquet` (each a Python process that imports
 # Ray); the tests' caches are a file or two, and on a 2-core machine starting that pool cost 10-15 s per read
-# (measured: 12-16 s to read 50 rows, 2 s with one actor). Set here, before any Ray starts: the session's Ray, the
-# heads and the `clozemath run` processes the tests start all inherit it, and so do their workers.
+# (measured: 12-16 s to read 50 rows, 2 s with one actor). A run's jobs read with one (`ray_jobs.cluster`); set here
+# too, before any Ray starts: the heads the tests start (`ray start`) inherit it, and so do their workers.
 os.environ.setdefault("RAY_DATA_PARQUET_FOOTER_NUM_ACTORS", "1")
 # Ray Train 2.60 starts a preemption watcher actor (another process) with every worker group: it reports spot-node
 # preemption notices, which no test machine gets (a lost node is noticed by Ray's health checks, not by it).
