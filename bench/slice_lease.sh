@@ -135,15 +135,18 @@ slice_run() {  # slice_run SLICE SECONDS_LEFT: what is left of it, as a grid run
     fi
     touch "$dir/driven"
     if [ -n "${DRY_RUN:-}" ]; then
-        report "$experiment" "$store" "$decoding" "$dir/report" > "$dir/report.log" 2>&1
+        slice_report "$dir" "$experiment" "$store" "$decoding"
         cat "$dir/report.log"
-        touch "$dir/done"
         return 0
     fi
     # the report beside the next slice's start (30 s of CPU, the card idle, when it came first)
-    { report "$experiment" "$store" "$decoding" "$dir/report" > "$dir/report.log" 2>&1; touch "$dir/done"
-      echo "chain: slice $name: reported"; } &
+    { slice_report "$dir" "$experiment" "$store" "$decoding"; echo "chain: slice $name: reported"; } &
     REPORTS+=($!)
+}
+
+slice_report() {  # slice_report DIR EXPERIMENT STORE DECODING: a slice's report once its driver is done, then `done`
+    report "$2" "$3" "$4" "$1/report" > "$1/report.log" 2>&1
+    touch "$1/done"
 }
 
 chain() {  # every slice named, in order, on one Ray cluster

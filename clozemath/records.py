@@ -85,6 +85,11 @@ def evaluation_folder(config: ExperimentConfig, inputs: RunInputs) -> Path:
     return Path(config.train.output_dir).resolve() / EVALS_DIR / f"{config.name}-{key}"
 
 
+def cache_folder(output_dir: str) -> Path:
+    """`<train.output_dir>/cache`: where a run's training sets are prepared (`ray_jobs.preprocess`)."""
+    return Path(output_dir).resolve() / CACHE_DIR
+
+
 def grid_folder(output_dir: str, grid: str) -> Path:
     """`<train.output_dir>/<grid>`: an experiment's run folder, or the folder of a grid's trials' run folders."""
     return Path(output_dir).resolve() / grid

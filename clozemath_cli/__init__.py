@@ -283,14 +283,13 @@ def _warm_models(plan: RunPlan, device: str) -> None:
 def _warm_data(plan: RunPlan) -> None:
     """`clozemath warm --data`: the run's training sets prepared into its cache, as its driver would first."""
     import time
-    from pathlib import Path
 
     from clozemath.plan import with_absolute_paths
-    from clozemath.records import CACHE_DIR
+    from clozemath.records import cache_folder
     from ray_jobs.run import prepare_training_sets, run_training_sets
 
     sets = run_training_sets([with_absolute_paths(e) for e in plan.experiments], plan.root)
-    cache = Path(plan.experiments[0].train.output_dir).resolve() / CACHE_DIR
+    cache = cache_folder(plan.experiments[0].train.output_dir)
     started = time.monotonic()
     print(f"warm: the training sets of {plan.grid.name} into {cache}...", flush=True)
     prepared = prepare_training_sets(sets)

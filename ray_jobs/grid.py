@@ -38,7 +38,6 @@ from clozemath.model.tokenizer import load_tokenizer
 from clozemath.plan import RunPlan, data_inputs, run_inputs, trial_labels, with_absolute_paths
 from clozemath.records import (
     ADAPTER_DIR,
-    CACHE_DIR,
     GRID_ARTIFACT,
     GRID_KEY_TAG,
     GRID_ROLE,
@@ -49,6 +48,7 @@ from clozemath.records import (
     ROLE_TAG,
     TRIAL_TAG,
     TUNE_DIR,
+    cache_folder,
     grid_folder,
     grid_tags,
     headline_metric,
@@ -153,7 +153,7 @@ class GridOutcome:
 def run_command(plan: RunPlan) -> None:
     """`clozemath run`: an experiment (a grid of one) or a grid, on Ray Tune; an interrupted grid resumes."""
     logs = plan.folder / LOGS_DIR
-    cache = Path(plan.experiments[0].train.output_dir).resolve() / CACHE_DIR
+    cache = cache_folder(plan.experiments[0].train.output_dir)
     try:
         with interrupts.on_stuck(lambda: remove_abandoned_staging(cache, wait_s=1.0)), logged(logs):
             outcome = run_grid(plan)

@@ -19,11 +19,11 @@ from clozemath.data.prepare import training_set_identity
 from clozemath.plan import budget_reference
 from clozemath.records import (
     ADAPTER_DIR,
-    CACHE_DIR,
     PLANNED_STEPS,
     PLANNED_TOKENS,
     TRAINED_STEPS,
     TRAINED_TOKENS,
+    cache_folder,
     eval_folder,
     headline_percent,
     run_folder,
@@ -151,7 +151,7 @@ def _prepare(config: ExperimentConfig) -> TokenizedSet:
     console.phase(
         f"[{config.name}] preparing data: {config.data.dataset}/{config.data.split} for method {config.method.name}"
     )
-    prepared = preprocess(config, Path(config.train.output_dir).resolve() / CACHE_DIR)
+    prepared = preprocess(config, cache_folder(config.train.output_dir))
     kinds = ", ".join(f"{kind} {n}" for kind, n in sorted(prepared.kinds.items()))
     console.phase(
         f"[{config.name}] data: {prepared.num_rows} samples ({kinds}; {prepared.dropped_for_length} too long), "
