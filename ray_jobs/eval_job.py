@@ -133,9 +133,14 @@ def _actor_pool(config: ExperimentConfig, adapter: Path | None, requested: float
                                              "requested": requested}}
 
 
-STREAMED_BLOCK_BYTES = 1
-"""The evaluation dataset's `target_max_block_size`: each table an actor yields is a block of its own, sent back as it
-comes (Ray Data's default, 128 MiB, gathers a batch's tables into one block, and the bar would wait for the batch)."""
+STREAMED_BLOCK_BYTES = 256 << 10
+"""The evaluation dataset's `target_max_block_size`: an actor's predictions come back in blocks of about this size, as
+they are made: ~80 few-shot ones (their prompts hold the shots) or ~200 of a fine-tuned model. Ray Data's default,
+128 MiB, gathers a batch's tables into one block, and the bar would wait for the batch. Below it, Ray Data slices
+each table to the target: until 2026-12-04 this was 1 byte, every prediction a block of its own, and Ray's handling of
+one block (~0.1 s) set the pace: Qwen2.5-Coder-1.5B's base model, few-shot on MATH-500 and GSM-Symbolic beside two
+training trials on one H200, came back at 9-10 problems/s while the card sat idle; 1,200 few-shot problems of a tiny
+model on 2 cores took 146 s end to end with 1 byte, 52 s with 1 MiB, 52 s with 256 KiB."""
 
 
 @contextlib.contextmanager

@@ -509,6 +509,31 @@ def test_an_actor_sends_its_rows_back_as_they_are_made_and_the_error_that_stops_
     assert got == [{"row": 0}]  # the rows made before it, yielded first
 
 
+def test_an_evaluation_streams_its_predictions_back_in_blocks_of_many_not_one_a_prediction(ray_session):
+    """In the evaluation's Ray Data context, the tables an actor yields as it decodes come back in a few blocks of many
+    predictions: not one block a prediction (Ray's ~0.1 s a block then sets the pace, the card idle), and not one
+    block for the whole batch (the bar would wait for it)."""
+    import pyarrow as pa
+    import ray
+
+    from ray_jobs.eval_job import _evaluation_context
+
+    tables, rows_a_table, payload = 30, 20, "x" * 1024  # 600 predictions of ~1 KiB, yielded 20 at a time
+
+    def decode_as_it_goes(batch: pa.Table):
+        for start in range(0, batch.num_rows, rows_a_table):
+            ids = batch.column("id").to_pylist()[start:start + rows_a_table]
+            yield pa.Table.from_pylist([{"id": i, "generation": payload} for i in ids])
+
+    with _evaluation_context():
+        dataset = ray.data.from_items([{"id": i} for i in range(tables * rows_a_table)]).map_batches(
+            decode_as_it_goes, batch_format="pyarrow", batch_size=tables * rows_a_table)
+        blocks = [batch.column("id").to_pylist()
+                  for batch in dataset.iter_batches(batch_size=None, batch_format="pyarrow")]
+    assert [i for block in blocks for i in block] == list(range(tables * rows_a_table))
+    assert 1 < len(blocks) <= tables, [len(block) for block in blocks]
+
+
 def test_an_evaluations_seconds_split_into_its_start_up_and_its_decoding():
     from clozemath.eval.folder import startup_and_decoding
 
