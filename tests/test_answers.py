@@ -60,6 +60,14 @@ def _sample(golds: list[str], n: int = SAMPLE, seed: int = 0) -> list[str]:
         # a model that does not stop goes on with a question of its own: its numbers are not the answer
         ("The answer is 7.\n\nQuestion: Tom has 9 apples. How many?\nAnswer: 9", "7", "7", "flexible"),
         ("She has 7.\nQuestion: and then #### 9", "7", "7", "flexible"),
+        # a MATH-trained model marks its answer to a GSM-like problem with \\boxed{}: its one number, not the last
+        ("So, Hiroshi responds to \\(\\boxed{510}\\) emails in a 5 day work week.", "510", "510", "boxed"),
+        ("&= \\boxed{20\\%}\n\\end{align*}", "20", "20", "boxed"),
+        ("costs \\boxed{\\$1,500} for 3 weeks", "1500", "1500", "boxed"),
+        ("\\boxed{-4} degrees, up 2", "-4", "-4", "boxed"),
+        ("#### 12\nThat is \\boxed{13}", "12", "12", "strict"),  # `####` first
+        ("\\boxed{\\frac{3}{4}} of 8 is 6", "6", "6", "flexible"),  # two numbers in the box: the last number
+        ("The box \\boxed{x} holds 9", "9", "9", "flexible"),  # no number in it
     ],
 )
 def test_numeric_extraction_and_equality(generation: str, gold: str, extracted: str, rule: str) -> None:
@@ -100,6 +108,22 @@ def test_numeric_span_covers_the_extracted_number() -> None:
     start, end = answer_span("gsm8k", text)
     assert (start, text[start:end]) == (text.index("####") + 6, "1,250.50")
     assert answer_span("gsm_p1", "nothing here") is None
+
+
+def test_cot_decodings_marked_vote_counts_only_the_papers_mark_on_gsm8k_and_the_box_on_math() -> None:
+    """CoT-decoding's `marked` vote (`eval.cot_vote`): on GSM8K-like sets a branch votes with a `####` answer only
+    (the paper's rule), not a boxed one, which grading still reads; on MATH the box is the mark."""
+    from clozemath.tasks import get_task
+
+    boxed = "so the total is \\boxed{72} dollars for 3 days"
+    gsm8k, math = get_task("gsm8k"), get_task("math")
+    start, end = gsm8k.answer_span(boxed)
+    assert boxed[start:end] == "72" and gsm8k.answer_span(boxed, marked_only=True) is None
+    marked = "48 + 24 = 72\n#### 72"
+    start, end = gsm8k.answer_span(marked, marked_only=True)
+    assert marked[start:end] == "72"
+    start, end = math.answer_span(boxed, marked_only=True)
+    assert boxed[start:end] == "72"
 
 
 @pytest.mark.parametrize("dataset", ["gsm8k", "gsm_p2"])

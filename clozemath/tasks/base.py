@@ -87,6 +87,8 @@ class Task:
     """Where a few-shot generation stops."""
     harness_filters: bool = False
     """Few-shot predictions graded by lm-evaluation-harness's `gsm8k` answer filters (strict-match first)."""
+    vote_rules: frozenset[str] = MARKED_RULES
+    """The rules whose answers vote in CoT-decoding's `marked` vote (`eval.cot_vote`)."""
 
     def grade(self, generation: str, gold: str, *, ended: bool = True, timeout_s: float = MATH_VERIFY_TIMEOUT_S
               ) -> Graded:
@@ -99,9 +101,9 @@ class Task:
 
     def answer_span(self, text: str, marked_only: bool = False) -> tuple[int, int] | None:
         """Character offsets `[start, end)` in `text` of the answer `grade` extracts; `marked_only`: only an answer
-        where the format marks it (`MARKED_RULES`: `####`, `\\boxed{}`), not the last-number fallback."""
+        where the format marks it as CoT-decoding's vote counts it (`vote_rules`), not the last-number fallback."""
         found = self.find_answer(text)
-        if found is None or (marked_only and found[1] not in MARKED_RULES):
+        if found is None or (marked_only and found[1] not in self.vote_rules):
             return None
         return found[0]
 

@@ -1,9 +1,11 @@
 """GSM8K (Cobbe et al. 2021): grade-school word problems with numeric answers; its test split as an evaluation set.
 
-Answers: the number after `####` (rule `strict`), else the last number (`flexible`, the fallback), in the
-generation's first turn, equal to the gold within `NUMERIC_TOLERANCE`. Base models: 5-shot as lm-evaluation-harness
-v0.4.12's `gsm8k` task (version 3.0) prompts them, graded by its answer filters (`clozemath.tasks.harness`). The
-GSM-Symbolic sets (`clozemath.tasks.gsm_symbolic`) grade and prompt the same way.
+Answers: the number after `####` (rule `strict`), else the one number of the last `\\boxed{}` (`boxed`: how a
+MATH-trained model marks its answer to a GSM-Symbolic problem, `\\boxed{510} emails in a 5 day week`, whose last
+number is 5), else the last number (`flexible`, the fallback), in the generation's first turn, equal to the gold
+within `NUMERIC_TOLERANCE`. CoT-decoding's `marked` vote counts only `####` answers, the paper's rule. Base models:
+5-shot as lm-evaluation-harness v0.4.12's `gsm8k` task (version 3.0) prompts them, graded by its answer filters
+(`clozemath.tasks.harness`). The GSM-Symbolic sets (`clozemath.tasks.gsm_symbolic`) grade and prompt the same way.
 
 The harness writes each shot as `Question: {question}\\nAnswer: {answer}` (the answer as the data has it, calculator
 annotations and `#### N` kept), joins the shots and the test question with "\\n\\n", and ends with the test question.
@@ -22,7 +24,7 @@ from collections.abc import Sequence
 from fractions import Fraction
 from functools import cache
 
-from clozemath.data.gold import NUMERIC_TOLERANCE
+from clozemath.data.gold import NUMERIC_TOLERANCE, boxed_span
 from clozemath.data.sources import Problem, load_problems
 from clozemath.errors import ClozeMathError
 from clozemath.tasks.base import Found, Graded, StoredDataset, Task, first_turn
@@ -49,10 +51,16 @@ _STRICT_RE = re.compile(rf"####\s*(?:\$\s*)?({_NUMBER})")  # no two `\s*` side b
 
 
 def numeric_answer(text: str) -> Found | None:
-    """The number after `####` (`strict`), else the last number (`flexible`)."""
+    """The number after `####` (`strict`), else the last `\\boxed{}`'s number where it holds one and no other
+    (`boxed`: `\\boxed{20\\%}`, `\\boxed{\\$15}`; not `\\boxed{\\frac{3}{4}}`), else the last number (`flexible`)."""
     strict = _STRICT_RE.search(text)
     if strict:
         return strict.span(1), "strict"
+    boxed = boxed_span(text)
+    if boxed is not None:
+        numbers = list(_NUMBER_RE.finditer(text, *boxed))
+        if len(numbers) == 1:
+            return numbers[0].span(), "boxed"
     last = None
     for last in _NUMBER_RE.finditer(text):
         pass
@@ -142,5 +150,5 @@ _STORED = StoredDataset("gsm8k")
 GSM8K = Task(
     name="gsm8k", title="GSM8K", problems=_STORED.problems, identity=_STORED.identity,
     find_answer=find_answer, judge=judge, answer_key=number_key, few_shot_prompt=few_shot_prompt, stop=GSM8K_STOP,
-    harness_filters=True,
+    harness_filters=True, vote_rules=frozenset({"strict"}),
 )
