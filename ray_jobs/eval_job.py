@@ -47,6 +47,18 @@ SCHEMA = pa.schema([(field.name, _PREDICTION_TYPES[field.name]) for field in fie
                    + [(SECONDS, pa.float64()), (READY_AT, pa.float64()), (LOAD_S, pa.float64())])
 """A row of `clozemath.eval.folder.predict_rows`: a prediction, the actor-seconds its decoding took, when the actor
 that made it was ready to decode and how long its model took to load."""
+PACKED = pa.schema([("rows", pa.list_(pa.struct(list(SCHEMA))))])
+"""What an actor yields: one row holding the rows made since its last yield, so that Ray Data sends each yield back
+as one block of its own (`STREAMED_BLOCK_BYTES`) and never slices it into one block a prediction."""
+
+
+def packed(rows: Rows) -> pa.Table:
+    return pa.Table.from_pylist([{"rows": rows}], schema=PACKED)
+
+
+def unpacked(batch: pa.Table) -> Rows:
+    """The rows of the yields a batch of `PACKED` tables holds, in order."""
+    return [row for rows in batch.column("rows").to_pylist() for row in rows]
 
 
 class Evaluator:
@@ -80,10 +92,10 @@ class Evaluator:
         return self.model.ready_at
 
     def __call__(self, batch: pa.Table) -> Iterator[pa.Table]:
-        """The batch's rows, a table of those made since the last one (Ray Data sends each back as a block)."""
+        """The batch's rows, those made since the last yield `packed` (Ray Data sends each back as a block)."""
         problems = [Problem(**row) for row in batch.to_pylist()]
         for rows in as_made(partial(predict_rows, self.model, problems)):
-            yield pa.Table.from_pylist(rows, schema=SCHEMA)
+            yield packed(rows)
 
 
 _DONE = object()
@@ -133,14 +145,14 @@ def _actor_pool(config: ExperimentConfig, adapter: Path | None, requested: float
                                              "requested": requested}}
 
 
-STREAMED_BLOCK_BYTES = 256 << 10
-"""The evaluation dataset's `target_max_block_size`: an actor's predictions come back in blocks of about this size, as
-they are made: ~80 few-shot ones (their prompts hold the shots) or ~200 of a fine-tuned model. Ray Data's default,
-128 MiB, gathers a batch's tables into one block, and the bar would wait for the batch. Below it, Ray Data slices
-each table to the target: until 2026-12-04 this was 1 byte, every prediction a block of its own, and Ray's handling of
-one block (~0.1 s) set the pace: Qwen2.5-Coder-1.5B's base model, few-shot on MATH-500 and GSM-Symbolic beside two
-training trials on one H200, came back at 9-10 problems/s while the card sat idle; 1,200 few-shot problems of a tiny
-model on 2 cores took 146 s end to end with 1 byte, 52 s with 1 MiB, 52 s with 256 KiB."""
+STREAMED_BLOCK_BYTES = 1
+"""The evaluation dataset's `target_max_block_size`: each table an actor yields is a block of its own, sent back as it
+comes (Ray Data's default, 128 MiB, gathers a batch's tables into one block, and the bar would wait for the batch).
+A yield is one row (`PACKED`), which no target slices: a yield of many rows sliced into one block a prediction (until
+2026-12-04) made Ray's handling of each block (~0.1 s) set the pace: Qwen2.5-Coder-1.5B's base model, few-shot on
+MATH-500 and GSM-Symbolic beside two training trials on one H200, came back at 9-10 problems/s while the card sat idle;
+1,200 few-shot problems of a tiny model on 2 cores took 146 s end to end, 52 s with blocks of 1 MiB. Packed, a yield
+holds what the actor made while the last one was on its way, so a fast decoding sends few blocks."""
 
 
 @contextlib.contextmanager
@@ -168,7 +180,8 @@ def evaluate_on_ray(config: ExperimentConfig, adapter: Path | None, folder: Path
                 **_actor_pool(config, adapter, requested),
             )
             for batch in dataset.iter_batches(batch_size=None, batch_format="pyarrow"):
-                take(batch.to_pylist())
+                for row in unpacked(batch):  # one by one, as a model of this process hands them over
+                    take([row])
 
     return evaluate_into_folder(config, adapter, folder, on_actors, requested)
 

@@ -453,7 +453,7 @@ def test_an_evaluation_actor_builds_its_model_once_for_every_set_decoding_and_ba
 
     from clozemath.config import to_wire
     from clozemath.model import load
-    from ray_jobs.eval_job import SCHEMA, Evaluator
+    from ray_jobs.eval_job import PACKED, Evaluator, unpacked
 
     builds = []
     build = load._random_model
@@ -469,8 +469,8 @@ def test_an_evaluation_actor_builds_its_model_once_for_every_set_decoding_and_ba
     rows = []
     for batch in (problems[:2], problems[2:4], problems[4:]):  # the second mixes the sets
         for made in actor(pa.Table.from_pylist(batch)):  # the rows made since the last table, as they come
-            assert made.schema == SCHEMA and made.num_rows
-            rows += made.to_pylist()
+            assert made.schema == PACKED and made.num_rows == 1 and unpacked(made)
+            rows += unpacked(made)
     assert len(builds) == 1
     assert sorted((row["dataset"], row["decoding"]) for row in rows) == sorted(
         (p["dataset"], decoding) for p in problems for decoding in ("greedy", "beam"))
@@ -509,29 +509,30 @@ def test_an_actor_sends_its_rows_back_as_they_are_made_and_the_error_that_stops_
     assert got == [{"row": 0}]  # the rows made before it, yielded first
 
 
-def test_an_evaluation_streams_its_predictions_back_in_blocks_of_many_not_one_a_prediction(ray_session):
-    """In the evaluation's Ray Data context, the tables an actor yields as it decodes come back in a few blocks of many
-    predictions: not one block a prediction (Ray's ~0.1 s a block then sets the pace, the card idle), and not one
-    block for the whole batch (the bar would wait for it)."""
-    import pyarrow as pa
+def test_each_yield_of_an_evaluation_actor_comes_back_as_one_block_however_many_predictions_it_holds(ray_session):
+    """In the evaluation's Ray Data context, each table an actor yields (the predictions it made since its last yield,
+    `packed`) comes back as one block of its own: not sliced into one block a prediction (Ray's ~0.1 s a block then
+    set the pace, the card idle), and not gathered with the others into one block at the batch's end (the bar would
+    wait for it)."""
     import ray
 
-    from ray_jobs.eval_job import _evaluation_context
+    from ray_jobs.eval_job import PACKED, _evaluation_context, packed, unpacked
 
-    tables, rows_a_table, payload = 30, 20, "x" * 1024  # 600 predictions of ~1 KiB, yielded 20 at a time
+    yields, rows_a_yield = 30, 20  # 600 predictions of ~1 KiB
+    row = {name: None for name in PACKED.field("rows").type.value_type.names} | {"generation": "x" * 1024}
 
-    def decode_as_it_goes(batch: pa.Table):
-        for start in range(0, batch.num_rows, rows_a_table):
-            ids = batch.column("id").to_pylist()[start:start + rows_a_table]
-            yield pa.Table.from_pylist([{"id": i, "generation": payload} for i in ids])
+    def decode_as_it_goes(batch):
+        ids = batch.column("id").to_pylist()
+        for start in range(0, len(ids), rows_a_yield):
+            yield packed([row | {"id": str(i)} for i in ids[start:start + rows_a_yield]])
 
     with _evaluation_context():
-        dataset = ray.data.from_items([{"id": i} for i in range(tables * rows_a_table)]).map_batches(
-            decode_as_it_goes, batch_format="pyarrow", batch_size=tables * rows_a_table)
-        blocks = [batch.column("id").to_pylist()
+        dataset = ray.data.from_items([{"id": i} for i in range(yields * rows_a_yield)]).map_batches(
+            decode_as_it_goes, batch_format="pyarrow", batch_size=yields * rows_a_yield)
+        blocks = [[int(made["id"]) for made in unpacked(batch)]
                   for batch in dataset.iter_batches(batch_size=None, batch_format="pyarrow")]
-    assert [i for block in blocks for i in block] == list(range(tables * rows_a_table))
-    assert 1 < len(blocks) <= tables, [len(block) for block in blocks]
+    starts = range(0, yields * rows_a_yield, rows_a_yield)
+    assert blocks == [list(range(start, start + rows_a_yield)) for start in starts]
 
 
 def test_an_evaluations_seconds_split_into_its_start_up_and_its_decoding():
