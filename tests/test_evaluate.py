@@ -516,10 +516,10 @@ def test_each_yield_of_an_evaluation_actor_comes_back_as_one_block_however_many_
     wait for it)."""
     import ray
 
-    from ray_jobs.eval_job import PACKED, _evaluation_context, packed, unpacked
+    from ray_jobs.eval_job import SCHEMA, _evaluation_context, packed, unpacked
 
     yields, rows_a_yield = 30, 20  # 600 predictions of ~1 KiB
-    row = {name: None for name in PACKED.field("rows").type.value_type.names} | {"generation": "x" * 1024}
+    row = dict.fromkeys(SCHEMA.names) | {"generation": "x" * 1024}
 
     def decode_as_it_goes(batch):
         ids = batch.column("id").to_pylist()
