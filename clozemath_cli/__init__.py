@@ -329,6 +329,9 @@ def _add_report(commands: argparse._SubParsersAction) -> None:
                         help="instead of a store, a report folder written with --export-predictions (its trials.json, "
                         "steps.json.gz and predictions.jsonl.gz; or a folder holding it as report/); repeated: the "
                         "slices of a study reported as one, a trial two of them hold once")
+    report.add_argument("--exclude-diverged", action="store_true",
+                        help="leave out the runs whose training loss diverged (its smoothed loss at "
+                        "train.divergence_factor times its lowest), named in the summary: the verdicts without them")
     report.set_defaults(handler=_report)
 
 
@@ -345,7 +348,7 @@ def _report(args: argparse.Namespace) -> None:
         check_tracking_uri(args.tracking_uri, "--tracking-uri")
 
     report(args.experiment, args.tracking_uri, args.out, args.latex, args.parent, args.decoding,
-           args.export_predictions, args.predictions, args.folders)
+           args.export_predictions, args.predictions, args.folders, args.exclude_diverged)
 
 
 def _add_ls(commands: argparse._SubParsersAction) -> None:

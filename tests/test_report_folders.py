@@ -176,3 +176,36 @@ def test_a_slice_folder_holding_its_report_is_read_and_a_bad_file_is_one_line_na
     assert f"--from {tmp_path / 'nowhere'}: no such folder" in refused(tmp_path / "nowhere")
     assert main(["report", "--from", str(slices["a"]), "--experiment", "study"]) == 2
     assert "--from reads whole report folders" in capsys.readouterr().err
+
+
+def test_a_run_whose_loss_diverged_is_marked_and_left_out_on_request(
+    slices: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Slice b with ClozeMath seed 1's losses made 1.0 for 10 steps, then 10.0 (smoothed: 3x its lowest at step 13).
+    The report of every run marks it in the seeds table; with --exclude-diverged it is left out, named first in the
+    summary, and ClozeMath's results are its seeds 0 and 2 (110 and 122 of 200 right)."""
+    import shutil
+
+    edited = tmp_path / "b"
+    shutil.copytree(slices["b"], edited)
+    with gzip.open(edited / "steps.json.gz", "rt", encoding="utf-8") as handle:
+        trials = json.load(handle)
+    for trial in trials:
+        if (trial["method"], trial["seed"]) == ("clozemath", "1"):
+            trial["train/loss"] = [1.0] * 10 + [10.0] * 10
+    with gzip.open(edited / "steps.json.gz", "wt", encoding="utf-8") as handle:
+        json.dump(trials, handle)
+    capsys.readouterr()
+    out = report_from([slices["a"], edited], tmp_path / "all", capsys)
+    assert "diverged in training: ClozeMath seed 1, of 6" in out
+    assert "| ClozeMath | 1 | 58.00 |" in out and "| yes (13) |" in out
+    assert main(["report", "--from", str(slices["a"]), "--from", str(edited), "--decoding", "greedy",
+                 "--exclude-diverged", "--out", str(tmp_path / "without")]) == 0
+    summary = (tmp_path / "without" / "summary.md").read_text()
+    assert summary.startswith("**Left out: the runs whose training diverged**")
+    assert "ClozeMath seed 1 trained on GSM8K (diverged at step 13: smoothed loss 3.439, 3.4x its lowest (1.000 at " \
+           "step 1))" in summary.splitlines()[0]
+    results = (tmp_path / "without" / "tables.md").read_text().split("**Results")[1]
+    assert f"| {statistics.fmean([55, 61]):.2f} ± {statistics.stdev([55, 61]):.2f} (2) |" in results
+    with gzip.open(tmp_path / "without" / "steps.json.gz", "rt", encoding="utf-8") as handle:
+        assert ("clozemath", "1") not in {(t["method"], t["seed"]) for t in json.load(handle)}

@@ -62,8 +62,9 @@ def test_a_seed_far_below_its_methods_others_is_flagged_beside_its_training() ->
     (table,) = seed_tables(trials, histories)
     text = to_markdown(table)
     assert "far below: IT seed 2, of 4 seeds of methods with three or more" in text
-    assert "| IT | 2 | 40.10 | -14.90 | 1.000 | 40.00 | 1 (step 13) | yes |" in text
-    assert "| MFT | 0 | 50.00 | – | 1.000 | 1.00 | 0 |  |" in text
+    assert "diverged in training: none, of 6" in text
+    assert "| IT | 2 | 40.10 | -14.90 | 1.000 | 40.00 | 1 (step 13) |  | yes |" in text
+    assert "| MFT | 0 | 50.00 | – | 1.000 | 1.00 | 0 |  |  |" in text
 
 
 def test_the_seeds_are_compared_on_the_training_sets_own_test() -> None:
@@ -79,3 +80,18 @@ def test_the_seeds_are_compared_on_the_training_sets_own_test() -> None:
     assert "MATH" in table.title and [row[2] for row in table.rows] == ["30.00", "31.00", "32.00"]
     untrained = [trial("it", seed, 30.0, trained=False) for seed in range(3)]
     assert seed_tables(untrained, histories) == []
+
+
+def test_a_seed_whose_loss_diverged_is_marked_at_its_step_by_its_own_factor() -> None:
+    """ClozeMath's seed 2: loss 1.0 for 10 steps, then 10.0: the smoothed loss after k steps of 10 is
+    10 - 9 * 0.9^k, which reaches 3x the lowest (1.0) at k = 3 (3.44; k = 2: 2.71), step 13. Seed 1 climbs the same way
+    but its run recorded train.divergence_factor 0 (not watched): not marked. Seed 0 is flat."""
+    trials = [trial("clozemath", seed, 50.0 - 20 * (seed == 2)) for seed in range(3)]
+    trials[1] = replace(trials[1], params={"train.divergence_factor": "0.0"})
+    histories = ExportedHistories({t.run_id: steps([1.0] * 10 + ([10.0] * 10 if t.seed != "0" else [1.0] * 10),
+                                                   [1.0] * 20) for t in trials})
+    rows = seed_rows(trials, histories, ("gsm8k", "greedy"))
+    assert [row.signals.diverged.step if row.signals.diverged else None for row in rows] == [None, None, 13]
+    (table,) = seed_tables(trials, histories)
+    assert "diverged in training: ClozeMath seed 2, of 3" in table.title
+    assert table.rows[2][-2:] == ["yes (13)", "yes"]

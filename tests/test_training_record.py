@@ -123,3 +123,24 @@ def test_a_run_records_what_its_training_did(smoke_run: SmokeRun, tmp_path: Path
     for metric in ("train/loss", "train/grad_norm"):
         logged = history(config, run.info.run_id, metric)
         assert exported[metric] == pytest.approx([value for _, value in logged], rel=1e-6)
+
+
+def test_the_loop_warns_once_at_the_step_its_loss_diverged(tmp_path: Path) -> None:
+    """A rate of 30 with no clipping blows the tiny model's loss up: the loop warns once, at the step the rule finds
+    in the losses it logged (`clozemath.train.divergence`), and trains on to the end; a rate that trains well warns
+    never."""
+    from clozemath.train.divergence import find_divergence
+
+    for lr, diverges in ((30.0, True), (3e-2, False)):
+        warned: list[str] = []
+        recorder = Recorder(tmp_path / str(lr))
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr("clozemath.console.warn", warned.append)
+            config = experiment(zero_stage=2, max_steps=24, lr=lr, max_grad_norm=0.0, warmup_ratio=0.0)
+            train(tiny_peft_model(dropout=0.0), copy_rows(64), config, specials=SPECIALS, pad_id=PAD,
+                  report=recorder)
+        assert len(recorder.metrics) == 24
+        found = find_divergence([(m.step, m.loss) for m in recorder.metrics], config.train.divergence_factor)
+        assert (found is not None) == diverges
+        assert warned == ([f"[loop] training {found.describe()}; the run goes on (train.divergence_factor)"]
+                          if found else [])

@@ -18,7 +18,8 @@ from clozemath.report.folders import read_folders
 from clozemath.report.history import STEPS_FILE, ExportedHistories, Histories, StoreHistories, export_steps
 from clozemath.report.render import Table, TextTable, to_latex, to_markdown
 from clozemath.report.runs import TRIALS_FILE, TrialResult, experiments_runs, trials_json
-from clozemath.report.seeds import seed_tables
+from clozemath.report.names import method_name, set_title
+from clozemath.report.seeds import divergence_factor, run_divergence, seed_tables
 from clozemath.report.tables import (
     comparison_tables,
     compute_table,
@@ -30,6 +31,8 @@ from clozemath.report.tables import (
 
 if TYPE_CHECKING:
     from mlflow.entities import Run
+
+    from clozemath.train.divergence import Divergence
 
 SUMMARY_FILE = "summary.md"
 FOLDERS_REPORT = "folders"
@@ -76,6 +79,7 @@ def write_report(
     export: str | None = None,
     exported: Sequence[str | Path] = (),
     folders: Sequence[str | Path] = (),
+    exclude_diverged: bool = False,
 ) -> WrittenReport:
     """Write the results, grading and comparisons tables and the paper's tables that have runs (markdown, or LaTeX)
     of one experiment's grid, or of several reported as one (Table 4's ablations beside the main grid's runs), the
@@ -87,7 +91,9 @@ def write_report(
     runs' artifacts; with no `experiment`, the trials too (no tracking store: no compute table, curves, steps or
     params). `folders`: instead of a store, the folders of reports written with their predictions exported
     (`clozemath.report.folders`: a study's slices), reported as one, everything included.
-    `parent_run_ids`: the experiment's grid runs to report as one (default: its latest)."""
+    `parent_run_ids`: the experiment's grid runs to report as one (default: its latest). `exclude_diverged`: leave
+    out the runs whose training loss diverged (`clozemath.train.divergence`), named in the summary: the verdicts
+    without them, beside the report of every run."""
     names = [experiment] if isinstance(experiment, str) else list(experiment)
     histories: Histories = StoreHistories(tracking_uri)
     notes: list[str] = []
@@ -113,6 +119,8 @@ def write_report(
     every = sorted(results, key=lambda r: (r.train_set, r.model, r.method, r.seed, r.rerun, r.run_id))
     # each trained trial's steps read once (a store: a query a metric): the seeds table, Figure 3 and the export
     histories = ExportedHistories({r.run_id: histories.steps(r) for r in every if r.steps is not None})
+    left_out = diverged_runs(every, histories) if exclude_diverged else []
+    every = [r for r in every if r.run_id not in {run.run_id for run, _ in left_out}]
     floors = noise_floor_tables(noise_floors(every, artifacts))
     results = [r for r in every if r.rerun == 0]  # every table but the noise floor's: a seed's first run
     found = comparisons(results, artifacts)
@@ -126,7 +134,8 @@ def write_report(
     tables_file = folder / ("tables.tex" if latex else "tables.md")
     write_text_atomic(tables_file, text + "\n")
     curves = accuracy_curves(histories, results, decoding)
-    summary = "\n\n".join(text for text in (orderings(found, decoding, results), paper_claims(found, curves, decoding))
+    summary = "\n\n".join(text for text in (left_out_line(left_out) if exclude_diverged else "",
+                                            orderings(found, decoding, results), paper_claims(found, curves, decoding))
                            if text)
     write_text_atomic(folder / SUMMARY_FILE, summary + "\n")
     write_text_atomic(folder / TRIALS_FILE, trials_json(every))
@@ -139,6 +148,20 @@ def write_report(
     return WrittenReport(folder, summary, text, grids, written, unpredicted, every, notes)
 
 
+def diverged_runs(trials: list[TrialResult], histories: Histories) -> list[tuple[TrialResult, Divergence]]:
+    """The trained trials whose logged losses diverged, with where."""
+    found = [(r, run_divergence(histories.steps(r), divergence_factor(r))) for r in trials if r.steps is not None]
+    return [(r, divergence) for r, divergence in found if divergence is not None]
+
+
+def left_out_line(left_out: list[tuple[TrialResult, Divergence]]) -> str:
+    """The summary's first line in a report without the diverged runs (`exclude_diverged`)."""
+    named = "; ".join(f"{method_name(r.method)} seed {r.seed} trained on {set_title(r.train_set)} "
+                      f"({divergence.describe()})" for r, divergence in left_out)
+    return (f"**Left out: the runs whose training diverged** (the smoothed loss at train.divergence_factor times its "
+            f"lowest, `clozemath.train.divergence`): {named or 'none'}.")
+
+
 def report(
     experiment: str | Sequence[str],
     tracking_uri: str = "sqlite:///mlruns.db",
@@ -149,10 +172,12 @@ def report(
     export: str | None = None,
     exported: Sequence[str | Path] = (),
     folders: Sequence[str | Path] = (),
+    exclude_diverged: bool = False,
 ) -> str:
     """`write_report`, and print what it wrote: the grid runs (or the report folders read and the trials two of them
     held), a note on trials without predictions, the summary and the tables, the files; returns the tables' text."""
-    made = write_report(experiment, tracking_uri, out, latex, parent_run_ids, decoding, export, exported, folders)
+    made = write_report(experiment, tracking_uri, out, latex, parent_run_ids, decoding, export, exported, folders,
+                        exclude_diverged)
     for parent, runs in made.grids:
         print(f"grid run {parent.info.run_id} ({parent.info.run_name}): {len(runs)} trials")
     if folders:

@@ -9,6 +9,8 @@ import statistics
 from dataclasses import dataclass
 
 from clozemath.records import train_metric
+from clozemath.config import TrainConfig
+from clozemath.train.divergence import Divergence, find_divergence
 from clozemath.report.history import Histories, Steps
 from clozemath.report.names import (
     REPLICATION_METHODS, Column, column_name, method_name, model_name, ordered, set_title,
@@ -26,6 +28,8 @@ tenth (warm-up's large norms at the start are no sign of trouble)."""
 SPIKE_FACTOR = 10.0
 """A step's gradient norm (before clipping) is a spike past this multiple of the run's median norm."""
 LOSS, GRAD_NORM = train_metric("loss"), train_metric("grad_norm")
+DIVERGENCE_FACTOR: float = TrainConfig.model_fields["divergence_factor"].default
+"""What a run from before `train.divergence_factor` was recorded is judged by."""
 
 
 @dataclass(frozen=True)
@@ -38,21 +42,37 @@ class TrainingSignals:
     """Steps past the first tenth whose gradient norm passed `SPIKE_FACTOR` times the run's median."""
     first_spike: int | None
     """The step of the first of them."""
+    diverged: Divergence | None = None
+    """Where its smoothed loss climbed to its `train.divergence_factor` times the lowest
+    (`clozemath.train.divergence`)."""
 
 
-def training_signals(steps: Steps) -> TrainingSignals:
+def divergence_factor(trial: TrialResult) -> float:
+    """The trial's `train.divergence_factor`; for a run from before it was recorded, the default."""
+    return float(trial.params.get("train.divergence_factor", DIVERGENCE_FACTOR))
+
+
+def run_divergence(steps: Steps, factor: float) -> Divergence | None:
+    """Where one run's logged losses diverged (`clozemath.train.divergence`), None: they did not."""
+    losses = [(step, value) for step, value in zip(steps.get("step", []), steps.get(LOSS, [])) if value is not None]
+    return find_divergence(losses, factor)
+
+
+def training_signals(steps: Steps, factor: float = DIVERGENCE_FACTOR) -> TrainingSignals:
     """`TrainingSignals` of one run's steps (`clozemath.report.history`)."""
     numbers = steps.get("step", [])
     losses = [value for value in steps.get(LOSS, []) if value is not None]
     tail = losses[len(losses) - max(1, round(EDGE_SHARE * len(losses))):] if losses else []
+    final = statistics.fmean(tail) if tail else None
+    diverged = run_divergence(steps, factor)
     norms = [(step, value) for step, value in zip(numbers, steps.get(GRAD_NORM, [])) if value is not None]
     if not norms:
-        return TrainingSignals(statistics.fmean(tail) if tail else None, None, 0, None)
+        return TrainingSignals(final, None, 0, None, diverged)
     median = statistics.median(value for _, value in norms)
     past_warmup = norms[round(EDGE_SHARE * len(norms)):] or norms
     spikes = [step for step, value in past_warmup if value > SPIKE_FACTOR * median]
-    return TrainingSignals(statistics.fmean(tail) if tail else None, max(value for _, value in past_warmup),
-                           len(spikes), spikes[0] if spikes else None)
+    return TrainingSignals(final, max(value for _, value in past_warmup), len(spikes), spikes[0] if spikes else None,
+                           diverged)
 
 
 @dataclass(frozen=True)
@@ -89,7 +109,8 @@ def seed_rows(trials: list[TrialResult], histories: Histories, column: Column) -
         for index, (run, accuracy) in enumerate(zip(runs, accuracies)):
             others = accuracies[:index] + accuracies[index + 1:]
             gap = accuracy - statistics.median(others) if len(others) >= 2 else None
-            rows.append(SeedRow(method, run.seed, accuracy, gap, training_signals(histories.steps(run))))
+            signals = training_signals(histories.steps(run), divergence_factor(run))
+            rows.append(SeedRow(method, run.seed, accuracy, gap, signals))
     return rows
 
 
@@ -108,19 +129,23 @@ def seed_tables(results: list[TrialResult], histories: Histories) -> list[TextTa
             continue
         judged = [row for row in rows if row.gap is not None]
         far = [f"{method_name(row.method)} seed {row.seed}" for row in rows if row.far_below]
+        diverged = [f"{method_name(row.method)} seed {row.seed}" for row in rows if row.signals.diverged]
         verdict = (f"far below: {', '.join(far) or 'none'}, of {len(judged)} seeds of methods with three or more"
                    if judged else "no method has three seeds: none judged")
         title = (f"Seeds: {model_name(model)} trained on {set_title(train_set)}, {column_name(column)} accuracy (%) "
-                 f"and training ({verdict}); far below: more than {FAR_BELOW_POINTS:g} points below the median of its "
-                 f"method's other seeds; final loss: the mean of the last tenth of the steps; gradient norms past the "
-                 f"first tenth, a spike past {SPIKE_FACTOR:g}x the run's median")
+                 f"and training ({verdict}; diverged in training: {', '.join(diverged) or 'none'}, of {len(rows)}); "
+                 f"far below: more than {FAR_BELOW_POINTS:g} points below the median of its method's other seeds; "
+                 f"final loss: the mean of the last tenth of the steps; gradient norms past the first tenth, a spike "
+                 f"past {SPIKE_FACTOR:g}x the run's median; diverged: the step where the smoothed loss reached "
+                 f"train.divergence_factor (default {DIVERGENCE_FACTOR:g}) times its lowest")
         tables.append(TextTable(title, [
             "Method", "Seed", "Accuracy", "vs others' median", "Final loss", "Peak grad norm", "Spikes (first)",
-            "Far below",
+            "Diverged (step)", "Far below",
         ], 2, [[
             method_name(row.method), row.seed, f"{row.accuracy:.2f}", _number(row.gap, 2, signed=True),
             _number(row.signals.final_loss, 3), _number(row.signals.peak_grad_norm, 2),
             f"{row.signals.spikes} (step {row.signals.first_spike})" if row.signals.spikes else "0",
+            f"yes ({row.signals.diverged.step})" if row.signals.diverged else "",
             "yes" if row.far_below else "",
         ] for row in rows]))
     return tables

@@ -38,6 +38,7 @@ from clozemath.train.batches import micro_batch, micro_batch_rows, model_inputs,
 from clozemath.train.checkpoint import checkpoint_folder, export_adapter, load_checkpoint, save_checkpoint
 from clozemath.train.compilation import compile_decoder_layers, compiled_shape_key, mark_compiled
 from clozemath.train.determinism import deterministic_kernels, seed_everything
+from clozemath.train.divergence import DivergenceWatch
 from clozemath.train.distributed import all_ranks_reduce, all_ranks_sum, init_distributed
 from clozemath.train.flops import TrainingShape, peak_flops, sample_flops
 from clozemath.train.layout import Layout, layout_line, resolved_zero_stage, training_layout
@@ -142,6 +143,7 @@ def train(
         # (`compile: auto`)
         unmarked = (compile_cache, compiled_shape_key(config, layout.row_tokens, device)) if (
             layout.compiled and layout.row_tokens is not None and compile_cache is not None and rank == 0) else None
+        watch = DivergenceWatch(config.train.divergence_factor) if config.train.divergence_factor else None
         engine.train()
         while step < steps.total_steps:
             if config.train.fail_at_step == step + 1 and resume_from is None and rank == 0:
@@ -151,6 +153,9 @@ def train(
                 mark_compiled(*unmarked)
                 unmarked = None
             step += 1
+            if watch is not None and rank == 0 and (diverged := watch.update(metrics.step, metrics.loss)):
+                console.warn(f"[{config.name}] training {diverged.describe()}; the run goes on "
+                             "(train.divergence_factor)")
             worker.report(metrics, report, scratch_dir)
         return engine
 
