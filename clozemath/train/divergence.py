@@ -4,9 +4,10 @@ the measurement), and for the report, which reads it from every step's loss (`cl
 trained before the watch are judged alike.
 
 Why this rule: on Qwen2.5-Coder-1.5B (issue 46, 2026-12-04) ClozeMath's seed 4 at 3e-4 went from a smoothed loss of
-0.70 at step 39 to 4.91 (7.1x) and scored 0.83% on GSM8K, while the 23 runs that trained well stayed within 1.2x of
-their lowest, and MFT, whose masking grows over training (Masked Thought's schedule), within 2.0x. A gradient-norm
-spike is no such sign there: ClozeMath's seeds 0-3 spiked to 49-87 and scored with their method.
+0.70 at step 39 to 4.91 (7.1x) and scored 0.83% on GSM8K, while the study's other IT, ClozeMath and ablation runs
+stayed within 1.43x of their lowest, MFT's, whose masking grows over training (Masked Thought's schedule), within
+2.2x, and one ClozeMath run of the rate sweep that surged to 2.2x came back and scored with its method. A
+gradient-norm spike is no such sign there: ClozeMath's seeds 0 and 3 spiked to 49-87 and scored with their method.
 """
 
 from __future__ import annotations
