@@ -186,8 +186,8 @@ def test_report_prints_what_the_child_runs_hold(smoke_grid, tmp_path: Path, caps
     out = capsys.readouterr().out
     runs = {(r.data.tags["model"], r.data.tags["method"]): r.data.metrics for r in children(config).values()}
 
-    def held(model: str, method: str, metric: str) -> str:
-        return f"{100 * runs[(model, method)][metric]:.2f}"
+    def held(model: str, method: str, metric: str) -> str:  # one seed a cell: "value (1)"
+        return f"{100 * runs[(model, method)][metric]:.2f} (1)"
 
     models = ["tiny-llama", "tiny-llama-b"]
     table1, rest = out.split("**Table 2")

@@ -3,7 +3,7 @@ the accuracy-vs-steps plot, the latest grid run chosen."""
 
 from __future__ import annotations
 
-import re
+import statistics
 from pathlib import Path
 
 import pytest
@@ -76,8 +76,11 @@ def store(tmp_path_factory: pytest.TempPathFactory) -> TrackingConfig:
 
 
 def mean(model: str, method: str, train_set: str, eval_set: str, decoding: str = "beam", seeds=SEEDS) -> str:
-    values = [accuracy(model, method, train_set, s, eval_set, decoding) for s in seeds]
-    return f"{100 * sum(values) / len(values):.2f}"
+    """The cell of the paper's tables: "mean ± sample std (seeds)" in percent, "value (1)" for one seed."""
+    values = [100 * accuracy(model, method, train_set, s, eval_set, decoding) for s in seeds]
+    if len(values) == 1:
+        return f"{values[0]:.2f} (1)"
+    return f"{sum(values) / len(values):.2f} ± {statistics.stdev(values):.2f} ({len(values)})"
 
 
 def row(text: str, *labels: str) -> list[str]:
@@ -114,7 +117,8 @@ def test_tables_hold_the_means_over_seeds_with_the_best_in_bold(store: TrackingC
         correct = sum(round(accuracy("deepseek-math-7b", "clozemath", "gsm8k", seed, s) * TOTALS[s])
                       for s in ("gsm_symbolic", "gsm_p1", "gsm_p2"))
         pooled.append(correct / 100)
-    assert row(table3, "GSM8K", "Overall", "ClozeMath")[0] == f"**{100 * sum(pooled) / 2:.2f}**"
+    assert row(table3, "GSM8K", "Overall", "ClozeMath")[0] == \
+        f"**{100 * sum(pooled) / 2:.2f} ± {100 * statistics.stdev(pooled):.2f} (2)**"
 
     table4 = out.split("**Table 4")[1].split("**Compute")[0]
     assert "| Method | DeepSeek-Math |" in table4  # only the model with ablations
@@ -142,8 +146,8 @@ def test_latex_bolds_with_textbf(store: TrackingConfig, tmp_path: Path, capsys) 
     assert out.count("% Table ") == 4 and r"W/o Text infilling & " in out  # a label, then a value
     assert "Training set & Method" not in out and r"\textbf{Training set} & \textbf{Method}" in out
     assert r"W/o Text-infilling \& W/o PrefixLM & " in out
-    best = mean("deepseek-math-7b", "clozemath", "gsm8k", "gsm8k")
-    assert re.search(rf"GSM8K & ClozeMath & \\textbf{{{best}}} & ", out)
+    best = mean("deepseek-math-7b", "clozemath", "gsm8k", "gsm8k").replace("±", r"$\pm$")
+    assert f"GSM8K & ClozeMath & \\textbf{{{best}}} & " in out
     assert (tmp_path / "tables.tex").is_file()
 
 

@@ -1,7 +1,7 @@
 """The paper's tables and Figure 3 from the tracked runs of a grid (`clozemath report`).
 
 The child runs of a grid's MLflow run carry the tags `model`, `method`, `train_set` and `seed` and the metrics
-`eval/<set>/<decoding>/{accuracy,correct,total}`; a cell is the mean over seeds of one accuracy, in percent.
+`eval/<set>/<decoding>/{accuracy,correct,total}`; a cell is one accuracy in percent over seeds, "mean ± std (n)".
 
 - Table 1 (overall): training set x {Base, MFT, ClozeMath} rows, a column per model; each model evaluated on the set
   it was trained on, with `decoding` (beam search); base models few-shot, greedy, as lm-evaluation-harness runs them.
@@ -12,7 +12,7 @@ The child runs of a grid's MLflow run carry the tags `model`, `method`, `train_s
 - Figure 3: GSM8K accuracy against training steps (`eval.every_steps`, every point on the same subset of GSM8K test),
   a panel per model, a line per method.
 
-The best cell of each comparison is bold: per column within a block (Tables 1, 3, 4), per model (Table 2's rows).
+The best mean of each comparison is bold: per column within a block (Tables 1, 3, 4), per model (Table 2's rows).
 
 Printed first, per model and training set, so that a replication shows which differences are more than noise:
 - Results: a row per method, a column per (eval set, decoding) its runs have, each cell "mean ± std (n)" over seeds.
@@ -20,7 +20,7 @@ Printed first, per model and training set, so that a replication shows which dif
   difference in points with a 95% paired bootstrap interval over problems pooled over seeds (`clozemath.intervals`),
   from the per-problem predictions the trials logged as artifacts.
 - Seeds: each method's seeds side by side on the training set's own test, those far below the others flagged, with
-  what each run's training did (its final loss, gradient-norm peak and spikes: `seeds`).
+  what each run's training did (its final loss, gradient-norm peak and spikes, where its loss diverged: `seeds`).
 Every trial's tags, params (among them the steps and tokens it trained, and a matched budget as configured) and
 latest metrics are also written as JSON (`trials.json`), and every step of its training (loss, gradient norm,
 learning rate, tokens) as gzipped JSON (`steps.json.gz`, `history`); the compute table gives each trial's trained

@@ -128,7 +128,7 @@ def write_report(
     tables: list[Table | TextTable] = [
         *results_tables(results), *comparison_tables(found), *floors, *grading_tables(results),
         *seed_tables(results, histories),
-        *(table for table in paper_tables(results, decoding) if table.values),
+        *(table for table in paper_tables(results, decoding) if table.cells),
     ]
     text = "\n\n".join([*map(render, tables), compute_table(results)])
     tables_file = folder / ("tables.tex" if latex else "tables.md")

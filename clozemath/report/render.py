@@ -1,8 +1,19 @@
-"""A table of accuracies (its best cells bold) or of ready-made cells, rendered as markdown or LaTeX."""
+"""A table of accuracies over seeds (each cell "mean ± std (n)", the best means bold) or of ready-made cells, rendered
+as markdown or LaTeX."""
 
 from __future__ import annotations
 
+import statistics
 from dataclasses import dataclass, field
+
+
+def spread(values: list[float]) -> str:
+    """The cell "mean ± std (n)" over seeds (the sample std; a single seed has none)."""
+    if not values:
+        return "–"
+    if len(values) == 1:
+        return f"{values[0]:.2f} (1)"
+    return f"{statistics.fmean(values):.2f} ± {statistics.stdev(values):.2f} ({len(values)})"
 
 
 @dataclass
@@ -11,15 +22,20 @@ class Table:
     header: list[str]
     labels: list[list[str]]
     """The label cells of each row (training set, method, ...)."""
-    values: list[list[float | None]]
-    """Accuracy in percent per row and value column; None where no run measured it."""
+    cells: list[list[list[float]]]
+    """Each seed's accuracy in percent, per row and value column; empty where no run measured it."""
     groups: list[list[tuple[int, int]]] = field(default_factory=list)
-    """Cells (row, value column) compared with each other: the best of each group is bold."""
+    """Cells (row, value column) compared with each other: the best mean of each group is bold."""
+
+    @property
+    def values(self) -> list[list[float | None]]:
+        """The mean over seeds of each cell (None: none measured it)."""
+        return [[statistics.fmean(seeds) if seeds else None for seeds in row] for row in self.cells]
 
     def bold(self) -> set[tuple[int, int]]:
-        best = set()
+        best, values = set(), self.values
         for group in self.groups:
-            present = [((r, c), self.values[r][c]) for r, c in group if self.values[r][c] is not None]
+            present = [((r, c), values[r][c]) for r, c in group if values[r][c] is not None]
             if present:
                 top = max(round(value, 2) for _, value in present)
                 best |= {cell for cell, value in present if round(value, 2) == top}
@@ -36,16 +52,12 @@ class TextTable:
     rows: list[list[str]]
 
 
-def _number(value: float | None) -> str:
-    return "–" if value is None else f"{value:.2f}"
-
-
 def _as_text(table: Table, bold: str) -> TextTable:
     """The table's cells as text, the best of each group through `bold` (a format string)."""
     best = table.bold()
-    rows = [[*label, *(bold.format(_number(v)) if (r, c) in best else _number(v) for c, v in enumerate(values))]
-            for r, (label, values) in enumerate(zip(table.labels, table.values))]
-    labels = len(table.header) - len(table.values[0]) if table.values else len(table.header)
+    rows = [[*label, *(bold.format(spread(seeds)) if (r, c) in best else spread(seeds) for c, seeds in enumerate(row))]
+            for r, (label, row) in enumerate(zip(table.labels, table.cells))]
+    labels = len(table.header) - len(table.cells[0]) if table.cells else len(table.header)
     return TextTable(table.title, table.header, labels, rows)
 
 

@@ -17,7 +17,6 @@ from clozemath.records import (
     EVAL_SECONDS,
     EVAL_STARTUP_S,
     FALLBACK_SHARE,
-    FLEXIBLE_ACCURACY,
     LENIENT_ACCURACY,
     STRICT_ACCURACY,
     TOTAL,
@@ -41,24 +40,20 @@ from clozemath.report.names import (
     ordered,
     set_title,
 )
-from clozemath.report.render import Table, TextTable
+from clozemath.report.render import Table, TextTable, spread
 from clozemath.report.runs import TrialResult, blocks, eval_columns, measured_on, percents
 from clozemath.tasks.base import ACCURACY_RULE_SHORT
 
 
-def _mean(values: list[float]) -> float | None:
-    return 100 * statistics.fmean(values) if values else None
-
-
-def cell(results: list[TrialResult], model: str, method: str, train_set: str, metric: str) -> float | None:
-    """Mean over seeds of one metric, in percent."""
-    return _mean([r.metrics[metric] for r in results
-                  if (r.model, r.method, r.train_set) == (model, method, train_set) and metric in r.metrics])
+def cell(results: list[TrialResult], model: str, method: str, train_set: str, metric: str) -> list[float]:
+    """Each seed's value of one metric, in percent."""
+    return [100 * r.metrics[metric] for r in results
+            if (r.model, r.method, r.train_set) == (model, method, train_set) and metric in r.metrics]
 
 
 def pooled_cell(results: list[TrialResult], model: str, method: str, train_set: str, sets: Sequence[str],
-                decoding: str) -> float | None:
-    """Mean over seeds of the pooled accuracy of several sets (all of them measured)."""
+                decoding: str) -> list[float]:
+    """Each seed's pooled accuracy of several sets (all of them measured), in percent."""
     pooled = []
     for r in results:
         if (r.model, r.method, r.train_set) != (model, method, train_set):
@@ -66,8 +61,8 @@ def pooled_cell(results: list[TrialResult], model: str, method: str, train_set: 
         keys = [(eval_metric(s, decoding, CORRECT), eval_metric(s, decoding, TOTAL)) for s in sets]
         if all(c in r.metrics and t in r.metrics for c, t in keys):
             total = sum(r.metrics[t] for _, t in keys)
-            pooled.append(sum(r.metrics[c] for c, _ in keys) / total if total else 0.0)
-    return _mean(pooled)
+            pooled.append(100 * sum(r.metrics[c] for c, _ in keys) / total if total else 0.0)
+    return pooled
 
 
 def _columns_grouped(rows: Sequence[int], columns: int) -> list[list[tuple[int, int]]]:
@@ -77,34 +72,34 @@ def _columns_grouped(rows: Sequence[int], columns: int) -> list[list[tuple[int, 
 def table_overall(results: list[TrialResult], models: list[str], methods: list[str], decoding: str) -> Table:
     table = Table(f"Table 1: overall accuracy ({ACCURACY_RULE_SHORT})", ["Training set", "Method", *map(model_name, models)], [], [])
     for train_set in training_set_names():
-        first = len(table.values)
+        first = len(table.cells)
         for method in (m for m in methods if m in ("base", "mft", "clozemath")):
             used = BASE_DECODING if method == "base" else decoding
             row = [cell(results, model, method, train_set, eval_metric(train_set, used, ACCURACY)) for model in models]
-            if any(value is not None for value in row):
+            if any(row):
                 table.labels.append([set_title(train_set), METHOD_NAMES[method]])
-                table.values.append(row)
-        table.groups += _columns_grouped(range(first, len(table.values)), len(models))
+                table.cells.append(row)
+        table.groups += _columns_grouped(range(first, len(table.cells)), len(models))
     return table
 
 
 def table_cot(results: list[TrialResult], models: list[str], methods: list[str]) -> Table:
     shown = [m for m in methods if m != "base" and any(
-        cell(results, model, m, "gsm8k", eval_metric("gsm8k", "cot", ACCURACY)) is not None for model in models)]
+        cell(results, model, m, "gsm8k", eval_metric("gsm8k", "cot", ACCURACY)) for model in models)]
     table = Table(f"Table 2: GSM8K, CoT-decoding ({ACCURACY_RULE_SHORT})", ["Model", *map(method_name, shown)], [], [])
     for model in models:
         row = [cell(results, model, method, "gsm8k", eval_metric("gsm8k", "cot", ACCURACY)) for method in shown]
-        if any(value is not None for value in row):
+        if any(row):
             table.labels.append([model_name(model)])
-            table.values.append(row)
-            table.groups.append([(len(table.values) - 1, column) for column in range(len(shown))])
+            table.cells.append(row)
+            table.groups.append([(len(table.cells) - 1, column) for column in range(len(shown))])
     return table
 
 
 def table_symbolic(results: list[TrialResult], models: list[str], methods: list[str], decoding: str) -> Table:
     header = ["Training set", "Evaluation", "Method", *map(model_name, models)]
     table = Table(f"Table 3: GSM-Symbolic ({ACCURACY_RULE_SHORT})", header, [], [])
-    evaluations: list[tuple[str, Callable[[str, str, str], float | None]]] = [
+    evaluations: list[tuple[str, Callable[[str, str, str], list[float]]]] = [
         (set_title(s), lambda model, method, train_set, s=s: cell(
             results, model, method, train_set, eval_metric(s, decoding, ACCURACY)))
         for s in SYMBOLIC_SETS
@@ -113,27 +108,27 @@ def table_symbolic(results: list[TrialResult], models: list[str], methods: list[
         results, model, method, train_set, list(SYMBOLIC_SETS), decoding)))
     for train_set in training_set_names():
         for evaluation, measure in evaluations:
-            first = len(table.values)
+            first = len(table.cells)
             for method in (m for m in methods if m != "base"):
                 row = [measure(model, method, train_set) for model in models]
-                if any(value is not None for value in row):
+                if any(row):
                     table.labels.append([set_title(train_set), evaluation, method_name(method)])
-                    table.values.append(row)
-            table.groups += _columns_grouped(range(first, len(table.values)), len(models))
+                    table.cells.append(row)
+            table.groups += _columns_grouped(range(first, len(table.cells)), len(models))
     return table
 
 
 def table_ablations(results: list[TrialResult], models: list[str], methods: list[str], decoding: str) -> Table:
     metric = eval_metric("gsm8k", decoding, ACCURACY)
-    ablated = [m for m in models if any(cell(results, m, method, "gsm8k", metric) is not None for method in ABLATIONS)]
+    ablated = [m for m in models if any(cell(results, m, method, "gsm8k", metric) for method in ABLATIONS)]
     columns = ablated or models
     table = Table(f"Table 4: ablations (GSM8K; {ACCURACY_RULE_SHORT})", ["Method", *map(model_name, columns)], [], [])
     for method in (m for m in methods if m == "clozemath" or m in ABLATIONS):
         row = [cell(results, model, method, "gsm8k", metric) for model in columns]
-        if any(value is not None for value in row):
+        if any(row):
             table.labels.append([METHOD_NAMES[method]])
-            table.values.append(row)
-    table.groups = _columns_grouped(range(len(table.values)), len(columns))
+            table.cells.append(row)
+    table.groups = _columns_grouped(range(len(table.cells)), len(columns))
     return table
 
 
@@ -200,22 +195,13 @@ def evaluation_time_table(results: list[TrialResult]) -> str:
     return "\n".join(lines)
 
 
-def _spread(values: list[float]) -> str:
-    """The cell "mean ± std (n)" over seeds (the sample std; a single seed has none)."""
-    if not values:
-        return "–"
-    if len(values) == 1:
-        return f"{values[0]:.2f} (1)"
-    return f"{statistics.fmean(values):.2f} ± {statistics.stdev(values):.2f} ({len(values)})"
-
-
 def results_tables(results: list[TrialResult]) -> list[TextTable]:
     """Per training set and model: a row per method, a column per (eval set, decoding), the spread over seeds."""
     tables = []
     for (train_set, model), trials in blocks(results).items():
         columns = eval_columns(trials)
         rows = [[method_name(method, REPLICATION_NAMES),
-                 *(_spread(percents(measured_on(trials, method, column), column)) for column in columns)]
+                 *(spread(percents(measured_on(trials, method, column), column)) for column in columns)]
                 for method in ordered((r.method for r in trials), REPLICATION_METHODS)]
         title = (f"Results: {model_name(model)} trained on {set_title(train_set)}, accuracy (%), mean ± std over "
                  f"seeds (n); {ACCURACY_RULE_SHORT}")
