@@ -8,15 +8,15 @@ from __future__ import annotations
 import statistics
 from dataclasses import dataclass
 
-from clozemath.records import train_metric
 from clozemath.config import TrainConfig
-from clozemath.train.divergence import Divergence, find_divergence
+from clozemath.records import train_metric
 from clozemath.report.history import Histories, Steps
 from clozemath.report.names import (
     REPLICATION_METHODS, Column, column_name, method_name, model_name, ordered, set_title,
 )
 from clozemath.report.render import TextTable
 from clozemath.report.runs import TrialResult, blocks, eval_columns, measured_on, percents
+from clozemath.train.divergence import Divergence, find_divergence
 
 FAR_BELOW_POINTS = 5.0
 """A seed lies far below its method when its accuracy is more than this many points below the median of the method's

@@ -12,6 +12,7 @@ gradient-norm spike is no such sign there: ClozeMath's seeds 0 and 3 spiked to 4
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -46,7 +47,7 @@ class DivergenceWatch:
         self.found: Divergence | None = None
 
     def update(self, step: int, loss: float) -> Divergence | None:
-        if loss != loss or loss in (float("inf"), float("-inf")):  # NaN or infinite: diverged at once
+        if not math.isfinite(loss):  # NaN or infinite: diverged at once
             lowest, lowest_step = self._lowest or (loss, step)
             return self._found(Divergence(step, loss, lowest, lowest_step))
         smoothed = loss if self._smoothed is None else SMOOTHING * loss + (1 - SMOOTHING) * self._smoothed
