@@ -26,7 +26,9 @@ class ForwardMetrics(UserCallback):
     training's progress bar.
 
     Each step is logged once: a run resumed from its checkpoint (after a worker failed, or in a trial started
-    again) trains the steps after that checkpoint again, and those already in the run are not logged twice."""
+    again) trains the steps after that checkpoint again, and those already in the run are not logged twice. Its
+    first report also holds the steps up to the checkpoint (saved in it), and those the run lacks are logged: a
+    driver killed after a checkpoint was written but before its steps were logged leaves such a gap."""
 
     def __init__(self, run: TrackedRun, label: str) -> None:
         self.run = run
@@ -35,11 +37,7 @@ class ForwardMetrics(UserCallback):
 
     def after_report(self, run_context: Any, metrics: list[dict[str, Any]], checkpoint: Checkpoint | None) -> None:
         reported = metrics[0]
-        for step in reported[STEPS_KEY]:
-            if step["step"] > self.logged_through:
-                logged = {name: value for name, value in step.items() if is_step_metric(name)}
-                self.run.log_metrics(step["step"], logged)
-                self.logged_through = step["step"]
+        self.log_steps(reported[STEPS_KEY])
         values = {name: value for name, value in reported.items() if is_step_metric(name)}
         curve = {parse_eval_metric(name): value for name, value in values.items() if is_curve_metric(name)}
         accuracies = [f"{metric.measured} {value:.1%}" for metric, value in curve.items() if metric.stat == ACCURACY]
@@ -48,6 +46,13 @@ class ForwardMetrics(UserCallback):
             [f"loss {values[train_metric('loss')]:.4f}", f"{values[train_metric('tokens_per_s')]:.0f} tok/s",
              *([f"MFU {values[train_metric('mfu')]:.1%}"] if train_metric("mfu") in values else []), *accuracies],
         )
+
+    def log_steps(self, steps: list[dict[str, Any]]) -> None:
+        """Log the steps (in order) past the last one the run holds."""
+        for step in steps:
+            if step["step"] > self.logged_through:
+                self.run.log_metrics(step["step"], {name: value for name, value in step.items() if is_step_metric(name)})
+                self.logged_through = step["step"]
 
 
 class TuneProgress(TuneReportCallback):

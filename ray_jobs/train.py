@@ -48,7 +48,14 @@ from clozemath.eval.during_training import evaluate_step, step_evaluation
 from clozemath.eval.folder import evaluates_in_worker
 from clozemath.records import ADAPTER_DIR, RAY_TRAIN_DIR, compile_cache_folder, is_curve_metric, train_metric
 from clozemath.tracking import TrackedRun
-from clozemath.train.checkpoint import Checked, check_checkpoint, mark_complete, write_checkpoint_whole
+from clozemath.train.checkpoint import (
+    Checked,
+    check_checkpoint,
+    load_step_history,
+    mark_complete,
+    save_step_history,
+    write_checkpoint_whole,
+)
 from clozemath.train.distributed import all_ranks_reduce, all_ranks_sum
 from clozemath.train.layout import count_steps, packs, resolved_zero_stage
 from clozemath.train.loop import StepMetrics
@@ -135,6 +142,7 @@ def train_worker(settings: dict[str, Any]) -> None:
     evaluation = step_evaluation(config)
     context = ray.train.get_context()
 
+    history: list[dict[str, Any]] = []  # every step's metrics from step 1, saved in each checkpoint
     pending: list[dict[str, Any]] = []
     pace = ReportPace(config.train.report_every)
     upload = whole_checkpoint_upload(device)
@@ -150,8 +158,11 @@ def train_worker(settings: dict[str, Any]) -> None:
                 lambda counts: all_ranks_sum(counts, device),
             )
         pending.append(values)
+        history.append(values)
         due = pace.due(metrics.step) or metrics.step == metrics.total_steps
         if checkpoint is not None:  # whole once written: a resume can tell it from one a crash cut short
+            if context.get_world_rank() == 0:
+                save_step_history(checkpoint, history)
             mark_complete(checkpoint, context.get_world_rank(), context.get_world_size(), metrics.step,
                           metrics.total_steps, metrics.trained_tokens)
             if evaluated is not None and metrics.step == metrics.total_steps:  # the adapter `fit` will copy there
@@ -169,6 +180,9 @@ def train_worker(settings: dict[str, Any]) -> None:
     evaluated = EvaluatedHere.of(settings["evaluate_here"], config)
     latest = ray.train.get_checkpoint()  # this run's latest (its workers restarted), else the one `fit` chose
     with latest.as_directory() if latest is not None else nullcontext(settings["resume_from"]) as resume_from:
+        if resume_from is not None:  # the steps before it go with the first report: the store may lack some
+            history.extend(load_step_history(Path(resume_from)))
+            pending.extend(history)
         engine = train(
             loaded.model,
             rows,
@@ -327,6 +341,7 @@ def fit(
     if resume is not None and (resume.folder / ADAPTER_DIR).is_dir():  # its training had ended
         console.phase(f"[{config.name}] training: finished before, at step {resume.step} ({resume.folder})")
         copy_folder_atomic(resume.folder / ADAPTER_DIR, adapter)
+        ForwardMetrics(run, config.name).log_steps(load_step_history(resume.folder))
         step = int(resume.step or 0)
         return Trained(adapter, resume.total_steps or step, step, resume.trained_tokens)
     gpu = use_gpu(config)

@@ -469,6 +469,38 @@ def test_a_failed_run_whose_newest_checkpoint_is_damaged_resumes_from_the_one_be
         first_run.name.removesuffix("-1") + "-2"]  # the spent run and its checkpoints removed
 
 
+
+def _losses(database: Path) -> dict[int, float]:
+    """The (one) trial run's logged training loss by step; each step logged once."""
+    with closing(sqlite3.connect(database)) as db:
+        rows = db.execute("SELECT step, value FROM metrics WHERE key = 'train/loss'").fetchall()
+    assert len(rows) == len({step for step, _ in rows}), sorted(rows)
+    return dict(rows)
+
+
+@pytest.mark.slow
+def test_a_resumed_run_logs_the_steps_before_its_checkpoint_that_its_tracking_store_lacks(
+    tmp_path: Path, twelve_steps_samples: Path,
+) -> None:
+    """A driver killed after a checkpoint was written but before its steps were logged leaves the store without
+    them. Here the store lacks them all: training fails at step 10 (checkpoints at 4 and 8), the store is moved
+    away, and the same command resumes from step 8 into a fresh one. Every step is logged there once, those up to
+    the checkpoint from it, with the losses the first store had logged."""
+    from conftest import run_smoke
+
+    failing = [*TWELVE_STEPS, "train.fail_at_step=10"]
+    folder = _with_samples(tmp_path, twelve_steps_samples)
+    code, lines = run_smoke(folder, *failing)
+    assert code == 2 and "1 of 1 trials failed" in lines[-1], lines[-10:]
+    first = _losses((folder / "mlruns.db").rename(folder / "first.db"))
+    assert set(range(1, 9)) <= set(first), sorted(first)
+    code, lines = run_smoke(folder, *failing)
+    assert code == 0, "\n".join(lines[-30:])
+    assert "from the checkpoint of step 8" in "\n".join(lines)
+    resumed = _losses(folder / "mlruns.db")
+    assert sorted(resumed) == list(range(1, 13))
+    assert all(resumed[step] == first[step] for step in range(1, 9)), (resumed, first)
+
 # --------------------------------------------------------------------------------------------------------------
 # Signals as schedulers and terminals send them
 

@@ -81,6 +81,22 @@ def export_adapter(engine: Any, folder: Path, specials: SpecialTokens) -> None:
         dist.barrier()
 
 
+STEPS_FILE = "steps.json"
+"""In a checkpoint: the metrics of each of the run's steps up to it, so that a resume logs the ones its tracking
+store missed (a driver killed between a checkpoint's write and the logging of its steps)."""
+
+
+def save_step_history(folder: Path, history: list[dict[str, Any]]) -> None:
+    """The metrics of steps 1 to the checkpoint's, one dict a step (rank 0's, as the tracking store logs them)."""
+    write_text_atomic(folder / STEPS_FILE, json.dumps(history) + "\n")
+
+
+def load_step_history(folder: Path) -> list[dict[str, Any]]:
+    """The step metrics saved in the checkpoint in `folder` (none in checkpoints from before they were saved)."""
+    file = folder / STEPS_FILE
+    return json.loads(file.read_text(encoding="utf-8")) if file.is_file() else []
+
+
 MARK_PREFIX = "complete.rank"
 """`complete.rank<k>.json` in a checkpoint: rank k's part is whole (written last, after its files)."""
 
