@@ -478,6 +478,22 @@ def _losses(database: Path) -> dict[int, float]:
     return dict(rows)
 
 
+def test_steps_from_a_checkpoint_are_logged_only_past_those_the_run_holds(tmp_path: Path) -> None:
+    """The path a training that had ended before takes (its final checkpoint's steps, no report): steps 1-3 in the
+    store keep their values, 4-5 come from the checkpoint's history."""
+    from clozemath import tracking
+    from clozemath.config import TrackingConfig
+    from clozemath.records import train_metric
+    from ray_jobs.reports import ForwardMetrics
+
+    run = tracking.start_run(TrackingConfig(uri=f"sqlite:///{tmp_path / 'mlruns.db'}", experiment="e"), "trial")
+    for step in (1, 2, 3):
+        run.log_metrics(step, {train_metric("loss"): float(step)})
+    history = [{"step": step, "total_steps": 5, train_metric("loss"): 10.0 + step} for step in range(1, 6)]
+    ForwardMetrics(run, "trial").log_steps(history)
+    assert _losses(tmp_path / "mlruns.db") == {1: 1.0, 2: 2.0, 3: 3.0, 4: 14.0, 5: 15.0}
+
+
 @pytest.mark.slow
 def test_a_resumed_run_logs_the_steps_before_its_checkpoint_that_its_tracking_store_lacks(
     tmp_path: Path, twelve_steps_samples: Path,
