@@ -19,6 +19,9 @@ from clozemath.tracking import TrackedRun
 STEPS_KEY = "steps"
 """A report's key holding the metrics of every step since the previous report (the report's own values are the
 last step's)."""
+RESUMED_KEY = "resumed_steps"
+"""A report's key holding, in a run's first report after it resumed from a checkpoint, the metrics of the steps up
+to that checkpoint (saved in it); empty in every other report."""
 
 
 class ForwardMetrics(UserCallback):
@@ -27,7 +30,7 @@ class ForwardMetrics(UserCallback):
 
     Each step is logged once: a run resumed from its checkpoint (after a worker failed, or in a trial started
     again) trains the steps after that checkpoint again, and those already in the run are not logged twice. Its
-    first report also holds the steps up to the checkpoint (saved in it), and those the run lacks are logged: a
+    first report also holds the steps up to the checkpoint (`RESUMED_KEY`), and those the run lacks are logged: a
     driver killed after a checkpoint was written but before its steps were logged leaves such a gap."""
 
     def __init__(self, run: TrackedRun, label: str) -> None:
@@ -37,7 +40,7 @@ class ForwardMetrics(UserCallback):
 
     def after_report(self, run_context: Any, metrics: list[dict[str, Any]], checkpoint: Checkpoint | None) -> None:
         reported = metrics[0]
-        self.log_steps(reported[STEPS_KEY])
+        self.log_steps([*reported[RESUMED_KEY], *reported[STEPS_KEY]])
         values = {name: value for name, value in reported.items() if is_step_metric(name)}
         curve = {parse_eval_metric(name): value for name, value in values.items() if is_curve_metric(name)}
         accuracies = [f"{metric.measured} {value:.1%}" for metric, value in curve.items() if metric.stat == ACCURACY]
@@ -64,5 +67,6 @@ class TuneProgress(TuneReportCallback):
 
     def after_report(self, run_context: Any, metrics: list[dict[str, Any]], checkpoint: Any) -> None:
         if checkpoint is not None or any(map(is_curve_metric, metrics[0])):
-            last_steps = [{name: value for name, value in m.items() if name != STEPS_KEY} for m in metrics]
+            last_steps = [{name: value for name, value in m.items() if name not in (STEPS_KEY, RESUMED_KEY)}
+                          for m in metrics]
             super().after_report(run_context, last_steps, checkpoint)

@@ -60,7 +60,7 @@ from clozemath.train.distributed import all_ranks_reduce, all_ranks_sum
 from clozemath.train.layout import count_steps, packs, resolved_zero_stage
 from clozemath.train.loop import StepMetrics
 from ray_jobs.preprocess import TokenizedSet
-from ray_jobs.reports import STEPS_KEY, ForwardMetrics
+from ray_jobs.reports import RESUMED_KEY, STEPS_KEY, ForwardMetrics
 
 KEEP_CHECKPOINTS = 2
 """The latest and the one before it: a restart whose latest was damaged (a crash or a full disk during its write)
@@ -144,6 +144,7 @@ def train_worker(settings: dict[str, Any]) -> None:
 
     history: list[dict[str, Any]] = []  # every step's metrics from step 1, saved in each checkpoint
     pending: list[dict[str, Any]] = []
+    resumed: list[dict[str, Any]] = []  # the steps up to the checkpoint resumed from: with the first report only
     pace = ReportPace(config.train.report_every)
     upload = whole_checkpoint_upload(device)
 
@@ -169,11 +170,12 @@ def train_worker(settings: dict[str, Any]) -> None:
                 copy_folder_atomic(checkpoint / ADAPTER_DIR, evaluated.adapter)
         if checkpoint is not None or due or any(map(is_curve_metric, values)):
             ray.train.report(
-                {**values, STEPS_KEY: list(pending)},
+                {**values, STEPS_KEY: list(pending), RESUMED_KEY: list(resumed)},
                 checkpoint=Checkpoint.from_directory(checkpoint) if checkpoint else None,
                 checkpoint_upload_fn=upload,
             )
             pending.clear()
+            resumed.clear()
             pace.reported(metrics.step, lambda seconds: all_ranks_reduce(round(1000 * seconds), dist.ReduceOp.MAX,
                                                                          device) / 1000)
 
@@ -181,8 +183,8 @@ def train_worker(settings: dict[str, Any]) -> None:
     latest = ray.train.get_checkpoint()  # this run's latest (its workers restarted), else the one `fit` chose
     with latest.as_directory() if latest is not None else nullcontext(settings["resume_from"]) as resume_from:
         if resume_from is not None:  # the steps before it go with the first report: the store may lack some
-            history.extend(load_step_history(Path(resume_from)))
-            pending.extend(history)
+            resumed.extend(load_step_history(Path(resume_from)))
+            history.extend(resumed)
         engine = train(
             loaded.model,
             rows,
