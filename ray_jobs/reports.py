@@ -54,7 +54,8 @@ class ForwardMetrics(UserCallback):
         """Log the steps (in order) past the last one the run holds."""
         for step in steps:
             if step["step"] > self.logged_through:
-                self.run.log_metrics(step["step"], {name: value for name, value in step.items() if is_step_metric(name)})
+                logged = {name: value for name, value in step.items() if is_step_metric(name)}
+                self.run.log_metrics(step["step"], logged)
                 self.logged_through = step["step"]
 
 

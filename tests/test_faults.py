@@ -469,7 +469,6 @@ def test_a_failed_run_whose_newest_checkpoint_is_damaged_resumes_from_the_one_be
         first_run.name.removesuffix("-1") + "-2"]  # the spent run and its checkpoints removed
 
 
-
 def _losses(database: Path) -> dict[int, float]:
     """The (one) trial run's logged training loss by step; each step logged once."""
     with closing(sqlite3.connect(database)) as db:
@@ -516,6 +515,7 @@ def test_a_resumed_run_logs_the_steps_before_its_checkpoint_that_its_tracking_st
     resumed = _losses(folder / "mlruns.db")
     assert sorted(resumed) == list(range(1, 13))
     assert all(resumed[step] == first[step] for step in range(1, 9)), (resumed, first)
+
 
 # --------------------------------------------------------------------------------------------------------------
 # Signals as schedulers and terminals send them
