@@ -120,3 +120,24 @@ def test_the_paper_side_of_every_claim_is_its_tables_numbers() -> None:
     assert p2.paper_text() == "20.00 vs 20.20 on DeepSeek-Math-7B; ahead on 3 of 4 models"
     assert [c.worse for c in PAPER_CLAIMS if c.source == "Table 4"] == [
         "it_prefixlm", "clozemath_causal", "it", "random_span"]
+
+
+def test_a_budget_arms_method_is_compared_with_the_same_method_without_the_arm() -> None:
+    """Five seeds each, 400 problems, GSM8K beam. MFT at 3x the budget is right on 240, MFT on 200: the arm's MFT is
+    compared with MFT, +10 points, an interval that excludes 0. IT at 3x is compared with IT once (IT is every
+    method's reference anyway). ClozeMath at 3x has no ClozeMath without the arm here, so no such pair."""
+    predictions = Predictions()
+    beam = ("gsm8k", "beam")
+    results = [
+        *trials(predictions, "it", {beam: [220] * 5}),
+        *trials(predictions, "mft", {beam: [200] * 5}),
+        *trials(predictions, "it (arm=budget3x)", {beam: [210] * 5}),
+        *trials(predictions, "mft (arm=budget3x)", {beam: [240] * 5}),
+        *trials(predictions, "clozemath (arm=budget3x)", {beam: [230] * 5}),
+    ]
+    rows = [c for found in comparisons(results, predictions).values() for c in found]
+    (mft,) = [c for c in rows if (c.method, c.reference) == ("mft (arm=budget3x)", "mft")]
+    assert round(mft.gap, 6) == 10.0
+    assert mft.seeds is not None and mft.seeds.excludes_zero and mft.seeds.low > 0
+    assert [c.reference for c in rows if c.method == "it (arm=budget3x)"].count("it") == 1
+    assert not [c for c in rows if (c.method, c.reference) == ("clozemath (arm=budget3x)", "clozemath")]

@@ -45,8 +45,9 @@ def _by_seed(trials: list[TrialResult], column: Column, artifacts: PredictionArt
 def _compared_pairs(measured: set[str]) -> list[tuple[str, str]]:
     """The (method, reference) pairs of one evaluation: every pair the paper's numbers order, its better method
     first (`clozemath.claims`); the same pairs among the methods of each grid variant (`clozemath (arm=budget3x)`
-    against `mft (arm=budget3x)`: whether a budget arm changes a verdict); then each other trained method (a grid's
-    variant) against IT and against base."""
+    against `mft (arm=budget3x)`: whether a budget arm changes a verdict); each variant's method against the same
+    method without it (`clozemath (arm=budget3x)` against `clozemath`: what the arm does to that method); then each
+    other trained method (a grid's variant) against IT and against base."""
     pairs = paper_pairs(measured, REPLICATION_METHODS)
     others = ordered(measured - set(PAPER_GSM8K) - {"base"}, REPLICATION_METHODS)
     variants: dict[str, set[str]] = {}
@@ -55,8 +56,10 @@ def _compared_pairs(measured: set[str]) -> list[tuple[str, str]]:
         variants.setdefault(variant, set()).add(name)
     within = [(with_variant(better, variant), with_variant(worse, variant)) for variant, names in variants.items()
               if variant for better, worse in paper_pairs(names, REPLICATION_METHODS)]
-    return pairs + within + [(method, reference) for method in others for reference in REFERENCES
-                             if reference in measured]
+    own = [(method, name) for method in others for name, variant in [split_variant(method)]
+           if variant and name in measured and name not in REFERENCES]
+    return pairs + within + own + [(method, reference) for method in others for reference in REFERENCES
+                                   if reference in measured]
 
 
 def trains(method: str) -> bool:
