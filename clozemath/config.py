@@ -229,8 +229,9 @@ class TrainConfig(_Strict):
     """0: no clipping."""
     divergence_factor: Annotated[float, Field(allow_inf_nan=False), AfterValidator(_zero_or_above_one)] = 3.0
     """The loop warns, and the report marks the run, when the smoothed training loss climbs to this many times the
-    lowest it reached (`clozemath.train.divergence`). 0: not watched. On Qwen2.5-Coder-1.5B the runs that trained
-    well stayed within 2.2x (MFT's, its masking growing; the others within 1.43x), the one that diverged went 7.1x."""
+    lowest it reached (`clozemath.train.divergence`), and tells a run that came back from one that did not. 0: not
+    watched. On Qwen2.5-Coder-1.5B most runs that trained well stayed within 2.2x (MFT's, its masking growing; the
+    others within 1.43x), one surged to 3.6x and came back, the one that collapsed went 7.1x and ended at 4.3x."""
     checkpoint_every: AtLeastOne = 50
     max_failures: AtLeastZero = 1
     seed: int = 0

@@ -331,7 +331,8 @@ def _add_report(commands: argparse._SubParsersAction) -> None:
                         "slices of a study reported as one, a trial two of them hold once")
     report.add_argument("--exclude-diverged", action="store_true",
                         help="leave out the runs whose training loss diverged (its smoothed loss at "
-                        "train.divergence_factor times its lowest), named in the summary: the verdicts without them")
+                        "train.divergence_factor times its lowest) and did not come back by the run's end, named in "
+                        "the summary: the verdicts without them")
     report.set_defaults(handler=_report)
 
 

@@ -51,3 +51,19 @@ def test_factor_zero_watches_nothing_and_a_factor_at_most_one_is_refused() -> No
             TrainConfig(divergence_factor=bad)
     with pytest.raises(ValueError, match="above 1"):
         DivergenceWatch(1.0)
+
+
+def test_a_run_that_comes_back_under_the_mark_to_stay_is_told_from_one_that_ends_diverged() -> None:
+    """Loss 1.0 for 20 steps, 10.0 for 5, then 1.0. The smoothed loss after k steps of 10 is 10 - 9 * 0.9^k: 3.44 at
+    k = 3 (step 23), past 3x the lowest; after 5 it is 4.69, and j steps of 1.0 later 1 + 3.69 * 0.9^j, under 3 from
+    j = 6 (2.96; j = 5: 3.18), step 31, to the end. Ending on 10.0 instead, it never comes back; nor does one that
+    comes back and surges past the mark again at its end. A NaN at the last step is no way back either."""
+    back = find_divergence(numbered([1.0] * 20 + [10.0] * 5 + [1.0] * 20), 3.0)
+    assert back is not None and (back.step, back.back, back.ended_diverged) == (23, 31, False)
+    assert back.describe().endswith("3.4x its lowest (1.000 at step 1), back under it from step 31")
+    stays = find_divergence(numbered([1.0] * 20 + [10.0] * 25), 3.0)
+    assert stays is not None and (stays.step, stays.back, stays.ended_diverged) == (23, None, True)
+    again = find_divergence(numbered([1.0] * 20 + [10.0] * 5 + [1.0] * 20 + [10.0] * 10), 3.0)
+    assert again is not None and again.ended_diverged
+    nan_end = find_divergence(numbered([1.0] * 20 + [10.0] * 5 + [1.0] * 20 + [math.nan]), 3.0)
+    assert nan_end is not None and nan_end.step == 23 and nan_end.ended_diverged

@@ -181,9 +181,11 @@ def test_a_slice_folder_holding_its_report_is_read_and_a_bad_file_is_one_line_na
 def test_a_run_whose_loss_diverged_is_marked_and_left_out_on_request(
     slices: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """Slice b with ClozeMath seed 1's losses made 1.0 for 10 steps, then 10.0 (smoothed: 3x its lowest at step 13).
-    The report of every run marks it in the seeds table; with --exclude-diverged it is left out, named first in the
-    summary, and ClozeMath's results are its seeds 0 and 2 (110 and 122 of 200 right)."""
+    """Slice b with ClozeMath seed 1's losses made 1.0 for 10 steps, then 10.0 (smoothed: 3x its lowest at step 13),
+    and seed 2's 1.0 for 5, 10.0 for 5, then 1.0 (3x at step 8, 4.69 at step 10, then 1 + 3.69 * 0.9^j: under 3 from
+    j = 6, step 16, to the end). The report of every run marks both in the seeds table, seed 2 as come back; with
+    --exclude-diverged seed 1 alone is left out, named first in the summary, and ClozeMath's results are its seeds 0
+    and 2 (110 and 122 of 200 right)."""
     import shutil
 
     edited = tmp_path / "b"
@@ -193,18 +195,20 @@ def test_a_run_whose_loss_diverged_is_marked_and_left_out_on_request(
     for trial in trials:
         if (trial["method"], trial["seed"]) == ("clozemath", "1"):
             trial["train/loss"] = [1.0] * 10 + [10.0] * 10
+        if (trial["method"], trial["seed"]) == ("clozemath", "2"):
+            trial["train/loss"] = [1.0] * 5 + [10.0] * 5 + [1.0] * 10
     with gzip.open(edited / "steps.json.gz", "wt", encoding="utf-8") as handle:
         json.dump(trials, handle)
     capsys.readouterr()
     out = report_from([slices["a"], edited], tmp_path / "all", capsys)
-    assert "diverged in training: ClozeMath seed 1, of 6" in out
-    assert "| ClozeMath | 1 | 58.00 |" in out and "| yes (13) |" in out
+    assert "diverged in training: ClozeMath seed 1, of 6; diverged and came back: ClozeMath seed 2)" in out
+    assert "| ClozeMath | 1 | 58.00 |" in out and "| yes (13) |" in out and "| 8, back 16 |" in out
     assert main(["report", "--from", str(slices["a"]), "--from", str(edited), "--decoding", "greedy",
                  "--exclude-diverged", "--out", str(tmp_path / "without")]) == 0
     summary = (tmp_path / "without" / "summary.md").read_text()
     assert summary.startswith("**Left out: the runs whose training diverged**")
     assert "ClozeMath seed 1 trained on GSM8K (diverged at step 13: smoothed loss 3.439, 3.4x its lowest (1.000 at " \
-           "step 1))" in summary.splitlines()[0]
+           "step 1))." in summary.splitlines()[0] and "seed 2" not in summary.splitlines()[0]
     results = (tmp_path / "without" / "tables.md").read_text().split("**Results")[1]
     assert f"| {statistics.fmean([55, 61]):.2f} ± {statistics.stdev([55, 61]):.2f} (2) |" in results
     with gzip.open(tmp_path / "without" / "steps.json.gz", "rt", encoding="utf-8") as handle:

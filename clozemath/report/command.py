@@ -92,8 +92,8 @@ def write_report(
     params). `folders`: instead of a store, the folders of reports written with their predictions exported
     (`clozemath.report.folders`: a study's slices), reported as one, everything included.
     `parent_run_ids`: the experiment's grid runs to report as one (default: its latest). `exclude_diverged`: leave
-    out the runs whose training loss diverged (`clozemath.train.divergence`), named in the summary: the verdicts
-    without them, beside the report of every run."""
+    out the runs whose training loss diverged and did not come back (`clozemath.train.divergence`), named in the
+    summary: the verdicts without them, beside the report of every run."""
     names = [experiment] if isinstance(experiment, str) else list(experiment)
     histories: Histories = StoreHistories(tracking_uri)
     notes: list[str] = []
@@ -149,9 +149,10 @@ def write_report(
 
 
 def diverged_runs(trials: list[TrialResult], histories: Histories) -> list[tuple[TrialResult, Divergence]]:
-    """The trained trials whose logged losses diverged, with where."""
+    """The trained trials whose logged losses diverged and did not come back, with where (a run that came back had a
+    surge, and scores with its method: `clozemath.train.divergence`)."""
     found = [(r, run_divergence(histories.steps(r), divergence_factor(r))) for r in trials if r.steps is not None]
-    return [(r, divergence) for r, divergence in found if divergence is not None]
+    return [(r, divergence) for r, divergence in found if divergence is not None and divergence.ended_diverged]
 
 
 def left_out_line(left_out: list[tuple[TrialResult, Divergence]]) -> str:
@@ -159,7 +160,7 @@ def left_out_line(left_out: list[tuple[TrialResult, Divergence]]) -> str:
     named = "; ".join(f"{method_name(r.method)} seed {r.seed} trained on {set_title(r.train_set)} "
                       f"({divergence.describe()})" for r, divergence in left_out)
     return (f"**Left out: the runs whose training diverged** (the smoothed loss at train.divergence_factor times its "
-            f"lowest, `clozemath.train.divergence`): {named or 'none'}.")
+            f"lowest to the run's end, `clozemath.train.divergence`): {named or 'none'}.")
 
 
 def report(

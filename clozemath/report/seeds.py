@@ -43,8 +43,8 @@ class TrainingSignals:
     first_spike: int | None
     """The step of the first of them."""
     diverged: Divergence | None = None
-    """Where its smoothed loss climbed to its `train.divergence_factor` times the lowest
-    (`clozemath.train.divergence`)."""
+    """Where its smoothed loss climbed to its `train.divergence_factor` times the lowest, and where it came back, if it
+    did (`clozemath.train.divergence`)."""
 
 
 def divergence_factor(trial: TrialResult) -> float:
@@ -118,6 +118,12 @@ def _number(value: float | None, digits: int, signed: bool = False) -> str:
     return "–" if value is None else f"{value:{'+' if signed else ''}.{digits}f}"
 
 
+def _diverged_cell(divergence: Divergence | None) -> str:
+    if divergence is None:
+        return ""
+    return f"yes ({divergence.step})" if divergence.ended_diverged else f"{divergence.step}, back {divergence.back}"
+
+
 def seed_tables(results: list[TrialResult], histories: Histories) -> list[TextTable]:
     """Per training set and model with a method of two or more trained seeds: each seed's accuracy, its distance from
     the median of the method's other seeds and its training signals; the title names the seeds far below."""
@@ -129,15 +135,19 @@ def seed_tables(results: list[TrialResult], histories: Histories) -> list[TextTa
             continue
         judged = [row for row in rows if row.gap is not None]
         far = [f"{method_name(row.method)} seed {row.seed}" for row in rows if row.far_below]
-        diverged = [f"{method_name(row.method)} seed {row.seed}" for row in rows if row.signals.diverged]
+        diverged, came_back = ([f"{method_name(row.method)} seed {row.seed}" for row in rows
+                                if row.signals.diverged and row.signals.diverged.ended_diverged == ended]
+                               for ended in (True, False))
         verdict = (f"far below: {', '.join(far) or 'none'}, of {len(judged)} seeds of methods with three or more"
                    if judged else "no method has three seeds: none judged")
         title = (f"Seeds: {model_name(model)} trained on {set_title(train_set)}, {column_name(column)} accuracy (%) "
-                 f"and training ({verdict}; diverged in training: {', '.join(diverged) or 'none'}, of {len(rows)}); "
+                 f"and training ({verdict}; diverged in training: {', '.join(diverged) or 'none'}, of {len(rows)}"
+                 f"{'; diverged and came back: ' + ', '.join(came_back) if came_back else ''}); "
                  f"far below: more than {FAR_BELOW_POINTS:g} points below the median of its method's other seeds; "
                  f"final loss: the mean of the last tenth of the steps; gradient norms past the first tenth, a spike "
                  f"past {SPIKE_FACTOR:g}x the run's median; diverged: the step where the smoothed loss reached "
-                 f"train.divergence_factor (default {DIVERGENCE_FACTOR:g}) times its lowest")
+                 f"train.divergence_factor (default {DIVERGENCE_FACTOR:g}) times its lowest, and where it came back "
+                 f"under it to stay")
         tables.append(TextTable(title, [
             "Method", "Seed", "Accuracy", "vs others' median", "Final loss", "Peak grad norm", "Spikes (first)",
             "Diverged (step)", "Far below",
@@ -145,7 +155,7 @@ def seed_tables(results: list[TrialResult], histories: Histories) -> list[TextTa
             method_name(row.method), row.seed, f"{row.accuracy:.2f}", _number(row.gap, 2, signed=True),
             _number(row.signals.final_loss, 3), _number(row.signals.peak_grad_norm, 2),
             f"{row.signals.spikes} (step {row.signals.first_spike})" if row.signals.spikes else "0",
-            f"yes ({row.signals.diverged.step})" if row.signals.diverged else "",
+            _diverged_cell(row.signals.diverged),
             "yes" if row.far_below else "",
         ] for row in rows]))
     return tables
