@@ -9,9 +9,9 @@ Why this rule: on Qwen2.5-Coder-1.5B (issue 46, 2026-12-04) ClozeMath's seed 4 a
 ablation runs stayed within 1.43x of their lowest, MFT's, whose masking grows over training (Masked Thought's
 schedule), within 2.2x, and one ClozeMath run of the rate sweep that surged to 2.2x came back and scored with its
 method. A gradient-norm spike is no such sign there: ClozeMath's seeds 0 and 3 spiked to 49-87 and scored with their
-method. Why "came back" is apart: ClozeMath's MATH seed 2 surged to 3.6x its lowest at step 164 (one step's loss 5.4,
-gradient norm 99), was back under 3x by step 173, ended at its lowest (0.43) and scored 21.4% on MATH beside its
-other seeds' 20.8 and 21.6.
+method. Why "came back" is apart: ClozeMath's MATH seed 2 reached 3x its lowest at step 164 (3.6x at its peak; one
+step's loss 5.4, gradient norms up to 99), was back under 3x from step 172, ended at its lowest (0.43) and scored
+21.4% on MATH beside its other seeds' 20.8 and 21.6.
 """
 
 from __future__ import annotations
