@@ -25,6 +25,7 @@ clozemath_causal, W/o Text-infilling & W/o PrefixLM = it, W/o Equation masking =
 PAPER_SETTING = "DeepSeek-Math-7B, GSM8K, beam search (Tables 1 and 4)"
 
 HOLDS, REVERSED, UNRESOLVED, UNTESTED = "holds", "reversed", "not resolved", "not tested"
+JUDGED = (HOLDS, REVERSED, UNRESOLVED)
 
 
 @dataclass(frozen=True)
@@ -208,15 +209,27 @@ class ClaimCheck:
         return NOT_RUN if self.comparison is None else verdict(self.comparison)
 
     def changed_by(self) -> list[str]:
-        """The variants whose verdict differs from the matched runs' (both judged)."""
-        judged = self.verdict in (HOLDS, REVERSED, UNRESOLVED)
-        return [arm for arm, comparison in self.arms if judged and verdict(comparison) != self.verdict]
+        """The variants whose verdict differs from the matched runs' (both judged: a variant with no interval, such
+        as one seed of an arm, changes nothing)."""
+        if self.verdict not in JUDGED:
+            return []
+        return [arm for arm, comparison in self.arms if verdict(comparison) in JUDGED
+                and verdict(comparison) != self.verdict]
+
+    def unjudged_arms(self) -> list[str]:
+        """The variants that ran this claim without an interval to judge it by."""
+        return [arm for arm, comparison in self.arms if verdict(comparison) == UNTESTED]
 
 
 def _here(comparison: Comparison) -> str:
-    """"-1.83 [-9.76, +6.27], 2 and 3 runs × 1,319 problems, provisional: 2 seeds"."""
+    """"-1.83 [-9.76, +6.27], 2 and 3 runs × 1,319 problems, provisional: 2 seeds"; without a seed-aware interval,
+    the one over the problems alone where there is one (it says whether these very runs differ, not the methods)."""
     if comparison.seeds is None:
-        return f"{comparison.gap:+.2f}, no interval: {comparison.missing}"
+        text = f"{comparison.gap:+.2f}, no interval: {comparison.missing}"
+        if comparison.problems is not None:
+            text += (f"; over the problems alone, these runs held fixed: {_interval(comparison.problems)}, "
+                     f"{_scale(comparison.problems)}")
+        return text
     return (f"{comparison.seeds.points:+.2f} {_interval(comparison.seeds)}, {_scale(comparison.seeds)}"
             f"{provisional_label(comparison)}")
 
@@ -254,6 +267,11 @@ def claims_list(checks: list[ClaimCheck], name: Callable[[str], str], title: Cal
     changed = [f"{check.claim.source} {name(check.claim.better)} > {name(check.claim.worse)} "
                f"({', '.join(check.changed_by())})" for check in checks if check.changed_by()]
     if arms:
+        unjudged = {arm: sum(arm in check.unjudged_arms() for check in checks) for arm in arms}
+        untested = [f"{arm} left {count} claim{'s' if count != 1 else ''} unjudged" for arm, count in unjudged.items()
+                    if count]
         lines.append(f"- Grid variants ({', '.join(arms)}) change the verdict of "
-                     + ("; ".join(changed) if changed else "none of the claims they ran") + ".")
+                     + ("; ".join(changed) if changed else "none of the claims they judged")
+                     + (f"; {', '.join(untested)} (no interval)" if untested else "")
+                     + ".")
     return "\n".join(lines)

@@ -141,3 +141,30 @@ def test_a_budget_arms_method_is_compared_with_the_same_method_without_the_arm()
     assert mft.seeds is not None and mft.seeds.excludes_zero and mft.seeds.low > 0
     assert [c.reference for c in rows if c.method == "it (arm=budget3x)"].count("it") == 1
     assert not [c for c in rows if (c.method, c.reference) == ("clozemath (arm=budget3x)", "clozemath")]
+
+
+def test_an_arm_of_one_seed_has_no_verdict_changes_none_and_gives_its_runs_interval_over_the_problems() -> None:
+    """The paper's arm runs one seed a method. ClozeMath at arm=paper is right on problems 0-239, MFT at arm=paper on
+    0-229: 10 problems of 400 apart, every one ClozeMath's, so over the problems alone these two runs differ by +2.50
+    points with an interval above 0. But one seed's seed-to-seed variance is unknown: the arm's claim has no
+    verdict and cannot change the matched runs' (Table 1 holds at +20 there), and the last line says so rather than
+    count it as a change."""
+    predictions = Predictions()
+    beam = ("gsm8k", "beam")
+    results = [
+        *trials(predictions, "clozemath", {beam: [280] * 5}),
+        *trials(predictions, "mft", {beam: [200] * 5}),
+        *trials(predictions, "clozemath (arm=paper)", {beam: [240]}),
+        *trials(predictions, "mft (arm=paper)", {beam: [230]}),
+    ]
+    lines = paper_claims(comparisons(results, predictions), {}, "beam").splitlines()
+    (table1,) = [line for line in lines if line.startswith("  - Table 1 (GSM8K-trained, GSM8K beam)")]
+    matched, _, arm = table1.partition(" At arm=paper: ")
+    assert "Here: +20.00 [" in matched
+    assert arm.startswith("not tested, +2.50, no interval: one seed of a trained method")
+    low, high = (float(x) for x in arm.split("over the problems alone, these runs held fixed: [")[1]
+                 .split("]")[0].split(", "))
+    assert 0 < low < 2.5 < high, arm
+    assert arm.endswith("1 and 1 runs × 400 problems."), arm
+    assert lines[-1] == ("- Grid variants (arm=paper) change the verdict of none of the claims they judged; "
+                         "arm=paper left 1 claim unjudged (no interval).")
