@@ -8,6 +8,7 @@ import gzip
 import json
 import math
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -125,10 +126,11 @@ def test_a_run_records_what_its_training_did(smoke_run: SmokeRun, tmp_path: Path
         assert exported[metric] == pytest.approx([value for _, value in logged], rel=1e-6)
 
 
-def test_the_loop_warns_once_at_the_step_its_loss_diverged(tmp_path: Path) -> None:
-    """A rate of 30 with no clipping blows the tiny model's loss up: the loop warns once, at the step the rule finds
-    in the losses it logged (`clozemath.train.divergence`), and trains on to the end; a rate that trains well warns
-    never."""
+def test_the_loop_warns_at_the_step_its_loss_diverged_and_at_its_end_whether_it_came_back(tmp_path: Path) -> None:
+    """A rate of 30 with no clipping blows the tiny model's loss up: the loop warns once at the step the rule finds
+    in the losses it logged (`clozemath.train.divergence`), trains on to the end, and there warns again with how the
+    run ended, as the rule finds it over all its losses (ended diverged, or back under the mark from a step); a rate
+    that trains well warns never."""
     from clozemath.train.divergence import find_divergence
 
     for lr, diverges in ((30.0, True), (3e-2, False)):
@@ -142,5 +144,11 @@ def test_the_loop_warns_once_at_the_step_its_loss_diverged(tmp_path: Path) -> No
         assert len(recorder.metrics) == 24
         found = find_divergence([(m.step, m.loss) for m in recorder.metrics], config.train.divergence_factor)
         assert (found is not None) == diverges
-        assert warned == ([f"[loop] training {found.describe()}; the run goes on (train.divergence_factor)"]
-                          if found else [])
+        if found is None:
+            assert warned == []
+            continue
+        first = replace(found, back=None)  # at the step it diverged, where it ends is not known yet
+        assert warned == [f"[loop] training {first.describe()}; the run goes on (train.divergence_factor)",
+                          f"[loop] training {found.ending()}"]
+        assert warned[1].startswith("[loop] training ended diverged (" if found.ended_diverged
+                                    else "[loop] training came back (")

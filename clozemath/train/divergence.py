@@ -1,8 +1,9 @@
 """A training run whose loss diverged: its smoothed loss climbed to `train.divergence_factor` times the lowest it had
 reached. One rule for the loop, which warns on the console the step it happens (the run goes on: what it scores is
-the measurement), and for the report, which reads it from every step's loss (`clozemath.report.seeds`), so that runs
-trained before the watch are judged alike. A run that came back (its smoothed loss fell below that mark again and
-stayed there to its end) had a surge, not a collapse: the report names it, and `--exclude-diverged` keeps it.
+the measurement) and again at the run's end (ended diverged or came back), and for the report, which reads it from
+every step's loss (`clozemath.report.seeds`), so that runs trained before the watch are judged alike. A run that
+came back (its smoothed loss fell below that mark again and stayed there to its end) had a surge, not a collapse: the
+report names it, and `--exclude-diverged` keeps it.
 
 Why this rule: on Qwen2.5-Coder-1.5B (issue 46, 2026-12-04) ClozeMath's seed 4 at 3e-4 went from a smoothed loss of
 0.70 at step 39 to 4.91 (7.1x), ended at 4.3x and scored 0.83% on GSM8K, while the study's other IT, ClozeMath and
@@ -39,6 +40,13 @@ class Divergence:
     @property
     def ended_diverged(self) -> bool:
         return self.back is None
+
+    def ending(self) -> str:
+        """What the loop says at the run's end, after its warning at `step`."""
+        if self.ended_diverged:
+            return (f"ended diverged ({self.describe()}): `clozemath report` marks the run and --exclude-diverged "
+                    "leaves it out")
+        return f"came back ({self.describe()}): `clozemath report` names the run and --exclude-diverged keeps it"
 
     def describe(self) -> str:
         came_back = f", back under it from step {self.back}" if self.back is not None else ""

@@ -157,6 +157,8 @@ def train(
                 console.warn(f"[{config.name}] training {diverged.describe()}; the run goes on "
                              "(train.divergence_factor)")
             worker.report(metrics, report, scratch_dir)
+        if watch is not None and rank == 0 and (outcome := watch.outcome()) is not None:
+            console.warn(f"[{config.name}] training {outcome.ending()}")
         return engine
 
 
