@@ -93,8 +93,8 @@ def test_each_claim_is_judged_on_its_own_evaluation_and_a_budget_arm_that_change
     assert figure.endswith("Here: above at 1 of 2 checkpoints (means over 5 and 5 seeds: 30.0 vs 50.0 at the first, "
                            "step 28; 55.0 vs 50.0 at the last, step 284); the curves keep accuracies, not predictions.")
     not_run = under("Not run yet")
-    assert "Table 1 (MATH-trained, MATH): ClozeMath > MFT. Paper: 36.90 vs 33.42 on DeepSeek-Math-7B; ahead on 4 of 4 " \
-           "models." in not_run
+    assert ("Table 1 (MATH-trained, MATH): ClozeMath > MFT. Paper: 36.90 vs 33.42 on DeepSeek-Math-7B; ahead on 4 of "
+            "4 models.") in not_run
     assert len(not_run) == len(PAPER_CLAIMS) - 4  # all but Table 1's two on GSM8K, Table 2 and Figure 3
     assert lines[-1] == ("- Grid variants (arm=budget3x) change the verdict of Table 1 ClozeMath > MFT "
                          "(arm=budget3x).")
