@@ -9,6 +9,7 @@ than `MIN_SEEDS` seeds of a trained method is provisional, and says so.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable, Collection
 from dataclasses import dataclass
 
@@ -267,9 +268,9 @@ def claims_list(checks: list[ClaimCheck], name: Callable[[str], str], title: Cal
     changed = [f"{check.claim.source} {name(check.claim.better)} > {name(check.claim.worse)} "
                f"({', '.join(check.changed_by())})" for check in checks if check.changed_by()]
     if arms:
-        unjudged = {arm: sum(arm in check.unjudged_arms() for check in checks) for arm in arms}
-        untested = [f"{arm} left {count} claim{'s' if count != 1 else ''} unjudged" for arm, count in unjudged.items()
-                    if count]
+        unjudged = Counter(arm for check in checks for arm in check.unjudged_arms())
+        untested = [f"{arm} left {count} claim{'s' if count != 1 else ''} unjudged"
+                    for arm, count in sorted(unjudged.items())]
         lines.append(f"- Grid variants ({', '.join(arms)}) change the verdict of "
                      + ("; ".join(changed) if changed else "none of the claims they judged")
                      + (f"; {', '.join(untested)} (no interval)" if untested else "")
