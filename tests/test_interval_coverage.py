@@ -1,11 +1,11 @@
 """Do the report's 95% intervals cover 95% of the time? Simulated evaluations with a known difference (issue 45).
 
-Each simulated data set is one comparison as a grid makes it: 1,319 test problems drawn from a population, each with
-a difficulty shared by both methods and a method-by-problem effect; each trained run with a seed effect of its own;
-every answer right with the logistic probability of the sum. The truth is the population difference (over problems
-and seeds) for the seed-aware interval, and the difference of the trained models at hand over the problems'
-population for the problems-only one. Coverage is counted over 1,000 data sets a case (standard error ~0.7 points)
-from a fixed seed.
+Each simulated data set is one comparison as a grid makes it: 1,319 test problems (500 in two cases) drawn from a
+population, each with a difficulty shared by both methods and a method-by-problem effect; each trained run with a seed
+effect of its own; every answer right with the logistic probability of the sum. The truth is the population
+difference (over problems and seeds) for the seed-aware interval, and the difference of the trained models at hand
+over the problems' population for the problems-only one. Coverage is counted over 1,000 data sets a case (standard
+error ~0.7 points) from a fixed seed.
 """
 
 from __future__ import annotations
@@ -52,31 +52,47 @@ class Case:
     """False: the reference is a base model, one untrained run."""
     paired: bool = False
     """Seed s of both methods shares a seed effect (as `train.paired_seeds` declares), each adding a small own one."""
+    reference_seeds: int | None = None
+    """The reference's trained runs when they differ from the method's (a diverged run left out, Table 4's 3 seeds
+    against the main grid's 5)."""
+    reference_seed_sd: float | None = None
+    """The reference's seed effect when it differs from the method's."""
+    problems: int = PROBLEMS
+
+    @property
+    def reference_runs(self) -> int:
+        return (self.reference_seeds or self.seeds) if self.reference_trained else 1
+
+    @property
+    def reference_sd(self) -> float:
+        if not self.reference_trained:
+            return 0.0
+        return self.seed_sd if self.reference_seed_sd is None else self.reference_seed_sd
 
     def population_difference(self) -> float:
         problem_sd = np.hypot(DIFFICULTY_SD, METHOD_BY_PROBLEM_SD)
-        seed_sd = np.hypot(self.seed_sd, self.seed_sd / 4) if self.paired else self.seed_sd
-        method_sd = np.hypot(problem_sd, seed_sd)
-        reference_sd = method_sd if self.reference_trained else problem_sd
+        if self.paired:
+            method_sd = reference_sd = np.hypot(problem_sd, np.hypot(self.seed_sd, self.seed_sd / 4))
+        else:
+            method_sd, reference_sd = (np.hypot(problem_sd, sd) for sd in (self.seed_sd, self.reference_sd))
         return float(_expected_accuracy(BASE_LOGIT + self.effect, method_sd)
                      - _expected_accuracy(BASE_LOGIT, reference_sd))
 
     def simulate(self, generator: np.random.Generator) -> tuple[RunTables, float]:
         """One data set, and the difference of its trained models over the population of problems."""
-        difficulty = generator.normal(0, DIFFICULTY_SD, PROBLEMS)
-        reference_runs = self.seeds if self.reference_trained else 1
+        difficulty = generator.normal(0, DIFFICULTY_SD, self.problems)
         if self.paired:
             shared = generator.normal(0, self.seed_sd, self.seeds)
             method_seeds = shared + generator.normal(0, self.seed_sd / 4, self.seeds)
             reference_seeds = shared + generator.normal(0, self.seed_sd / 4, self.seeds)
         else:
             method_seeds = generator.normal(0, self.seed_sd, self.seeds)
-            reference_seeds = generator.normal(0, self.seed_sd if self.reference_trained else 0, reference_runs)
+            reference_seeds = generator.normal(0, self.reference_sd, self.reference_runs)
         method_logits = BASE_LOGIT + self.effect + method_seeds[:, None]
         reference_logits = BASE_LOGIT + reference_seeds[:, None]
         tables = []
         for logits in (method_logits, reference_logits):
-            own = generator.normal(0, METHOD_BY_PROBLEM_SD, PROBLEMS)
+            own = generator.normal(0, METHOD_BY_PROBLEM_SD, self.problems)
             probability = _logistic(logits + difficulty + own)
             tables.append((generator.random(probability.shape) < probability).astype(float))
         problem_sd = np.hypot(DIFFICULTY_SD, METHOD_BY_PROBLEM_SD)
@@ -108,6 +124,48 @@ SEED_CASES = [Case(seeds, sd, effect, trained) for seeds in (3, 5) for sd in (0.
 def test_the_seed_aware_interval_covers_the_population_difference(case: Case) -> None:
     low, high = COVERAGE
     assert low <= coverage(case, seed_aware=True) <= high
+
+
+def _shape(case: Case) -> str:
+    return (f"S{case.seeds}v{case.reference_runs}-sd{case.seed_sd}v{case.reference_sd}-d{case.effect}"
+            f"-P{case.problems}")
+
+
+STUDY_SHAPES = [Case(2, sd, effect, True) for sd in (0.05, 0.7) for effect in (0.0, 0.4)] + [
+    Case(4, 0.7, 0.0, True, reference_seeds=5),
+    Case(4, 0.05, 0.4, True, reference_seeds=5),
+    Case(5, 0.7, 0.0, True, reference_seeds=3),
+    Case(4, 0.7, 0.4, True, reference_seeds=3),
+    Case(3, 0.7, 0.0, True, problems=500),
+    Case(3, 0.05, 0.4, True, problems=500),
+]
+"""The shapes the Qwen study compares besides 3 and 5 seeds a side: 2 seeds (its 3x budget arm so far), 4 against 5
+(a diverged run left out), 5 or 4 against 3 (ClozeMath against Table 4's ablations), 500 problems (the MATH-500 subset
+and GSM-Symbolic's sets)."""
+
+
+@pytest.mark.parametrize("case", STUDY_SHAPES, ids=_shape)
+def test_the_seed_aware_interval_covers_at_the_seed_and_problem_counts_a_study_compares(case: Case) -> None:
+    low, high = COVERAGE
+    assert low <= coverage(case, seed_aware=True) <= high
+
+
+@pytest.mark.parametrize("case", [Case(5, 0.7, 0.0, True, reference_seed_sd=0.05),
+                                  Case(3, 0.7, 0.0, True, reference_seed_sd=0.05),
+                                  Case(5, 0.05, 0.4, True, reference_seeds=3, reference_seed_sd=0.7)], ids=_shape)
+def test_the_seed_aware_interval_covers_when_one_side_s_seeds_spread_far_more(case: Case) -> None:
+    """Welch-Satterthwaite's degrees of freedom run a little short of 95% here (measured 0.943-0.945)."""
+    low, high = COVERAGE
+    assert low <= coverage(case, seed_aware=True) <= high
+
+
+def test_at_two_seeds_a_side_with_the_spread_on_one_side_the_interval_covers_a_little_less() -> None:
+    """The interval's weak spot: 2 seeds a side, one side's seeds ~7 points apart and the other's ~0.5. Welch-
+    Satterthwaite's degrees of freedom (between 1 and 2) are then too many and coverage falls to ~92% (measured 0.917
+    here, 0.924 over 2,000 other data sets). Drawing each side's chi-square on its own (the plain generalized pivotal
+    quantity) brings this case to 0.936 but widens the equal-spread intervals at 2 seeds up to 2.2-fold (coverage
+    0.97-0.98), so the report keeps Welch-Satterthwaite; a verdict at 2 seeds is provisional anyway."""
+    assert 0.90 <= coverage(Case(2, 0.7, 0.0, True, reference_seed_sd=0.05), seed_aware=True) <= COVERAGE[1]
 
 
 @pytest.mark.parametrize("case", [Case(5, 0.7, 0.4, True, paired=True), Case(5, 0.7, 0.0, True, paired=True),
