@@ -17,8 +17,9 @@
 #
 # Resuming: a slice whose trials the committed trials.json files (the plan's `results`) all finish is skipped; one
 # partly finished runs only what is left (`bench/slices.py describe`). `collect` reports a slice still running from a
-# snapshot of its store, so the trials it finished come back too. Commit each <slice>.tar.gz's report/ under
-# `results`/<slice>/ (a second part of one slice under <slice>-2/): the next machine then leaves those trials out.
+# snapshot of its store, so the trials it finished come back too. `python bench/slices.py unpack <slice>.tar.gz ...`
+# puts each tarball's report/ and consoles under `results`/<slice>/ (a second part of one slice under <slice>-2/),
+# predictions compact; commit them: the next machine then leaves those trials out.
 # Each tarball holds report/ (tables.md, summary.md, trials.json, steps.json.gz, predictions.jsonl.gz: every answer
 # with its grading rule and finish reason, with the generations when they fit, else compact), the slice's consoles
 # (driver.log, report.log, the grid's driver and workers logs) and its MLflow store (mlruns.db.gz).

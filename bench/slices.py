@@ -1,15 +1,17 @@
 """A plan of grids run in slices on a machine lent for a session at a time (issue 46: bench/slices_qwen1.5b.yaml).
 
 A slice is some trials of one grid, picked by overrides that narrow its axes (`set`), run as a grid run of its own by
-`bench/slice_lease.sh`. Its report (`clozemath report`: trials.json, steps.json.gz, predictions) is committed under
-the plan's `results` folder; `clozemath report --from <slice> --from <slice> ...` reports the slices as one (the
-study's tables, intervals, compute table, Figure 3 and steps, no store needed). A trial is finished once a trials.json there holds its accuracy on every set and
-decoding it evaluates, at its learning rate; a slice is done when all of its trials are. What is left of a slice runs again with its axes
-narrowed to the values its unfinished trials take (a finished trial inside that product reruns too, and is named).
+`bench/slice_lease.sh`. Its report (`clozemath report`: trials.json, steps.json.gz, predictions) is committed under the
+plan's `results` folder; `clozemath report --from <slice> --from <slice> ...` reports the slices as one (the study's
+tables, intervals, compute table, Figure 3 and steps, no store needed). A trial is finished once a trials.json there
+holds its accuracy on every set and decoding it evaluates, at its learning rate; a slice is done when all of its trials
+are. What is left of a slice runs again with its axes narrowed to the values its unfinished trials take (a finished
+trial inside that product reruns too, and is named).
 
     python bench/slices.py [--plan FILE] list                 # every slice: its grid, trials and what is done
     python bench/slices.py [--plan FILE] describe SLICE       # key=value lines for the lease script
     python bench/slices.py [--plan FILE] estimate [--out MD]  # each slice's dry-run estimate, and the sessions
+    python bench/slices.py [--plan FILE] unpack TARBALL...   # what a session brought back, into the results
 
 The estimate is `clozemath run --dry-run`'s (`clozemath.cost.estimate`) for each slice on one card of the plan's kind,
 less Ray's start and the GGUF parse, which a session pays once (with the machine's start, shipping the model and the
@@ -25,7 +27,10 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import shutil
 import sys
+import tarfile
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -43,6 +48,9 @@ from clozemath.safe_yaml import read_yaml  # noqa: E402
 
 PLAN = ROOT / "bench" / "slices_qwen1.5b.yaml"
 TRIALS_FILE = "trials.json"
+COMMITTED = ("report", "driver.log", "report.log")
+"""What of a slice's tarball (`bench/slice_lease.sh collect`) is committed: its MLflow store and the workers' logs stay
+out (the report folder reports the slice again without them)."""
 ESTIMATES_FILE = "estimates.json"
 """In the plan's `results`: each slice's calibrated seconds, as `estimate` last made them."""
 
@@ -146,22 +154,88 @@ def narrowed(piece: Slice, trials: SliceTrials) -> tuple[list[str], list[str]]:
     return [*piece.overrides, *narrower], rerun
 
 
+def report_decoding(configs: list[ExperimentConfig]) -> str:
+    """The decoding a slice's report tables: beam where its trials decode with it."""
+    decodings = {d for config in configs for s in config.eval.sets for d in config.eval.decodings_of(s)}
+    return "beam" if "beam" in decodings else "greedy"
+
+
 def describe(plan: Plan, name: str) -> str:
     """What `bench/slice_lease.sh` needs to run a slice: its grid, experiment, report decoding, trials, and the
     overrides of what is left (none when it is done)."""
     piece = plan.slice(name)
     trials = slice_trials(plan, piece)
     configs = trials.plan.experiments
-    decodings = {d for config in configs for s in config.eval.sets for d in config.eval.decodings_of(s)}
     lines = [f"grid={piece.grid.relative_to(ROOT)}", f"experiment={configs[0].tracking.experiment}",
-             f"decoding={'beam' if 'beam' in decodings else 'greedy'}", f"trials={len(configs)}",
-             f"todo={len(trials.left())}"]
+             f"decoding={report_decoding(configs)}", f"trials={len(configs)}", f"todo={len(trials.left())}"]
     if trials.left():
         overrides, rerun = narrowed(piece, trials)
         lines += [f"override={override}" for override in overrides] + [f"rerun={name}" for name in rerun]
         seconds = read_estimates(plan).get(name)
         lines += [] if seconds is None else [f"estimate_s={seconds}"]  # the whole slice's: what is left takes less
     return "\n".join(lines)
+
+
+def run_ids(path: Path) -> set[str]:
+    try:
+        return {row["run_id"] for row in json.loads(path.read_text(encoding="utf-8"))}
+    except (ValueError, KeyError, TypeError) as exc:
+        raise ClozeMathError(f"{path}: not a trials.json file ({exc})") from None
+
+
+def holding(plan: Plan, name: str, ids: set[str]) -> Path | None:
+    """The part of the slice already committed that holds every one of these trials, if any."""
+    for folder in [plan.results / name, *sorted(plan.results.glob(f"{name}-[0-9]*"))]:
+        path = folder / "report" / TRIALS_FILE
+        if path.is_file() and ids <= run_ids(path):
+            return folder
+    return None
+
+
+def part_folder(plan: Plan, name: str) -> Path:
+    """Where a slice's next part goes: `<slice>/`, or `<slice>-2/`, `<slice>-3/`... beside the parts there."""
+    folder, part = plan.results / name, 1
+    while folder.exists():
+        part += 1
+        folder = plan.results / f"{name}-{part}"
+    return folder
+
+
+def unpack(plan: Plan, tarball: Path) -> str:
+    """A slice's tarball as `bench/slice_lease.sh collect` brings it back (`<slice>.tar.gz`), into the plan's results
+    (`part_folder`): its report and consoles (`COMMITTED`), the predictions exported again compact at the slice's
+    decoding (the full generations would cost every later call what it carries: the tree travels with each). Unpacked
+    beside the results first and moved in whole, so a tarball that is not a slice's, or one whose trials a committed
+    part of the slice all holds (unpacked twice), leaves nothing behind."""
+    from clozemath.report.command import write_report
+
+    name = tarball.name.removesuffix(".tar.gz")
+    piece = plan.slice(name)
+    decoding = report_decoding(load_plan(piece.grid, piece.overrides).experiments)
+    plan.results.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(dir=plan.results, prefix=f".{name}."))
+    try:
+        try:
+            with tarfile.open(tarball) as archive:
+                members = [m for m in archive.getmembers() if Path(m.name).parts[:1] in [(c,) for c in COMMITTED]]
+                archive.extractall(staging, members=members, filter="data")
+        except (OSError, tarfile.TarError) as exc:
+            raise ClozeMathError(f"{tarball}: not a slice's tarball ({exc})") from None
+        report = staging / "report"
+        if not (report / TRIALS_FILE).is_file():
+            raise ClozeMathError(f"{tarball}: no report/{TRIALS_FILE} in it (the slice's report had not been written "
+                                 "when it was collected: collect again, or report its mlruns.db.gz)")
+        before = holding(plan, name, run_ids(report / TRIALS_FILE))
+        if before is not None:
+            raise ClozeMathError(f"{tarball}: its trials are all in {before.relative_to(plan.results.parent)} already "
+                                 "(unpacked before); nothing written")
+        made = write_report([], out=report, decoding=decoding, export="compact", folders=[report])
+        folder = part_folder(plan, name)
+        staging.rename(folder)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    return f"{tarball.name} -> {folder.relative_to(plan.results.parent)}: {len(made.trials)} trials, {decoding}"
 
 
 def listing(plan: Plan) -> str:
@@ -296,6 +370,8 @@ def main(argv: list[str] | None = None) -> int:
     cost = commands.add_parser("estimate", help="each slice's dry-run estimate, and the sessions they need")
     cost.add_argument("slices", nargs="*", help="default: every slice")
     cost.add_argument("--out", type=Path, help="also write the table here")
+    back = commands.add_parser("unpack", help="slices' tarballs (bench/slice_lease.sh collect) into the results")
+    back.add_argument("tarballs", nargs="+", type=Path)
     args = parser.parse_args(argv)
     try:
         plan = read_plan(args.plan)
@@ -303,6 +379,8 @@ def main(argv: list[str] | None = None) -> int:
             text = listing(plan)
         elif args.command == "describe":
             text = describe(plan, args.slice)
+        elif args.command == "unpack":
+            text = "\n".join(unpack(plan, tarball) for tarball in args.tarballs) + "\n" + listing(plan)
         else:
             names = args.slices or list(plan.slices)
             estimates = [estimate_slice(plan, plan.slice(name)) for name in names]

@@ -7,6 +7,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -303,3 +304,61 @@ def test_collect_waits_for_a_finished_slices_report_instead_of_writing_another_b
     assert collecting.wait(timeout=60) == 0 and time.monotonic() - started >= 3
     with tarfile.open(out / "a.tar.gz") as packed:
         assert packed.extractfile("report.log").read() == b"the chain's report\n"
+
+
+def test_unpack_commits_a_slices_report_and_consoles_compact_and_a_second_part_beside_the_first(
+        tmp_path: Path) -> None:
+    """A session's tarball of a real slice (budget3x-s1, as committed, with its generations and a store beside) goes
+    to `<slice>/` with its report, the predictions compact and the same trials, without the store; beside a part of
+    the slice with other trials, to `<slice>-2/`; the same tarball again, a tarball of no slice, or one without a
+    report, is one error and writes nothing."""
+    import gzip
+    import tarfile
+
+    committed = ROOT / "bench" / "results" / "replication_qwen1.5b_slices" / "budget3x-s1"
+    source = tmp_path / "session"
+    shutil.copytree(committed, source)
+    full = [json.loads(line) for line in gzip.open(source / "report" / "predictions.jsonl.gz", "rt")]
+    with gzip.open(source / "report" / "predictions.jsonl.gz", "wt") as stream:  # as the chain exports them: full
+        stream.writelines(json.dumps({**row, "generation": "The answer is 42."}) + "\n" for row in full)
+    (source / "mlruns.db.gz").write_bytes(b"a store")
+    tarball = tmp_path / "out" / "budget3x-s1.tar.gz"
+    tarball.parent.mkdir()
+    with tarfile.open(tarball, "w:gz") as archive:
+        for name in ("report", "driver.log", "report.log", "mlruns.db.gz"):
+            archive.add(source / name, arcname=name)
+    path = write_plan(tmp_path, {"budget3x-s1": {"grid": "configs/grids/replication_qwen1.5b_budget.yaml",
+                                                 "set": ["axes.arm=[budget3x]", "axes.train.seed=[1]"]}})
+    plan = slices.read_plan(path)
+
+    commit(tmp_path, "budget3x-s1", {"another trial": [("gsm8k", "greedy")]})  # a first part, cut by its session
+
+    said = slices.unpack(plan, tarball)
+    first = tmp_path / "results" / "budget3x-s1-2"
+    assert said == "budget3x-s1.tar.gz -> results/budget3x-s1-2: 3 trials, beam"
+    assert sorted(p.name for p in first.iterdir()) == ["driver.log", "report", "report.log"]
+    assert (first / "driver.log").read_bytes() == (committed / "driver.log").read_bytes()
+    rows = [json.loads(line) for line in gzip.open(first / "report" / "predictions.jsonl.gz", "rt")]
+    assert len(rows) == len(full) and not any("generation" in row for row in rows)
+    assert {(r["run_id"], r["id"], r["decoding"], r["correct"]) for r in rows} == \
+        {(r["run_id"], r["id"], r["decoding"], r["correct"]) for r in full}
+    trials = json.loads((first / "report" / "trials.json").read_text())
+    assert sorted(t["run_id"] for t in trials) == sorted(t["run_id"] for t in
+                                                         json.loads((committed / "report" / "trials.json").read_text()))
+    assert all(slices.finished(c, slices.committed_metrics(plan.results))
+               for c in load_plan(ROOT / "configs/grids/replication_qwen1.5b_budget.yaml",
+                                  ["axes.arm=[budget3x]", "axes.train.seed=[1]"]).experiments)
+
+    with pytest.raises(slices.ClozeMathError, match="its trials are all in results/budget3x-s1-2 already"):
+        slices.unpack(plan, tarball)
+
+    stray = tmp_path / "out" / "nowhere.tar.gz"
+    shutil.copy(tarball, stray)
+    with pytest.raises(slices.ClozeMathError, match="no slice 'nowhere' in the plan"):
+        slices.unpack(plan, stray)
+    empty = tmp_path / "out" / "budget3x-s1.tar.gz"
+    with tarfile.open(empty, "w:gz") as archive:
+        archive.add(source / "driver.log", arcname="driver.log")
+    with pytest.raises(slices.ClozeMathError, match=r"budget3x-s1.tar.gz: no report/trials.json in it"):
+        slices.unpack(plan, empty)
+    assert sorted(p.name for p in (tmp_path / "results").iterdir()) == ["budget3x-s1", "budget3x-s1-2"]
