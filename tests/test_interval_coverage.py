@@ -164,7 +164,7 @@ def test_at_two_seeds_a_side_with_the_spread_on_one_side_the_interval_covers_a_l
     Satterthwaite's degrees of freedom (between 1 and 2) are then too many and coverage falls to ~92% (measured 0.917
     here, 0.924 over 2,000 other data sets). Drawing each side's chi-square on its own (the plain generalized pivotal
     quantity) brings this case to 0.936 but widens the equal-spread intervals at 2 seeds up to 2.2-fold (coverage
-    0.97-0.98), so the report keeps Welch-Satterthwaite; a verdict at 2 seeds is provisional anyway."""
+    0.96-0.98), so the report keeps Welch-Satterthwaite; a verdict at 2 seeds is provisional anyway."""
     assert 0.90 <= coverage(Case(2, 0.7, 0.0, True, reference_seed_sd=0.05), seed_aware=True) <= COVERAGE[1]
 
 
