@@ -102,27 +102,67 @@ def test_paired_seeds_cancel_what_each_pair_shares() -> None:
 def test_with_seeds_far_apart_the_interval_is_students_t_over_them() -> None:
     """A base model (one untrained run, right on none of 10,000 problems) against three seeds right on 20%, 40% and
     60%: +40 points; the problems add almost nothing (their part of the variance is ~1e-5 against the seeds'
-    0.04 / 3), so the interval is 40 ± t(2) * sqrt(0.04 / 3) * 100 = 40 ± 49.7. Its draws are random: 2 points."""
+    0.04 / 3), so the interval is 40 ± t(2) * sqrt(0.04 / 3) * 100 = 40 ± 49.7, to a tenth of a point."""
     method = {"0": right_on(2000, 10_000), "1": right_on(4000, 10_000), "2": right_on(6000, 10_000)}
     base = {"0": right_on(0, 10_000)}
     difference = seeds_difference(method, base, reference_trained=False)
     assert difference is not None and difference.points == pytest.approx(40)
     half_width = T_975[2] * math.sqrt(0.04 / 3) * 100
-    assert difference.low == pytest.approx(40 - half_width, abs=2)
-    assert difference.high == pytest.approx(40 + half_width, abs=2)
+    assert difference.low == pytest.approx(40 - half_width, abs=0.1)
+    assert difference.high == pytest.approx(40 + half_width, abs=0.1)
     assert not difference.excludes_zero
 
 
 def test_two_trained_sides_far_apart_take_welchs_degrees_of_freedom() -> None:
     """Three seeds a side at 20/40/60% and 10/30/50% (equal spreads): +10 points; Welch's degrees of freedom are
-    2 + 2 = 4, so the interval is 10 ± t(4) * sqrt(0.04 / 3 + 0.04 / 3) * 100 = 10 ± 45.3 (draws: 2 points)."""
+    2 + 2 = 4, so the interval is 10 ± t(4) * sqrt(0.04 / 3 + 0.04 / 3) * 100 = 10 ± 45.3, to a tenth of a point."""
     method = {"0": right_on(2000, 10_000), "1": right_on(4000, 10_000), "2": right_on(6000, 10_000)}
     reference = {"0": right_on(1000, 10_000), "1": right_on(3000, 10_000), "2": right_on(5000, 10_000)}
     difference = seeds_difference(method, reference)
     assert difference is not None and difference.points == pytest.approx(10)
     half_width = T_975[4] * math.sqrt(2 * 0.04 / 3) * 100
-    assert difference.low == pytest.approx(10 - half_width, abs=2)
-    assert difference.high == pytest.approx(10 + half_width, abs=2)
+    assert difference.low == pytest.approx(10 - half_width, abs=0.1)
+    assert difference.high == pytest.approx(10 + half_width, abs=0.1)
+
+
+def test_the_seed_intervals_ends_are_the_pivotal_quantitys_quantiles_to_a_thousandth_of_a_point() -> None:
+    """A verdict is the sign of an end, so the ends are computed, not drawn (10,000 draws once put an end at -0.0014
+    where it lay at +0.015). Sides of 2 and 3 seeds, 1,319 problems, the problems' part and the seeds' alike in size
+    (Welch-Satterthwaite's degrees of freedom between 1 and 3): the ends against the quantile found by adaptive
+    quadrature over the chi-square's density, with the parts estimated here from the tables as the module defines
+    them."""
+    from scipy import integrate, optimize, special, stats
+
+    generator = np.random.default_rng(11)
+    ids = [f"q{i}" for i in range(1319)]
+    method = {s: dict(zip(ids, map(bool, generator.random(1319) < p))) for s, p in (("0", 0.52), ("1", 0.56))}
+    reference = {s: dict(zip(ids, map(bool, generator.random(1319) < p)))
+                 for s, p in (("0", 0.50), ("1", 0.47), ("2", 0.53))}
+    difference = seeds_difference(method, reference)
+    assert difference is not None
+
+    tables = [np.array([[float(side[s][i]) for i in ids] for s in sorted(side)]) for side in (method, reference)]
+    per_problem = tables[0].mean(axis=0) - tables[1].mean(axis=0)
+    problems_part = per_problem.var(ddof=1) / len(ids)
+    parts = []
+    for table in tables:
+        runs = len(table)
+        residual = table - table.mean(axis=1, keepdims=True) - table.mean(axis=0, keepdims=True) + table.mean()
+        noise = (residual**2).sum() / ((runs - 1) * (len(ids) - 1))
+        parts.append((max(0.0, table.mean(axis=1).var(ddof=1) - noise / len(ids)) / runs, runs - 1))
+    seeds_part = sum(part for part, _ in parts)
+    df = seeds_part**2 / sum(part**2 / freedom for part, freedom in parts)
+    assert 1 < df < 3 and 0.2 < seeds_part / problems_part < 5
+
+    def coverage(q: float) -> float:
+        def density(v: float) -> float:
+            return (2 * special.ndtr(q / np.sqrt(problems_part + seeds_part * df / v)) - 1) * stats.chi2.pdf(v, df)
+        return integrate.quad(density, 0, np.inf, limit=200)[0] - 0.95
+
+    half = 100 * optimize.brentq(coverage, 1e-6, 10.0, xtol=1e-12)
+    assert difference.points == pytest.approx(100 * per_problem.mean())
+    assert difference.low == pytest.approx(difference.points - half, abs=1e-3)
+    assert difference.high == pytest.approx(difference.points + half, abs=1e-3)
 
 
 def test_seeds_that_agree_add_nothing_beyond_the_problems() -> None:
