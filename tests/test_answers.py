@@ -177,6 +177,17 @@ def test_minerva_final_answer_when_nothing_is_boxed() -> None:
     graded = grade("math", text, "\\frac34")
     assert (graded.extracted, graded.correct, graded.rule) == ("\\dfrac{3}{4}", True, "final_answer")
     assert grade("math", "The answer is 3/4.", "\\frac34").rule == "none"
+    dollars = grade("math", "Final Answer: The final answer is $\\$18.90$. I hope it is correct.", "18.90")
+    assert (dollars.extracted, dollars.correct) == ("\\$18.90", True)  # an escaped dollar inside the answer
+    assert grade("math", "Final Answer: The final answer is $3$ and $4$.", "3").extracted == "3"
+
+
+@pytest.mark.parametrize("turn", ["\nQuestion: What is 3+4?\nAnswer: ", "\nProblem:\nWhat is 3+4?\n\nSolution: "])
+def test_a_math_answer_is_the_first_turns_in_either_prompt_format(turn: str) -> None:
+    """A trained model prompted `Question: ...\nAnswer:` that goes on with a problem of its own, or a base model in
+    the Minerva format: the answer is the first turn's `\\boxed{}`, not the next problem's."""
+    graded = grade("math", f"So $x = \\boxed{{5}}$.{turn}3 + 4 = \\boxed{{7}}", "5")
+    assert (graded.extracted, graded.correct, graded.rule) == ("5", True, "boxed")
 
 
 # --- MATH: equivalence on real golds ------------------------------------------------------------------------------

@@ -7,11 +7,13 @@ import pytest
 
 from clozemath.data.sources import load_problems
 from clozemath.data.gold import last_boxed
-from clozemath.eval.predictions import Prediction, metrics, regrade
+from clozemath.eval.predictions import Prediction, grade_generation, metrics, prediction_from_row, regrade
 from clozemath.plan import expand_grid, load_config
 from clozemath.tasks import few_shot_prompt
 from clozemath.tasks.gsm8k import GSM8K_STOP, gsm8k_shots
-from clozemath.tasks.harness import FLEXIBLE_EXTRACT, STRICT_MATCH, exact_match, filtered_answer, harness_verdicts
+from clozemath.tasks.harness import (
+    FLEXIBLE_EXTRACT, STRICT_MATCH, exact_match, filtered_answer, harness_verdicts, numeric_match,
+)
 from clozemath.tasks.math import MINERVA_EXEMPLARS, MINERVA_MATH_STOP
 
 HARNESS_DRAWS = {0: [6374, 3610, 957, 61, 742], 1: [7462, 6610, 4769, 286, 5501]}
@@ -70,6 +72,29 @@ def test_exact_match_ignores_commas_dollars_the_answer_line_and_a_final_period()
     assert exact_match("1,234.", "1234") and exact_match("$18.00.", "18.00") and not exact_match("18.00", "18")
     assert exact_match("72", "Natalia sold 48/2 = 24 clips.\n#### 72") and not exact_match(None, "72")
     assert harness_verdicts("#### 7\nThen 8", "8") == {STRICT_MATCH: False, FLEXIBLE_EXTRACT: True}
+
+
+def test_gsm_symbolic_golds_written_with_a_decimal_match_the_base_models_whole_number() -> None:
+    """Apple's GSM-P2 writes some golds `45.0`: a base model's `#### 45` is right there, as the grading rule judges
+    every method (numbers within 1e-4), while GSM8K, a harness task, keeps the harness's text match."""
+    assert numeric_match("45", "45.0") and numeric_match("1,234.", "#### 1234") and numeric_match("$18.00.", "18")
+    assert not numeric_match("45.01", "45") and not numeric_match("..", "45") and not numeric_match(None, "45")
+    right = grade_generation("gsm_p2", "So 45 in all.\n#### 45", "45.0", harness=True)
+    assert right.correct and right.harness == {STRICT_MATCH: True, FLEXIBLE_EXTRACT: True}
+    assert not grade_generation("gsm8k", "So 45 in all.\n#### 45", "45.0", harness=True).correct
+
+
+def test_stored_gsm_symbolic_harness_verdicts_are_read_as_numbers_and_gsm8ks_as_written() -> None:
+    """Predictions graded before 2026-12-05 by text: a compact row (no generation) is re-judged from strict-match's
+    answer and keeps its flexible-extract verdict; a full row has flexible-extract's answer found again."""
+    row = {"id": "gsm_p2-0", "dataset": "gsm_p2", "gold": "45.0", "extracted": "45", "correct": False,
+           "rule": "strict", "harness": {STRICT_MATCH: False, FLEXIBLE_EXTRACT: False}}
+    compact = prediction_from_row({**row, "generation": ""}, "compact")
+    assert compact.correct and compact.harness == {STRICT_MATCH: True, FLEXIBLE_EXTRACT: False}
+    full = prediction_from_row({**row, "generation": "So 45 in all.\n#### 45"}, "full")
+    assert full.correct and full.harness == {STRICT_MATCH: True, FLEXIBLE_EXTRACT: True}
+    gsm8k = prediction_from_row({**row, "id": "gsm8k-test-0", "dataset": "gsm8k", "generation": ""}, "gsm8k")
+    assert not gsm8k.correct and gsm8k.harness == {STRICT_MATCH: False, FLEXIBLE_EXTRACT: False}
 
 
 def test_harness_graded_predictions_report_both_filters_and_regrade_with_them() -> None:

@@ -198,18 +198,23 @@ def test_an_experiment_without_grid_runs_is_a_one_line_error(store: TrackingConf
         grid_runs(store.uri, "nothing")
 
 
-@pytest.mark.parametrize(("trials", "why"), [
-    ([("clozemath", "gsm8k")], "these trials ran ClozeMath alone."),
-    ([("clozemath", "math"), ("mft", "math")], "these trials trained on math."),
-    ([("base", "gsm8k"), ("clozemath", "gsm8k")], "no two of these were (Base: greedy; ClozeMath: beam, cot)."),
+@pytest.mark.parametrize(("trials", "decoding", "why"), [
+    ([("clozemath", "gsm8k")], "beam", "these trials ran ClozeMath alone."),
+    ([("clozemath", "math"), ("mft", "math")], "beam", "these trials trained on math."),
+    ([("base", "gsm8k"), ("clozemath", "gsm8k")], "greedy",
+     "no two of these were (Base: greedy; ClozeMath: beam, cot)."),
+    ([("clozemath", "gsm8k")], "greedy", "evaluated on GSM8K test with greedy decoding."),
 ])
-def test_a_summary_with_no_ordering_to_check_says_why(trials: list[tuple[str, str]], why: str, tmp_path: Path,
-                                                     capsys) -> None:
+def test_a_summary_with_no_ordering_to_check_says_why(trials: list[tuple[str, str]], decoding: str, why: str,
+                                                     tmp_path: Path, capsys) -> None:
+    """Reported by greedy decoding, ClozeMath's beams and CoT are no greedy run, and the base model's greedy run is set
+    beside a trained method's only at the report's own decoding."""
     config = TrackingConfig(uri=f"sqlite:///{tmp_path / 'mlruns.db'}", experiment="one")
     parent = tracking.start_run(config, "one", tags={"role": "grid"}).run_id
     for method, train_set in trials:
         log_trial(config, parent, "llama-3.2-1b", method, train_set, "0")
-    assert main(["report", "--experiment", "one", "--tracking-uri", config.uri, "--out", str(tmp_path / "r")]) == 0
+    assert main(["report", "--experiment", "one", "--tracking-uri", config.uri, "--decoding", decoding,
+                 "--out", str(tmp_path / "r")]) == 0
     summary = (tmp_path / "r" / "summary.md").read_text()
     assert summary.startswith("**The paper's orderings:** none to check here: ") and why in summary
     assert summary.strip() in capsys.readouterr().out

@@ -108,6 +108,14 @@ def test_gsm8k_money_units_percent_and_times() -> None:
     ]
 
 
+def test_gsm8k_a_chain_on_one_line_gives_the_next_equation_its_operator() -> None:
+    """`5+5=10+2=12`: the second equation is `+2=12`, its operator with it, not `2=12` after a text `+` (no GSM8K
+    solution writes such a chain; the whole of GSM8K segments as before)."""
+    segments = segment_solution("gsm8k", "He has 5+5=<<5+5=10>>10+2=<<10+2=12>>12 apples.\n#### 12")
+    assert kinds_and_texts(segments) == [("text", "He has"), ("equation", "5+5=10"), ("equation", "+2=12"),
+                                         ("text", "apples.\n#### 12")]
+
+
 def test_gsm8k_units_with_periods_hyphens_and_per_words_keep_their_expression() -> None:
     solution = (
         "The walls are 640 sq. ft. - 80 sq. ft. = <<640-80=560>>560 sq. ft.\n"

@@ -174,9 +174,10 @@ def _gsm8k_equations(clean: str, anchors: list[int]) -> list[_Span]:
 def _expression_start(before: str, result_start: int, continues: bool) -> int:
     """Where the expression in `before` (the line up to the result) begins; `result_start` if none is visible.
 
-    `continues`: `before` starts right after the previous equation, so it may open with an operator.
+    `continues`: `before` starts right after the previous equation, so it may open with an operator, which then
+    belongs to this equation (`+2=12` of `5+5=10+2=12`, not `2=12`).
     """
-    match = _EXPRESSION.search(before) or (_CONTINUATION.match(before) if continues else None)
+    match = (_CONTINUATION.match(before) if continues else None) or _EXPRESSION.search(before)
     return result_start - len(before) + match.start() if match else result_start
 
 

@@ -98,7 +98,7 @@ def prediction_from_row(row: dict[str, Any], where: str) -> Prediction:
         get_task(values["dataset"])
     except ClozeMathError as exc:
         raise ClozeMathError(f"{where}: {exc}") from None
-    return _judged_by_the_cut_rule(Prediction(**values), lenient_recorded="lenient" in row)
+    return _matched_as_its_set_matches(_judged_by_the_cut_rule(Prediction(**values), lenient_recorded="lenient" in row))
 
 
 def _judged_by_the_cut_rule(prediction: Prediction, lenient_recorded: bool) -> Prediction:
@@ -108,6 +108,19 @@ def _judged_by_the_cut_rule(prediction: Prediction, lenient_recorded: bool) -> P
     if lenient_recorded or prediction.rule != FALLBACK_RULE or prediction.finish_reason != "length":
         return prediction
     return replace(prediction, correct=False, rule=CUT_RULE, lenient=prediction.correct)
+
+
+def _matched_as_its_set_matches(prediction: Prediction) -> Prediction:
+    """A prediction the harness's filters graded, matched to its gold as its set matches now (`Task.harness_match`:
+    GSM-Symbolic's as numbers since 2026-12-05, where `45` missed a gold `45.0`). Strict-match's answer is `extracted`;
+    flexible-extract's is found again in the generation, and a compact export, which has none, keeps its verdict."""
+    if prediction.harness is None:
+        return prediction
+    match = get_task(prediction.dataset).harness_match
+    strict = match(prediction.extracted, prediction.gold)
+    flexible = (match(filtered_answer(FLEXIBLE_EXTRACT, prediction.generation), prediction.gold)
+                if prediction.generation else prediction.harness.get(FLEXIBLE_EXTRACT, False))
+    return replace(prediction, correct=strict, harness={STRICT_MATCH: strict, FLEXIBLE_EXTRACT: flexible})
 
 
 def read_predictions(path: str | Path) -> list[Prediction]:
@@ -143,7 +156,7 @@ def grade_generation(dataset: str, generation: str, gold: str, harness: bool, en
     GSM8K-like sets) the harness's filters, strict-match first."""
     task = get_task(dataset)
     if harness and task.harness_filters:
-        verdicts = harness_verdicts(generation, gold)
+        verdicts = harness_verdicts(generation, gold, task.harness_match)
         extracted = filtered_answer(STRICT_MATCH, generation)
         return Verdict(extracted, verdicts[STRICT_MATCH], verdicts, "none" if extracted is None else "strict")
     graded = task.grade(generation, gold, ended=ended)

@@ -123,7 +123,7 @@ def write_report(
     every = [r for r in every if r.run_id not in {run.run_id for run, _ in left_out}]
     floors = noise_floor_tables(noise_floors(every, artifacts))
     results = [r for r in every if r.rerun == 0]  # every table but the noise floor's: a seed's first run
-    found = comparisons(results, artifacts)
+    found = comparisons(results, artifacts, decoding)
     render: Callable[[Table | TextTable], str] = to_latex if latex else to_markdown
     tables: list[Table | TextTable] = [
         *results_tables(results), *comparison_tables(found), *floors, *grading_tables(results),

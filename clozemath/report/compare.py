@@ -78,10 +78,14 @@ def _trained_seeds(method: str, reference: str, compared: BySeed, against: BySee
 
 
 def _compare(trials: list[TrialResult], method: str, reference: str, column: Column,
-             artifacts: PredictionArtifacts) -> Comparison:
-    compared, against = measured_on(trials, method, column), measured_on(trials, reference, column)
-    gap = statistics.fmean(percents(compared, column)) - statistics.fmean(percents(against, column))
-    compared_seeds, against_seeds = _by_seed(compared, column, artifacts), _by_seed(against, column, artifacts)
+             artifacts: PredictionArtifacts, reference_column: Column | None = None) -> Comparison:
+    """`method` on `column` against `reference` on the same, or on `reference_column` (a base model decoded as the
+    harness decodes it, against a trained method's beams: Table 1's comparison)."""
+    against_column = reference_column or column
+    compared, against = measured_on(trials, method, column), measured_on(trials, reference, against_column)
+    gap = statistics.fmean(percents(compared, column)) - statistics.fmean(percents(against, against_column))
+    compared_seeds = _by_seed(compared, column, artifacts)
+    against_seeds = _by_seed(against, against_column, artifacts)
     if compared_seeds is None or against_seeds is None:
         seeds = min((len({r.seed for r in side}) for name, side in ((method, compared), (reference, against))
                      if trains(name)), default=0)
@@ -99,16 +103,24 @@ def _compare(trials: list[TrialResult], method: str, reference: str, column: Col
     return Comparison(column, method, reference, gap, seeds, problems, missing, trained_seeds)
 
 
-def comparisons(results: list[TrialResult], artifacts: PredictionArtifacts) -> dict[Block, list[Comparison]]:
+def comparisons(results: list[TrialResult], artifacts: PredictionArtifacts, decoding: str | None = None
+                ) -> dict[Block, list[Comparison]]:
     """Per training set and model, on every (eval set, decoding): each pair of methods the paper orders, and each
-    other trained method against IT and base."""
+    other trained method against IT and base. With `decoding` (the report's, of Tables 1, 3 and 4), a base model
+    that was decoded only as the harness decodes it (`BASE_DECODING`) is compared there too, as those tables set it
+    beside the trained methods' `decoding`."""
     found: dict[Block, list[Comparison]] = {}
     for block, trials in blocks(results).items():
         found[block] = []
         for column in eval_columns(trials):
             measured = {r.method for r in trials if accuracy_metric(column) in r.metrics}
-            found[block] += [_compare(trials, method, reference, column, artifacts)
-                             for method, reference in _compared_pairs(measured)]
+            base_column = (column[0], BASE_DECODING)
+            across = (column[1] == decoding != BASE_DECODING and "base" not in measured
+                      and bool(measured_on(trials, "base", base_column)))
+            pairs = _compared_pairs(measured | {"base"} if across else measured)
+            found[block] += [_compare(trials, method, reference, column, artifacts,
+                                      base_column if across and reference == "base" else None)
+                             for method, reference in pairs if not (across and method == "base")]
     return found
 
 
@@ -142,10 +154,10 @@ def no_orderings(results: list[TrialResult], decoding: str) -> str:
     if not gsm8k:
         sets = ", ".join(sorted({r.train_set for r in results}))
         return f"{heading}: the paper orders methods trained on GSM8K, and these trials trained on {sets}."
-    evaluations = {d for d in (decoding, BASE_DECODING) for r in gsm8k if accuracy_metric(("gsm8k", d)) in r.metrics}
-    if not evaluations:
-        return (f"{heading}: no trial trained on GSM8K was evaluated on GSM8K test with {decoding} or "
-                f"{BASE_DECODING} decoding.")
+    decodings = list(dict.fromkeys((decoding, BASE_DECODING)))
+    if not any(accuracy_metric(("gsm8k", d)) in r.metrics for d in decodings for r in gsm8k):
+        return (f"{heading}: no trial trained on GSM8K was evaluated on GSM8K test with {' or '.join(decodings)} "
+                "decoding.")
     methods = ordered({r.method for r in gsm8k}, REPLICATION_METHODS)
     paper = [m for m in methods if m in PAPER_GSM8K]
     if len(paper) < 2:

@@ -17,6 +17,7 @@ from clozemath.records import (
     EVAL_SECONDS,
     EVAL_STARTUP_S,
     FALLBACK_SHARE,
+    FLEXIBLE_ACCURACY,
     LENIENT_ACCURACY,
     STRICT_ACCURACY,
     TOTAL,
@@ -215,16 +216,18 @@ def _mean_cell(trials: list[TrialResult], column: Column, stat: str) -> str:
     return "–" if not values else f"{statistics.fmean(values):.{1 if stat.endswith('share') else 2}f}"
 
 
-GRADING_STATS = (ACCURACY, STRICT_ACCURACY, LENIENT_ACCURACY, FALLBACK_SHARE, CUT_SHARE, UNCUT_ACCURACY)
-GRADING_HEADER = ["Accuracy", "Strict", "Lenient", "Fallback share", "Cut share", "Accuracy uncut"]
+GRADING_STATS = (ACCURACY, STRICT_ACCURACY, FLEXIBLE_ACCURACY, LENIENT_ACCURACY, FALLBACK_SHARE, CUT_SHARE,
+                 UNCUT_ACCURACY)
+GRADING_HEADER = ["Accuracy", "Strict", "Flexible", "Lenient", "Fallback share", "Cut share", "Accuracy uncut"]
 
 
 def grading_tables(results: list[TrialResult]) -> list[TextTable]:
     """Per training set and model: how each method's answers were graded, mean over seeds, in percent: its accuracy
     (`ACCURACY_RULE_SHORT`); strict (only marked answers: after `####`, in `\\boxed{}`; the harness's strict-match for
-    base) and lenient (the last number of cut generations too: the rule before 2026-12-02; base: as accuracy); the
-    share of answers the last-number fallback found; the share of generations cut at `max_new_tokens` and the
-    accuracy of the others."""
+    base), flexible (the last-number fallback too: as accuracy; the harness's flexible-extract for base: every method
+    under both rules) and lenient (the last number of cut generations too: the rule before 2026-12-02; base: as
+    accuracy); the share of answers the last-number fallback found; the share of generations cut at `max_new_tokens` and
+    the accuracy of the others."""
     tables = []
     for (train_set, model), trials in blocks(results).items():
         rows = []
@@ -236,7 +239,8 @@ def grading_tables(results: list[TrialResult]) -> list[TextTable]:
                                  *(_mean_cell(measured, column, stat) for stat in GRADING_STATS)])
         title = (f"Grading: {model_name(model)} trained on {set_title(train_set)}, mean over seeds (%); "
                  f"{ACCURACY_RULE_SHORT}; strict counts only marked answers (base: the harness's strict-match), "
-                 "lenient also the last number of generations cut at max_new_tokens (the rule before 2026-12-02)")
+                 "flexible the last number too (base: the harness's flexible-extract), lenient also the last number "
+                 "of generations cut at max_new_tokens (the rule before 2026-12-02)")
         tables.append(TextTable(title, ["Evaluation", "Method", *GRADING_HEADER], 2, rows))
     return tables
 
@@ -272,7 +276,8 @@ def comparison_tables(found: dict[Block, list[Comparison]]) -> list[TextTable]:
                      "accuracy points; the verdict judges the 95% interval over training seeds and test problems "
                      "(crossed variance components, unpaired seeds unless the grid pairs them: clozemath.intervals), "
                      f"provisional below {MIN_SEEDS} seeds; beside it the interval over problems with the trained "
-                     "models held fixed")
+                     f"models held fixed; a base model decoded only as the harness decodes it ({BASE_DECODING}) is "
+                     "compared so with the others' decoding, as Tables 1 and 3 set it beside them")
             tables.append(TextTable(title, header, 3, [_comparison_row(c) for c in rows]))
     return tables
 

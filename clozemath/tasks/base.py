@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from clozemath.data.sources import Problem, data_identity, load_problems
+from clozemath.tasks.harness import Match, exact_match
 
 MATH_VERIFY_TIMEOUT_S = 5.0
 """How long one math-verify check may run (`clozemath.tasks.mathverify`) before the string comparison decides."""
@@ -46,12 +47,12 @@ class Graded:
         return self.correct if self.lenient is None else self.lenient
 
 
-def first_turn(text: str, marker: str) -> str:
-    """`text` up to where it starts a new turn of the prompt format (a line opening with `marker`, such as
+def first_turn(text: str, markers: tuple[str, ...]) -> str:
+    """`text` up to where it first starts a new turn of a prompt format (a line opening with one of `markers`, such as
     `\nQuestion:`): a model that does not stop after its answer goes on with a problem of its own, whose numbers are
     not its answer (the harness's stop sequences cut there too)."""
-    end = text.find(marker)
-    return text if end < 0 else text[:end]
+    ends = [end for marker in markers if (end := text.find(marker)) >= 0]
+    return text[:min(ends)] if ends else text
 
 
 class EvalSource(Protocol):
@@ -87,6 +88,9 @@ class Task:
     """Where a few-shot generation stops."""
     harness_filters: bool = False
     """Few-shot predictions graded by lm-evaluation-harness's `gsm8k` answer filters (strict-match first)."""
+    harness_match: Match = exact_match
+    """How those filters' answers are compared with the gold: the harness's `exact_match` (GSM8K, a harness task), or
+    `numeric_match` (GSM-Symbolic, which is none)."""
     vote_rules: frozenset[str] = MARKED_RULES
     """The rules whose answers vote in CoT-decoding's `marked` vote (`eval.cot_vote`)."""
 

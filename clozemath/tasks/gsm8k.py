@@ -29,8 +29,9 @@ from clozemath.data.sources import Problem, load_problems
 from clozemath.errors import ClozeMathError
 from clozemath.tasks.base import Found, Graded, StoredDataset, Task, first_turn
 
-NEXT_TURN = "\nQuestion:"
-"""Where a generation that goes on past its answer starts a problem of its own."""
+NEXT_TURN = ("\nQuestion:",)
+"""Where a generation that goes on past its answer starts a problem of its own (the 5-shot prompt's format and the
+trained models' `Question: ...\nAnswer:`)."""
 GSM8K_SHOTS = 5
 HARNESS_FEWSHOT_SEED = 1234
 GSM8K_STOP = ("Question:", "</s>", "<|im_end|>")
@@ -108,6 +109,11 @@ def judge(found: Found | None, generation: str, gold: str, timeout_s: float) -> 
 
 # --- the harness's 5-shot prompt ---------------------------------------------------------------------------------
 
+HARNESS_DOCUMENTS = 1319
+"""GSM8K test's documents: the draws are made for all of them at once (a document's shots are the same whatever the
+draws after it)."""
+
+
 @cache
 def gsm8k_shot_draws(num_train: int, num_documents: int) -> tuple[tuple[int, ...], ...]:
     """The train indices of each test document's shots, documents in order, as the harness's default sampler draws
@@ -120,7 +126,7 @@ def gsm8k_shot_draws(num_train: int, num_documents: int) -> tuple[tuple[int, ...
 
 def gsm8k_shots(train: Sequence[Problem], document: int) -> list[Problem]:
     """The 5 train problems the harness shows before test document `document` (0-based, in file order)."""
-    return [train[index] for index in gsm8k_shot_draws(len(train), document + 1)[document]]
+    return [train[index] for index in gsm8k_shot_draws(len(train), max(document + 1, HARNESS_DOCUMENTS))[document]]
 
 
 def gsm8k_few_shot(question: str, shots: Sequence[Problem]) -> str:

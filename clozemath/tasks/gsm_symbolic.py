@@ -13,6 +13,7 @@ from clozemath.data.gsm_symbolic import Variant, instances, templates_folder
 from clozemath.data.sources import Problem, fingerprint
 from clozemath.tasks.base import EvalSource, StoredDataset, Task
 from clozemath.tasks.gsm8k import GSM8K
+from clozemath.tasks.harness import numeric_match
 
 
 def _released(name: str, source: EvalSource) -> bool:
@@ -34,7 +35,7 @@ def _variant_set(name: str, title: str, variant: Variant) -> Task:
         folder = templates_folder(variant, source.path)
         return f"{folder.resolve()} {fingerprint(sorted(folder.glob('*.json')))}"
 
-    return replace(GSM8K, name=name, title=title, problems=problems, identity=identity)
+    return replace(GSM8K, name=name, title=title, problems=problems, identity=identity, harness_match=numeric_match)
 
 
 GSM_SYMBOLIC = _variant_set("gsm_symbolic", "GSM-Sym", "symbolic")

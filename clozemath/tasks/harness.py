@@ -6,11 +6,18 @@ generations: two answer filters, each followed by its `exact_match` metric.
 
 `exact_match` compares the filtered answer with the gold solution after removing, from both, every `,` and `$`,
 everything up to `#### ` and a final `.`, ignoring case. A generation without a match scores 0.
+
+GSM-Symbolic is no harness task, and its golds may be written `45.0` (Apple's GSM-P2), which no filtered `45` would
+match as text: its sets compare the filters' answers as numbers (`numeric_match`), within the tolerance every
+method's answer is judged by.
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
+
+from clozemath.data.gold import NUMERIC_TOLERANCE
 
 STRICT_MATCH = "strict-match"
 FLEXIBLE_EXTRACT = "flexible-extract"
@@ -43,6 +50,21 @@ def exact_match(answer: str | None, gold_solution: str) -> bool:
     return answer is not None and _comparable(answer.strip()) == _comparable(gold_solution)
 
 
-def harness_verdicts(generation: str, gold: str) -> dict[str, bool]:
-    """Filter name -> whether its answer exactly matches the gold."""
-    return {name: exact_match(filtered_answer(name, generation), gold) for name in FILTERS}
+def numeric_match(answer: str | None, gold_solution: str) -> bool:
+    """`exact_match`'s clean-up, then the answer and the gold compared as numbers (within `NUMERIC_TOLERANCE`); an
+    answer that is no number is wrong."""
+    if answer is None:
+        return False
+    try:
+        return abs(float(_comparable(answer.strip())) - float(_comparable(gold_solution))) <= NUMERIC_TOLERANCE
+    except ValueError:
+        return False
+
+
+Match = Callable[[str | None, str], bool]
+"""How a filtered answer is compared with the gold: `exact_match` or `numeric_match`."""
+
+
+def harness_verdicts(generation: str, gold: str, match: Match = exact_match) -> dict[str, bool]:
+    """Filter name -> whether its answer matches the gold."""
+    return {name: match(filtered_answer(name, generation), gold) for name in FILTERS}

@@ -20,14 +20,17 @@ from clozemath.data.sources import Problem
 from clozemath.tasks.base import MATH_VERIFY_TIMEOUT_S, Found, Graded, StoredDataset, Task, first_turn
 from clozemath.tasks.mathverify import verify_latex
 
-NEXT_TURN = "\nProblem:"
-"""Where a generation that goes on past its answer starts a problem of its own."""
+NEXT_TURN = ("\nProblem:", "\nQuestion:")
+"""Where a generation that goes on past its answer starts a problem of its own: the 4-shot Minerva format's, or the
+trained models' `Question: ...\nAnswer:` (until 2026-12-05 only the first: a trained model's next turn was graded as
+its answer)."""
 MINERVA_MATH_STOP = ("Problem:",)
 
 
 # --- answers: LaTeX ----------------------------------------------------------------------------------------------
 
-_MINERVA_RE = re.compile(r"final answer is\s*\$(?P<answer>[^\n]+?)\$", re.IGNORECASE)
+_MINERVA_RE = re.compile(r"final answer is\s*\$(?P<answer>(?:\\\$|[^$\n])+)\$", re.IGNORECASE)
+"""`The final answer is $...$`, an escaped `\\$` inside kept (`$\\$18.90$`)."""
 
 
 def latex_answer(text: str) -> Found | None:
