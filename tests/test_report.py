@@ -110,6 +110,7 @@ def test_tables_hold_the_means_over_seeds_with_the_best_in_bold(store: TrackingC
                                            f"**{mean('llama-3.2-1b', 'clozemath', 'gsm8k', 'gsm8k', 'cot')}**"]
 
     table3 = out.split("**Table 3")[1].split("**Table 4")[0]
+    assert "Overall pools a run's answers of GSM-Sym 40 + GSM-P1 40 + GSM-P2 20 problems)" in table3.splitlines()[0]
     models = ("deepseek-math-7b", "llama-3.2-1b")
     assert row(table3, "MATH", "GSM-P1", "MFT") == [mean(m, "mft", "math", "gsm_p1") for m in models]
     pooled = []

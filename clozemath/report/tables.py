@@ -97,9 +97,23 @@ def table_cot(results: list[TrialResult], models: list[str], methods: list[str])
     return table
 
 
+def pooled_sizes(results: list[TrialResult], sets: Sequence[str], decoding: str) -> str:
+    """"GSM-Sym 500 + GSM-P1 500 + GSM-P2 500 problems": what Overall pools a run (a range where runs differ); the
+    paper's 5,000 were drawn in other shares, so its Overall weighs the sets otherwise."""
+    sizes = []
+    for s in sets:
+        totals = sorted({int(r.metrics[key]) for r in results if (key := eval_metric(s, decoding, TOTAL)) in r.metrics})
+        if not totals:
+            return ""
+        sizes.append(f"{set_title(s)} {totals[0]:,}" + (f"-{totals[-1]:,}" if len(totals) > 1 else ""))
+    return " + ".join(sizes) + " problems"
+
+
 def table_symbolic(results: list[TrialResult], models: list[str], methods: list[str], decoding: str) -> Table:
     header = ["Training set", "Evaluation", "Method", *map(model_name, models)]
-    table = Table(f"Table 3: GSM-Symbolic ({ACCURACY_RULE_SHORT})", header, [], [])
+    sizes = pooled_sizes(results, SYMBOLIC_SETS, decoding)
+    pooled = f"; Overall pools a run's answers of {sizes}" if sizes else ""
+    table = Table(f"Table 3: GSM-Symbolic ({ACCURACY_RULE_SHORT}{pooled})", header, [], [])
     evaluations: list[tuple[str, Callable[[str, str, str], list[float]]]] = [
         (set_title(s), lambda model, method, train_set, s=s: cell(
             results, model, method, train_set, eval_metric(s, decoding, ACCURACY)))
