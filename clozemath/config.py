@@ -314,6 +314,12 @@ class EvalSetConfig(_Strict):
     """This set's decodings, a subset of `eval.decodings` (default: all of them); e.g. CoT-decoding on GSM8K only."""
 
 
+TRAINED_MAX_NEW_TOKENS = 512
+"""A fine-tuned model's evaluation: new tokens at most a generation, unless `eval.max_new_tokens` says otherwise."""
+HARNESS_MAX_NEW_TOKENS = 256
+"""lm-evaluation-harness's `max_gen_toks` for Hugging Face models: a few-shot (base) evaluation's default."""
+
+
 class EvalConfig(_Strict):
     sets: list[EvalSetConfig] = [EvalSetConfig(dataset="gsm8k")]
     decodings: list[str] = ["greedy"]
@@ -324,7 +330,9 @@ class EvalConfig(_Strict):
     """CoT-decoding: which branches vote. marked: only those whose answer the format marks (`####` on GSM8K, the
     paper's rule: "answer tokens are numerical tokens after the annotation string ####"); any: also those answered by
     the last-number fallback (the rule of the replication's first, epochs-budget results)."""
-    max_new_tokens: AtLeastOne = 512
+    max_new_tokens: AtLeastOne | None = None
+    """New tokens at most a generation. None: `TRAINED_MAX_NEW_TOKENS` for a fine-tuned model; a few-shot evaluation
+    (a base model) takes lm-evaluation-harness's `max_gen_toks`, `HARNESS_MAX_NEW_TOKENS`, as the harness decodes it."""
     prompt_attention: Literal["auto", "bidirectional", "causal"] = "auto"
     """auto: bidirectional for prefix_lm-trained models, causal otherwise."""
     batch_size: AtLeastOne | Literal["auto"] = "auto"
@@ -345,6 +353,12 @@ class EvalConfig(_Strict):
     it trained with its adapter merged as an evaluation actor merges it (the same tokens come out), without a new
     process or a second model load; false: always by Ray Data's evaluation actors (as the base model, a trial of
     several workers and `clozemath eval` always are)."""
+
+    def new_tokens(self, few_shot: bool) -> int:
+        """`max_new_tokens` as set, else the default of a few-shot (base) or a fine-tuned model's evaluation."""
+        if self.max_new_tokens is not None:
+            return self.max_new_tokens
+        return HARNESS_MAX_NEW_TOKENS if few_shot else TRAINED_MAX_NEW_TOKENS
 
     @model_validator(mode="after")
     def _sets_apart(self) -> EvalConfig:

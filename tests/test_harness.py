@@ -112,6 +112,21 @@ def test_harness_graded_predictions_report_both_filters_and_regrade_with_them() 
     assert values["eval/gsm8k/greedy/flexible-extract"] == 0.5
 
 
+def test_a_base_model_decodes_at_most_the_harness_256_new_tokens_unless_told_otherwise() -> None:
+    """lm-evaluation-harness stops a few-shot generation at `max_gen_toks`, 256: a base model's evaluation that leaves
+    `eval.max_new_tokens` unset does too, a fine-tuned model's takes 512, and a value set holds for both."""
+    from clozemath.eval.evaluate import decode_settings, prompting
+
+    def new_tokens(*overrides: str) -> int:
+        config = load_config("configs/experiments/smoke.yaml", list(overrides))
+        return decode_settings(config.eval, "gsm8k", prompting(config), "auto").max_new_tokens
+
+    assert new_tokens("method=base", "eval.max_new_tokens=null") == 256
+    assert new_tokens("method=clozemath", "eval.max_new_tokens=null") == 512
+    assert new_tokens("method=base", "eval.max_new_tokens=300") == new_tokens("method=it", "eval.max_new_tokens=300") \
+        == 300
+
+
 def test_the_paper_grid_runs_base_models_as_the_harness_does() -> None:
     grid = load_config("configs/grids/paper.yaml", ["axes.method=[base]", "axes.model=[llama-3.2-1b]"])
     for trial in expand_grid(grid):

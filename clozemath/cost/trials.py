@@ -388,7 +388,9 @@ class Estimator:
         """Every set with each of its decodings after training, and the evaluations during training, on the trial's
         GPUs: the graph engine after training, the engine the workers choose for a model in training during it
         (`during_training_engine`: graphs under ZeRO-2, eager under ZeRO-3)."""
-        length = config.eval.max_new_tokens / FIGURE_NEW_TOKENS
+        from clozemath.eval.evaluate import prompting
+
+        length = config.eval.new_tokens(prompting(config).few_shot) / FIGURE_NEW_TOKENS
         seconds = 0.0
         for set_cfg in config.eval.sets:
             key = set_cfg.model_dump_json()

@@ -116,11 +116,12 @@ def build_prompts(problems: Sequence[Problem], loaded: Loaded, prompting: Prompt
 
 
 def decode_settings(eval_cfg: EvalConfig, dataset: str, prompting: Prompting, engine: Engine) -> DecodeSettings:
-    """How a set's prompts decode: the config's lengths, batch size, beams and branches; the set's stop strings, its
-    CoT-decoding answer rule (`eval.cot_vote`), the prompt's attention and the engine."""
+    """How a set's prompts decode: the config's lengths (a few-shot prompt's default the harness's), batch size,
+    beams and branches; the set's stop strings, its CoT-decoding answer rule (`eval.cot_vote`), the prompt's
+    attention and the engine."""
     task = get_task(dataset)
     return DecodeSettings.of(
-        eval_cfg, stop=stop_strings(dataset, prompting), prompt_attention=prompting.attention,
+        eval_cfg, prompting.few_shot, stop=stop_strings(dataset, prompting), prompt_attention=prompting.attention,
         answer_span=partial(task.answer_span, marked_only=eval_cfg.cot_vote == "marked"),
         normalize_answer=task.answer_key, engine=engine,
     )

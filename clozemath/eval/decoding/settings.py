@@ -47,10 +47,11 @@ class DecodeSettings:
     engine: Engine = "auto"
 
     @classmethod
-    def of(cls, eval_cfg: EvalConfig, **fields: Any) -> DecodeSettings:
-        """The settings an evaluation config gives every set (lengths, batch size, beams, branches), with `fields`
-        (what a set or a caller adds: stop strings, the prompt's attention, CoT's answer rule, the engine)."""
+    def of(cls, eval_cfg: EvalConfig, few_shot: bool = False, **fields: Any) -> DecodeSettings:
+        """The settings an evaluation config gives every set (lengths, for a few-shot or a fine-tuned model's prompts;
+        batch size, beams, branches), with `fields` (what a set or a caller adds: stop strings, the prompt's
+        attention, CoT's answer rule, the engine)."""
         return cls(
-            max_new_tokens=eval_cfg.max_new_tokens, batch_size=eval_cfg.batch_size, num_beams=eval_cfg.num_beams,
-            cot_k=eval_cfg.cot_k, **fields,
+            max_new_tokens=eval_cfg.new_tokens(few_shot), batch_size=eval_cfg.batch_size,
+            num_beams=eval_cfg.num_beams, cot_k=eval_cfg.cot_k, **fields,
         )
