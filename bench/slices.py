@@ -92,16 +92,20 @@ def expected_metrics(config: ExperimentConfig) -> set[str]:
     return {eval_metric(s.dataset, d, ACCURACY) for s in config.eval.sets for d in config.eval.decodings_of(s)}
 
 
+def trial_rows(path: Path) -> list[dict[str, Any]]:
+    """A committed trials.json's rows (`clozemath report`: run_id, run_name, params, metrics per trial)."""
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except ValueError as exc:
+        raise ClozeMathError(f"{path}: not a trials.json file ({exc})") from None
+
+
 def committed_metrics(results: Path) -> dict[tuple[str, str | None], set[str]]:
     """Every trial in the trials.json files under `results`, by name and learning rate, with the metrics it has (over
     all of them)."""
     found: dict[tuple[str, str | None], set[str]] = {}
     for path in sorted(results.rglob(TRIALS_FILE)) if results.is_dir() else []:
-        try:
-            rows = json.loads(path.read_text(encoding="utf-8"))
-        except ValueError as exc:
-            raise ClozeMathError(f"{path}: not a trials.json file ({exc})") from None
-        for row in rows:
+        for row in trial_rows(path):
             rate = row["params"].get("train.lr")
             name = row["params"].get("name") or row["run_name"]  # run names are readable since 2026-12-02
             found.setdefault((name, None if rate is None else repr(float(rate))), set()).update(
@@ -178,9 +182,9 @@ def describe(plan: Plan, name: str) -> str:
 
 def run_ids(path: Path) -> set[str]:
     try:
-        return {row["run_id"] for row in json.loads(path.read_text(encoding="utf-8"))}
-    except (ValueError, KeyError, TypeError) as exc:
-        raise ClozeMathError(f"{path}: not a trials.json file ({exc})") from None
+        return {row["run_id"] for row in trial_rows(path)}
+    except (KeyError, TypeError) as exc:
+        raise ClozeMathError(f"{path}: not a trials.json file ({exc!r} in a row)") from None
 
 
 def holding(plan: Plan, name: str, ids: set[str]) -> Path | None:
@@ -217,7 +221,7 @@ def unpack(plan: Plan, tarball: Path) -> str:
     try:
         try:
             with tarfile.open(tarball) as archive:
-                members = [m for m in archive.getmembers() if Path(m.name).parts[:1] in [(c,) for c in COMMITTED]]
+                members = [m for m in archive.getmembers() if next(iter(Path(m.name).parts), "") in COMMITTED]
                 archive.extractall(staging, members=members, filter="data")
         except (OSError, tarfile.TarError) as exc:
             raise ClozeMathError(f"{tarball}: not a slice's tarball ({exc})") from None
