@@ -47,7 +47,7 @@ class DecodeSettings:
     engine: Engine = "auto"
 
     @classmethod
-    def of(cls, eval_cfg: EvalConfig, few_shot: bool = False, **fields: Any) -> DecodeSettings:
+    def of(cls, eval_cfg: EvalConfig, few_shot: bool, **fields: Any) -> DecodeSettings:
         """The settings an evaluation config gives every set (lengths, for a few-shot or a fine-tuned model's prompts;
         batch size, beams, branches), with `fields` (what a set or a caller adds: stop strings, the prompt's
         attention, CoT's answer rule, the engine)."""
