@@ -8,9 +8,10 @@ unresolved").
 
 What it writes sits between two marker lines right under the file's title, and a second run replaces it: the paper's
 Tables 1-4 as the report wrote them (each cell "mean ± std (n)" over seeds), Figure 3 (the report's plot), and the
-report's list of the paper's claims with their verdicts; with `--without`, that report's list too (the same study
-without the runs whose training diverged, `clozemath report --exclude-diverged`). Nothing in it is typed by hand, so
-the file quotes only committed tables.
+report's list of the paper's claims with their verdicts; with `--without` (the same study without the runs whose
+training diverged, `clozemath report --exclude-diverged`), the tables' cells that leaving them out changes, beside
+their values with all runs, and that report's list of claims. Nothing in it is typed by hand, so the file quotes only
+committed tables.
 """
 
 from __future__ import annotations
@@ -57,6 +58,34 @@ def paper_tables(report: Path) -> list[str]:
     return tables
 
 
+def cells(table: str) -> dict[tuple[str, str], str]:
+    """A paper's table as {(row, column): cell}: a row named by its label columns (those not right-aligned), a column
+    by its header; bold (the best mean) left out."""
+    lines = [line.strip().strip("|").split("|") for line in table.splitlines() if line.startswith("|")]
+    if len(lines) < 2:
+        return {}
+    header, align, *rows = [[cell.strip() for cell in line] for line in lines]
+    labels = [i for i, mark in enumerate(align) if not mark.endswith(":")]
+    return {(" / ".join(row[i] for i in labels), header[i]): row[i].replace("**", "")
+            for row in rows for i in range(len(row)) if i not in labels}
+
+
+def changed_cells(report: Path, without: Path) -> str:
+    """The paper's tables' cells that leaving the diverged runs out changes, both ways, as one table."""
+    def by_title(folder: Path) -> dict[str, dict[tuple[str, str], str]]:
+        return {table.split(":", 1)[0].strip("*"): cells(table) for table in paper_tables(folder)}
+
+    every, kept = by_title(report), by_title(without)
+    rows = [f"| {title} | {row} | {column} | {cell} | {kept.get(title, {}).get((row, column), '-')} |"
+            for title, table in every.items() for (row, column), cell in table.items()
+            if kept.get(title, {}).get((row, column), "-") != cell]
+    if not rows:
+        return "Leaving them out changes no cell of Tables 1-4."
+    return "\n".join(["The cells of Tables 1-4 that leaving them out changes (mean ± std over seeds, their count):", "",
+                      "| Table | Row | Column | All runs | Without the diverged |", "| --- | --- | --- | ---: | ---: |",
+                      *rows])
+
+
 def claims(report: Path) -> str:
     found = [block for block in blocks(read(report / SUMMARY_FILE)) if block.startswith(CLAIMS)]
     if not found:
@@ -80,7 +109,8 @@ def lead(md: Path, report: Path, without: Path | None, label: str) -> str:
     parts += [claims(report), ""]
     if without is not None:
         parts += [f"**Without the runs whose training diverged** ([`{link(without)}/`]({link(without / SUMMARY_FILE)}),"
-                  " `clozemath report --exclude-diverged`):", "", claims(without), ""]
+                  " `clozemath report --exclude-diverged`):", "", changed_cells(report, without), "",
+                  claims(without), ""]
     return "\n".join([*parts, END])
 
 

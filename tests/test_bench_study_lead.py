@@ -48,6 +48,9 @@ def test_the_lead_holds_the_papers_tables_figure_and_claims_and_a_second_run_rep
     assert lead.index("- Hold, 1:") < lead.index("**Without the runs whose training diverged**") < \
         lead.index("- Reversed, 1:")
     assert "(study_without/summary.md)" in lead
+    # the cells leaving the diverged runs out changes, both values, bold dropped; an unchanged cell is not listed
+    assert "| Table 1 | GSM8K / MFT | Tiny | 57.89 ± 1.21 (5) | 58.00 ± 1.00 (4) |" in lead
+    assert lead.count("45.05 ± 25.21 (5)") == 1
 
     write_report(report, "**59.00 ± 1.00 (5)**")
     assert study_lead.main(argv) == 0
@@ -55,6 +58,10 @@ def test_the_lead_holds_the_papers_tables_figure_and_claims_and_a_second_run_rep
     assert again.count(study_lead.START) == 1 and "59.00 ± 1.00 (5)" in again and "57.89" not in again
     assert again.endswith("## Plan\n\nThe sessions.\n")
     assert study_lead.main(argv) == 0 and md.read_text() == again  # the same reports: the same file
+
+    write_report(without, "**59.00 ± 1.00 (5)**")
+    assert study_lead.main(argv) == 0
+    assert "Leaving them out changes no cell of Tables 1-4." in md.read_text() and "| Table 1 |" not in md.read_text()
 
 
 def test_a_folder_that_is_no_report_and_a_broken_lead_are_one_line_naming_them(
