@@ -128,11 +128,12 @@ _RESULT = re.compile(rf"-?(?:{_NUMBER})[%{_CURRENCY}]?")
 # A unit word: letters, with inner periods, hyphens or ampersands and an abbreviation's closing period (`pages`,
 # `sq.ft`, `ft.`, `lbs.`, `a.m.`, `time-outs`, `M&Ms`, `cm³`); a period before a capitalised word ends a sentence.
 _UNIT = r"[A-Za-z][A-Za-z²³]*(?:[-.&][A-Za-z²³]+)*(?:\.(?![ \t]+[A-Z]))?"
-# One operand of visible arithmetic: brackets, a sign, currency, then a number (`$1.25`, `20%`, `20€`, `56cm`,
-# `2E`) or a one-letter variable (`x`, `E`), then unit words, per-unit words, named parts in brackets and closing
-# brackets (`7 stickers/page`, `12 cookies / box`, `(5280 feet/1 mile)`, `6 pages`, `1 (Carmela)`, `(50-40)mph`).
+# One operand of visible arithmetic: brackets, a sign, currency, then a number (`$1.25`, `20%`, `20€`, `56cm`, `2E`)
+# or a one-letter variable (`x`, `E`; not a possessive's `s`), then unit words, per-unit words, named parts in
+# brackets and closing brackets (`7 stickers/page`, `12 cookies / box`, `(5280 feet/1 mile)`, `6 pages`, `1
+# (Carmela)`, `(50-40)mph`).
 _OPERAND = (
-    rf"(?:[(\[][ \t]*)*-?[{_CURRENCY}]?(?:(?:{_NUMBER})[%{_CURRENCY}]?(?:{_UNIT})?|\b[A-Za-z]\b)"
+    rf"(?:[(\[][ \t]*)*-?[{_CURRENCY}]?(?:(?:{_NUMBER})[%{_CURRENCY}]?(?:{_UNIT})?|(?<!['’])\b[A-Za-z]\b)"
     rf"(?:[ \t]+{_UNIT}|[ \t]*/[ \t]*{_UNIT}|[ \t]*\([A-Za-z][A-Za-z ]*\)|[ \t]*[)\]](?:{_UNIT})?)*"
 )
 # An operator between operands: + - * / ^, the dashes and signs people type, `x` for times, words (`3 times 60`),
