@@ -23,7 +23,7 @@ from clozemath.eval.folder import evaluate_trained, evaluates_in_worker
 from clozemath.eval.predictions import read_predictions
 from clozemath.model.load import Loaded, load_model, save_adapter, trained_for_inference
 from clozemath.plan import load_config
-from clozemath.records import partial_predictions_file
+from clozemath.records import partial_predictions_file, predictions_file
 
 ROOT = Path(__file__).resolve().parents[1]
 SMOKE = ROOT / "configs" / "experiments" / "smoke.yaml"
@@ -148,18 +148,19 @@ def test_between_predictions_each_look_of_the_decoder_tells_the_sets_bar_where_i
     assert all(looks) and {look[1] for look in looks} == {"greedy", "beam"}
 
 
-def killed_at_the_third_prediction(config, adapter, model, folder: Path, monkeypatch) -> list[str]:
-    """An evaluation into `folder` interrupted (KeyboardInterrupt) at its third prediction; the ids of the two made."""
+def killed_at(prediction: int, config, adapter, model, folder: Path, monkeypatch) -> list[str]:
+    """An evaluation into `folder` interrupted (KeyboardInterrupt) at its `prediction`-th prediction; the ids of
+    those made before it."""
     graded = evaluate._prediction
     made = []
 
-    def killed_at_the_third(problem, *args):
-        if len(made) == 2:
+    def killed_there(problem, *args):
+        if len(made) == prediction - 1:
             raise KeyboardInterrupt
         made.append(problem.id)
         return graded(problem, *args)
 
-    monkeypatch.setattr(evaluate, "_prediction", killed_at_the_third)
+    monkeypatch.setattr(evaluate, "_prediction", killed_there)
     with pytest.raises(KeyboardInterrupt):
         eval_folder.evaluate_into_folder(config, adapter, folder, eval_folder.predict_here(model))
     monkeypatch.setattr(evaluate, "_prediction", graded)
@@ -185,7 +186,7 @@ def test_an_evaluation_killed_inside_a_batch_keeps_the_predictions_made_and_make
     config = _config("eval.sets=[{dataset: gsm8k, limit: 6}]", "eval.decodings=[greedy]")
     adapter, model = _here(config, tmp_path)
     folder = tmp_path / "eval"
-    made = killed_at_the_third_prediction(config, adapter, model, folder, monkeypatch)
+    made = killed_at(3, config, adapter, model, folder, monkeypatch)
     kept = read_predictions(partial_predictions_file(folder, "gsm8k"))
     assert [prediction.id for prediction in kept] == made
 
@@ -206,11 +207,34 @@ def test_predictions_made_with_other_gpu_kernels_are_not_taken_up(tmp_path, monk
     config = _config("eval.sets=[{dataset: gsm8k, limit: 4}]", "eval.decodings=[greedy]")
     adapter, model = _here(config, tmp_path)
     folder = tmp_path / "eval"
-    made = killed_at_the_third_prediction(config, adapter, model, folder, monkeypatch)
+    made = killed_at(3, config, adapter, model, folder, monkeypatch)
     monkeypatch.setattr(speed, "INFERENCE_LEVERS", speed.PLAIN)  # the kernels of the version before
     values, decoded = evaluated_again(config, adapter, model, folder)
     assert len(made) == 2 and decoded == [problem.id for problem in eval_problems(config.eval.sets[0])]
     assert values["eval/gsm8k/greedy/total"] == 4
+
+
+def test_a_set_finished_with_other_gpu_kernels_is_not_taken_up_once_an_evaluation_with_these_was_killed(
+    tmp_path, monkeypatch
+):
+    """The kernels of before finish gsm8k and are killed in GSM-P1; the current ones start and are killed at once;
+    the next evaluation decodes every problem of both sets again: the finished gsm8k of the kernels before went when
+    the current ones started, and is not taken up as theirs (it was, kept until they rewrote it)."""
+    from clozemath.model import speed
+
+    config = _config("eval.sets=[{dataset: gsm8k, limit: 2}, {dataset: gsm_p1, limit: 2, per_template: 1}]",
+                     "eval.decodings=[greedy]")
+    adapter, model = _here(config, tmp_path)
+    folder = tmp_path / "eval"
+    current = speed.INFERENCE_LEVERS
+    monkeypatch.setattr(speed, "INFERENCE_LEVERS", speed.PLAIN)
+    assert len(killed_at(3, config, adapter, model, folder, monkeypatch)) == 2
+    assert predictions_file(folder, "gsm8k").is_file()  # finished before the kill
+    monkeypatch.setattr(speed, "INFERENCE_LEVERS", current)
+    assert killed_at(1, config, adapter, model, folder, monkeypatch) == []
+    values, decoded = evaluated_again(config, adapter, model, folder)
+    assert decoded == [problem.id for eval_set in config.eval.sets for problem in eval_problems(eval_set)]
+    assert values["eval/gsm8k/greedy/total"] == values["eval/gsm_p1/greedy/total"] == 2
 
 
 def test_an_evaluation_killed_in_the_worker_is_taken_up_by_the_actors(ray_session, tmp_path, monkeypatch):

@@ -283,15 +283,19 @@ def _read_json(file: Path) -> object:
 
 
 def _take_up(sets: dict[str, _SetProgress], folder: Path, source: dict[str, object]) -> dict[str, float]:
-    """Restore what an earlier evaluation of the same left in `folder`, else start afresh there; the metrics the
-    earlier one wrote (for the speeds of sets finished then)."""
+    """Restore what an earlier evaluation of the same left in `folder`, else start afresh there (what another left is
+    removed); the metrics the earlier one wrote (for the speeds of sets finished then)."""
     if _read_json(folder / SOURCE_FILE) == json.loads(json.dumps(source, default=str)):
         for progress in sets.values():
             progress.restore(folder)
         earlier = _read_json(folder / METRICS_FILE)
         return earlier if isinstance(earlier, dict) else {}
+    # every file of the other source goes before the new source is written: a set it finished, kept until this one
+    # rewrote it, would be taken up as this source's by an evaluation after this one is killed
     for progress in sets.values():
         progress.partial.unlink(missing_ok=True)
+        predictions_file(folder, progress.name).unlink(missing_ok=True)
+    (folder / METRICS_FILE).unlink(missing_ok=True)
     write_text_atomic(folder / SOURCE_FILE, json.dumps(source, indent=1, sort_keys=True, default=str) + "\n")
     return {}
 
