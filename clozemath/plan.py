@@ -285,12 +285,16 @@ def with_absolute_paths(config: ExperimentConfig) -> ExperimentConfig:
 
 def data_inputs(experiments: list[ExperimentConfig], training: bool = True) -> dict[str, str]:
     """Every file the experiments read problems from (`training`: their training sets too), by what it is
-    (`training set gsm8k/train`), as where it is and a hash of its bytes (or the hub dataset it comes from); a
-    missing file is an error."""
+    (`training set gsm8k/train`), as where it is and a hash of its bytes (or the hub dataset it comes from), and the
+    local files of their models and tokenizers (`local_files_identity`); a missing file is an error."""
     def at(path: str | None) -> str:
         return "" if path is None else f" at {path}"
 
+    from clozemath.model.tokenizer import local_files_identity  # transformers: only once a run is about to start
+
     found = {}
+    for experiment in experiments:
+        found.update(local_files_identity(experiment.model))
     for data in (e.data for e in experiments if training and e.method.trains):
         found[f"training set {data.dataset}/{data.split}{at(data.path)}"] = data_identity(
             data.dataset, data.split, data.path

@@ -383,6 +383,37 @@ def method_at_seed(method: str, seed: int, *overrides: str) -> ExperimentConfig:
     return config
 
 
+def test_a_tokenizer_or_weights_edited_in_place_change_the_runs_inputs_and_its_samples_key(tmp_path: Path) -> None:
+    """A tokenizer folder edited where it is (its pre-tokenizer now splits numbers digit by digit) is another
+    tokenizer: the run's inputs name it (so a resumed run is refused, and a trial's checkpoints are not resumed) and
+    its samples are prepared afresh; weights over `WHOLE_FILE_BYTES` count by size and modification time, unread."""
+    from clozemath.model.tokenizer import WHOLE_FILE_BYTES, local_files_identity, resolve_location
+    from clozemath.plan import run_inputs
+
+    tokenizer = tmp_path / "tokenizer"
+    shutil.copytree(resolve_location(load_config(SMOKE).model.tokenizer), tokenizer)
+    config = smoke_config(tmp_path, f"model.tokenizer={tokenizer}")
+    problems = load_problems("gsm8k", "train", limit=3)
+    inputs, key = run_inputs([config]), cache_key(config, problems)
+    assert run_inputs([config]).changes({"data": inputs.data}) == [] and cache_key(config, problems) == key
+    text = (tokenizer / "tokenizer.json").read_text()
+    assert "\\\\p{N}{1,3}" in text
+    (tokenizer / "tokenizer.json").write_text(text.replace("\\\\p{N}{1,3}", "\\\\p{N}"))
+    assert run_inputs([config]).changes({"data": inputs.data}) == [f"tokenizer at {tokenizer}: its data changed"]
+    assert cache_key(config, problems) != key
+
+    weights = tmp_path / "model"
+    weights.mkdir()
+    gguf = weights / "model.gguf"
+    with gguf.open("wb") as handle:
+        handle.truncate(WHOLE_FILE_BYTES + 1)  # sparse: never read
+    model = ModelConfig(name="m", path=str(weights), gguf_file="model.gguf")
+    before = local_files_identity(model)
+    assert list(before) == [f"model at {weights}"] and local_files_identity(model) == before
+    os.utime(gguf, ns=(gguf.stat().st_atime_ns, gguf.stat().st_mtime_ns + 1))
+    assert local_files_identity(model) != before
+
+
 def test_methods_whose_samples_are_alike_share_a_preprocessing_key() -> None:
     problems = load_problems("gsm8k", "train", limit=3)
 

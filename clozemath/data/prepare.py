@@ -86,9 +86,13 @@ def sample_code() -> dict[str, str]:
 
 
 def tokenizer_settings(model: ModelConfig) -> dict[str, Any]:
+    from clozemath.model.tokenizer import local_files_identity  # the model floor, above data
+
     settings = {key: getattr(model, key) for key in ("path", "gguf_file", "tokenizer", "eos_token")}
     if model.gguf_chunks is not None:  # only then: the keys of earlier caches stay what they were
         settings["gguf_chunks"] = model.gguf_chunks.model_dump(mode="json", exclude={"cache_dir"})
+    if files := local_files_identity(model):  # a tokenizer edited in place is another tokenizer
+        settings["files"] = files
     return settings
 
 

@@ -8,6 +8,7 @@ preparing data) imports neither peft nor the model classes, ~5-10 s of a process
 from __future__ import annotations
 
 import copy
+import hashlib
 import importlib.util
 import struct
 import threading
@@ -79,6 +80,42 @@ def _modified(location: str, gguf_file: str | None) -> int | None:
     candidates = [folder / gguf_file] if gguf_file else [folder / name for name in _FOLDER_MARKERS["tokenizer path"]]
     stamps = [path.stat().st_mtime_ns for path in candidates if path.is_file()]
     return max(stamps) if stamps else None
+
+
+WHOLE_FILE_BYTES = 64 << 20
+"""A model's files up to this size (configs, tokenizers) count by their bytes, larger ones (weights) by their size and
+modification time, as the GGUF cache keys a file (`clozemath.model.gguf_cache`): hashing gigabytes at every start
+costs more than it would catch."""
+
+
+def local_files_identity(cfg: ModelConfig) -> dict[str, str]:
+    """The local files a model and its tokenizer are read from, as they are now, by what they are (`model at
+    <folder>`, `tokenizer at <folder>`): part of a run's inputs (`clozemath.plan.data_inputs`) and of its samples'
+    cache key, so that weights or a tokenizer edited in place are never taken for those a run trained or prepared its
+    samples with. A hub id, and chunks from packages (checked against their records when joined), name their files
+    in the config."""
+    found = {}
+    for what, spec, gguf_file in (("model", cfg.path, cfg.gguf_file), ("tokenizer", cfg.tokenizer, None)):
+        if spec is None:
+            continue
+        location, _ = _checked_location(spec, gguf_file, f"{what} path")  # a missing one: a one-line error
+        if looks_local(location):
+            folder = Path(location).expanduser().resolve()
+            files = [folder / gguf_file] if gguf_file else [path for path in folder.iterdir() if path.is_file()]
+            found[f"{what} at {folder}"] = _files_identity(sorted(files))
+    return found
+
+
+def _files_identity(files: list[Path]) -> str:
+    digest = hashlib.sha256()
+    for file in files:
+        stat = file.stat()
+        digest.update(f"{file.name}\0{stat.st_size}\0".encode())
+        if stat.st_size > WHOLE_FILE_BYTES:
+            digest.update(str(stat.st_mtime_ns).encode())
+        else:
+            digest.update(file.read_bytes())
+    return digest.hexdigest()[:16]
 
 
 def weights_location(cfg: ModelConfig) -> tuple[str, str | None]:
