@@ -24,6 +24,7 @@ from clozemath.config import (
     DataConfig,
     ExperimentConfig,
     GridConfig,
+    GridRule,
     MethodConfig,
     ModelConfig,
     TrackingConfig,
@@ -193,6 +194,25 @@ def _override_grid(grid: GridConfig, key: str, value: Any, root: Path, source: P
             grid.tracking = _validate(TrackingConfig, raw, f"{source}: override '{key}'")
 
 
+def _keep_over_axes_and_rules(grid: GridConfig, overrides: list[tuple[str, Any]], source: Path | str) -> None:
+    """A command-line override of the base that an axis or a rule would undo (one that sets the key, or a mapping
+    above it: `model.lora.rank=16` under a model axis) is applied after them, as the grid's last rule; one of a key
+    an axis varies is refused (it would make the axis's trials alike): narrow the axis instead."""
+    axis_keys = {axis: {key for _, items in _axis_choices(axis, values, source) for key, _ in items}
+                 for axis, values in grid.axes.items()}
+    rule_keys = {key for rule in grid.overrides for key in rule.set}
+    for key, value in overrides:
+        for axis, keys in axis_keys.items():
+            if any(set_key == key or set_key.startswith(f"{key}.") for set_key in keys):
+                raise ClozeMathError(
+                    f"{source}: override '{key}': the grid's axis '{axis}' sets it for each trial; narrow the axis "
+                    f"instead (axes.{axis}=[...])")
+        undone = [set_key for set_key in rule_keys | set().union(*axis_keys.values())
+                  if key.startswith(f"{set_key}.") or set_key == key or set_key.startswith(f"{key}.")]
+        if undone:
+            grid.overrides = [*grid.overrides, GridRule(when={}, set={key: value})]
+
+
 def _narrowed_axis(grid: GridConfig, axis: str, value: Any, source: Path | str) -> list[Any] | dict[str, Any]:
     """`axes.seed=[0]`: new values for a dotted-key axis; for a bundle axis, the labels to keep (or new bundles)."""
     values = value if isinstance(value, (list, dict)) else [value]
@@ -248,6 +268,8 @@ def load_plan(path: str | Path, overrides: list[str] = ()) -> RunPlan:
     grid.base = copy.deepcopy(grid.base)
     for key, value in parsed:
         _override_grid(grid, key, value, root, path)
+    _keep_over_axes_and_rules(grid, [(key, value) for key, value in parsed
+                                     if key not in _GRID_KEYS and not key.startswith("axes.")], path)
     return RunPlan(grid, expand_grid(grid, root, path), root)
 
 

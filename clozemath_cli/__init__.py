@@ -91,7 +91,7 @@ def _add_run(commands: argparse._SubParsersAction) -> None:
     )
     run.add_argument("--gpus", type=float, help="--dry-run: GPUs of the cluster (default: the GPUs this machine "
                      f"sees; on a machine without one, 1 {DEFAULT_CARD})")
-    run.add_argument("--nodes", type=int, default=1, help="--dry-run: nodes the GPUs are spread over (default: 1)")
+    run.add_argument("--nodes", type=int, help="--dry-run: nodes the GPUs are spread over (default: 1)")
     run.add_argument("--card", help="--dry-run: the GPU's name in configs/throughput.yaml (default: this machine's, "
                      f"else {DEFAULT_CARD})")
     run.add_argument("--details", action="store_true",
@@ -113,6 +113,11 @@ def _run(args: argparse.Namespace) -> int | None:
     from clozemath.plan import load_plan, run_inputs, with_absolute_paths
     from clozemath.records import claim_run_folder, run_lock
 
+    if not args.dry_run:  # a forgotten --dry-run would start the whole grid
+        given = [flag for flag, value in (("--gpus", args.gpus), ("--nodes", args.nodes), ("--card", args.card),
+                                          ("--details", args.details or None)) if value is not None]
+        if given:
+            raise ClozeMathError(f"{given[0]} is an option of --dry-run, which is not given: nothing was started")
     plan = load_plan(args.config, args.overrides)  # a mistake is reported in a second, before Ray is imported
     if args.dry_run:
         return _dry_run(args, plan)
@@ -158,12 +163,15 @@ def _dry_run(args: argparse.Namespace, plan: RunPlan) -> None:
         if not seen and args.gpus is None:
             said = (f"This machine sees no GPU: estimated for one {args.card or DEFAULT_CARD} (--gpus N [--nodes K] "
                     "[--card NAME] for a cluster).")
-        if gpus <= 0 or args.nodes < 1 or gpus < args.nodes:
-            raise ClozeMathError(f"--dry-run: --nodes {args.nodes} must be between 1 and the GPUs ({gpus:g})")
+        nodes = 1 if args.nodes is None else args.nodes
+        if gpus < 1 or gpus != int(gpus):
+            raise ClozeMathError(f"--dry-run: --gpus {gpus:g} must be a whole number of GPUs, at least 1")
+        if not 1 <= nodes <= gpus:
+            raise ClozeMathError(f"--dry-run: --nodes {nodes} must be between 1 and the GPUs ({gpus:g})")
         card = args.card or (torch.cuda.get_device_name(0) if seen else DEFAULT_CARD)
         console.phase(f"[{plan.grid.name}] estimating {len(plan.experiments)} trial(s): counting the samples of each "
                       "training set (a minute or two for a large grid)")
-        result = estimate(plan, gpus, card, args.nodes)
+        result = estimate(plan, gpus, card, nodes)
     print(estimate_text(result, args.details, said))
 
 

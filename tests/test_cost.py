@@ -78,6 +78,29 @@ def test_without_a_gpu_the_dry_run_estimates_one_of_the_default_card_and_says_so
                         "cluster).")
 
 
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--gpus", "2"], "--gpus is an option of --dry-run, which is not given: nothing was started"),
+        (["--card", "H100", "--details"], "--card is an option of --dry-run"),
+        (["--nodes", "1"], "--nodes is an option of --dry-run"),
+        (["--dry-run", "--gpus", "0"], "--dry-run: --gpus 0 must be a whole number of GPUs, at least 1"),
+        (["--dry-run", "--gpus", "1.5"], "--dry-run: --gpus 1.5 must be a whole number of GPUs, at least 1"),
+        (["--dry-run", "--gpus", "2", "--nodes", "3"], "--dry-run: --nodes 3 must be between 1 and the GPUs (2)"),
+    ],
+)
+def test_a_dry_runs_flag_without_it_starts_nothing_and_a_bad_one_is_named(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], flags: list[str], message: str
+) -> None:
+    """`--gpus 2` with `--dry-run` forgotten started the whole grid (2026-12-05); `--gpus 0` blamed `--nodes`."""
+    from clozemath_cli import main
+
+    assert main(["run", str(ROOT / GRID), *NARROW, f"train.output_dir={tmp_path / 'runs'}", *flags]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and err.startswith(f"clozemath: error: {message}")
+    assert not (tmp_path / "runs").exists()
+
+
 def trial(name: str, gpus: float, seconds: float) -> TrialCost:
     return TrialCost(name, gpus, 0, 0, None, None, train_s=seconds, first_step_s=0.0, eval_s=0.0, fixed_s=0.0)
 
