@@ -174,8 +174,47 @@ def test_a_slice_folder_holding_its_report_is_read_and_a_bad_file_is_one_line_na
     (broken / "trials.json").write_text('{"run_id": 1}')
     assert f"{broken / 'trials.json'}: not a trials.json file" in refused(broken)
     assert f"--from {tmp_path / 'nowhere'}: no such folder" in refused(tmp_path / "nowhere")
-    assert main(["report", "--from", str(slices["a"]), "--experiment", "study"]) == 2
-    assert "--from reads whole report folders" in capsys.readouterr().err
+    for other in (["--experiment", "study"], ["--parent", "0123abcd"]):
+        assert main(["report", "--from", str(slices["a"]), *other]) == 2
+        assert "--from reads whole report folders" in capsys.readouterr().err
+    before = {file.name: file.read_bytes() for file in broken.iterdir()}
+    shutil.copytree(slices["a"], broken, dirs_exist_ok=True)
+    kept = {file.name: file.read_bytes() for file in broken.iterdir()}
+    assert main(["report", "--from", str(slices["b"]), "--from", str(broken), "--out", str(broken)]) == 2
+    assert "is one of the --from folders: the report would overwrite what it reads" in capsys.readouterr().err
+    assert {file.name: file.read_bytes() for file in broken.iterdir()} == kept != before  # nothing written
+
+
+def test_runs_that_evaluated_other_problems_under_one_name_are_refused_in_one_line(
+    slices: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A rate sweep's held-out GSM8K train (`train[-500:]`) beside GSM8K test would share the column `GSM8K greedy`
+    and a comparison (2026-12-05: it did); an ids file compares by name, and a run that did not record a setting is
+    not compared on it."""
+    import shutil
+
+    def with_sets(name: str, **settings: str) -> Path:
+        folder = tmp_path / name
+        shutil.copytree(slices[name[0]], folder)
+        trials = json.loads((folder / "trials.json").read_text())
+        for trial in trials:
+            trial["params"].update({f"eval.sets.gsm8k.{key}": value for key, value in settings.items()})
+        (folder / "trials.json").write_text(json.dumps(trials))
+        return folder
+
+    def report(*folders: Path) -> int:
+        capsys.readouterr()
+        return main(["report", *(arg for f in folders for arg in ("--from", str(f))), "--decoding", "greedy",
+                     "--out", str(tmp_path / "out")])
+
+    held_out, test = with_sets("a_held_out", split="train[-500:]"), with_sets("b_test", split="test")
+    assert report(held_out, test) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "runs evaluated other problems as 'gsm8k' (eval.sets.gsm8k.split: " \
+        "train[-500:] in " in err and ", test in " in err and err.endswith("report them apart")
+    assert not (tmp_path / "out").exists()
+    assert report(with_sets("a_ids", ids="/one/machine/math500.txt"), with_sets("b_ids", ids="/other/math500.txt")) == 0
+    assert report(held_out, slices["b"]) == 0  # b recorded no split
 
 
 def test_a_run_whose_loss_diverged_is_marked_and_left_out_on_request(

@@ -17,7 +17,13 @@ from clozemath.report.figure import FIGURE_FILE, accuracy_curves, no_curve_reaso
 from clozemath.report.folders import read_folders
 from clozemath.report.history import STEPS_FILE, ExportedHistories, Histories, StoreHistories, export_steps
 from clozemath.report.render import Table, TextTable, to_latex, to_markdown
-from clozemath.report.runs import TRIALS_FILE, TrialResult, experiments_runs, trials_json
+from clozemath.report.runs import (
+    TRIALS_FILE,
+    TrialResult,
+    check_one_problem_set_per_name,
+    experiments_runs,
+    trials_json,
+)
 from clozemath.report.names import method_name, set_title
 from clozemath.report.seeds import divergence_factor, run_divergence, seed_tables
 from clozemath.report.tables import (
@@ -98,9 +104,13 @@ def write_report(
     histories: Histories = StoreHistories(tracking_uri)
     notes: list[str] = []
     if folders:
-        if names or exported:
+        if names or exported or parent_run_ids:
             raise ClozeMathError("report: --from reads whole report folders, their trials and predictions: give it "
-                                 "without --experiment or --predictions")
+                                 "without --experiment, --parent or --predictions")
+        target = report_folder(names, out, folders).resolve()
+        if any(Path(folder).resolve() == target for folder in folders):
+            raise ClozeMathError(f"report: --out {out} is one of the --from folders: the report would overwrite what "
+                                 "it reads; give it another folder")
         merged = read_folders(folders)
         artifacts, histories, notes = merged.artifacts, merged.histories, merged.notes
         grids, results = [], artifacts.rejudged(merged.trials)
@@ -113,6 +123,7 @@ def write_report(
         grids, results = [], artifacts.exported_trials()
     else:
         raise ClozeMathError("report: name an --experiment, --predictions files or --from report folders")
+    check_one_problem_set_per_name(results)
     folder = report_folder(names, out, folders)
     folder.mkdir(parents=True, exist_ok=True)
     # one order whatever the source: a store lists its runs newest first, a report's files sorted

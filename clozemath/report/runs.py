@@ -67,6 +67,31 @@ class TrialResult:
     """The run's wall time, start to end (None: not ended, or read from a `trials.json` written before it was)."""
 
 
+PROBLEM_SET_PARAMS = ("split", "limit", "ids", "path", "per_template", "seed")
+"""What of an evaluation set's settings (`eval.sets.<name>.*`) picks its problems: runs that differ in one evaluated
+other problems under one name (a rate sweep's held-out GSM8K train against GSM8K test)."""
+
+
+def check_one_problem_set_per_name(results: Sequence[TrialResult]) -> None:
+    """Every run that evaluated a set of one name evaluated the same problems, else a one-line error naming two that
+    differ: a table's column and a comparison would pool them. Files compare by name (a run on another machine read
+    its copy); a setting a run did not record is not compared."""
+    seen: dict[tuple[str, str], tuple[str, TrialResult]] = {}
+    for result in results:
+        for name in filter(None, result.params.get("eval.sets", "").split(", ")):
+            for setting in PROBLEM_SET_PARAMS:
+                value = result.params.get(f"eval.sets.{name}.{setting}")
+                if value is None:
+                    continue
+                value = Path(value).name if setting in ("ids", "path") and value != "None" else value
+                first = seen.setdefault((name, setting), (value, result))
+                if first[0] != value:
+                    raise ClozeMathError(
+                        f"report: runs evaluated other problems as '{name}' (eval.sets.{name}.{setting}: {first[0]} in "
+                        f"{first[1].run_name or first[1].run_id}, {value} in {result.run_name or result.run_id}): "
+                        "report them apart")
+
+
 def grid_runs(tracking_uri: str, experiment: str, parent_run_id: str | None = None) -> tuple[Run, list[TrialResult]]:
     """The grid's parent run (the latest of the experiment unless chosen) and its child runs."""
     client = tracking.client(tracking_uri)
