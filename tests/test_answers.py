@@ -126,6 +126,25 @@ def test_cot_decodings_marked_vote_counts_only_the_papers_mark_on_gsm8k_and_the_
     assert boxed[start:end] == "72"
 
 
+@pytest.mark.parametrize(
+    ("dataset", "text"),
+    [("gsm8k", "She has 7 apples. 5 5 5 5"), ("gsm8k", "48 + 24 = 72\n#### 7"), ("gsm8k", "so \\boxed{7} and 5 5"),
+     ("math", "so $x = \\boxed{7}$ and 5 5"), ("math", "x is 7 and 5 5 5")],
+)
+def test_a_cut_generation_has_an_answer_span_where_grading_reads_one_that_may_be_right(dataset: str, text: str) -> None:
+    """CoT-decoding votes with the answer `answer_span` finds; for a generation cut at `max_new_tokens` that is the
+    answer grading may count right: a marked or boxed one, never the last number (`CUT_RULE`)."""
+    from clozemath.tasks import get_task
+
+    task = get_task(dataset)
+    for ended in (True, False):
+        span = task.answer_span(text, ended)
+        graded = task.grade(text, "7", ended=ended)
+        assert (span is None) == (graded.rule == "cut" or graded.extracted is None), (ended, graded)
+        if span is not None:
+            assert task.answer_key(text[span[0]:span[1]]) == task.answer_key(graded.extracted)
+
+
 @pytest.mark.parametrize("dataset", ["gsm8k", "gsm_p2"])
 def test_every_numeric_test_gold_is_correct_against_itself(dataset: str) -> None:
     problems = load_problems(dataset, "test")

@@ -77,7 +77,7 @@ def eos_inside(reference: list[list[int]], row: int, at: int) -> int:
     return token
 
 
-def last_word(text: str) -> tuple[int, int] | None:
+def last_word(text: str, ended: bool = True) -> tuple[int, int] | None:
     """CoT-decoding's answer span in tests: the text's last word."""
     match = re.search(r"\S+$", text)
     return match.span() if match else None
@@ -442,7 +442,7 @@ def test_cot_decoding_picks_the_largest_summed_margin(tokenizer):
             generated += (token(piece),)
     model = ScriptedLM(len(tokenizer), sep, tokenizer.eos_token_id, script)
 
-    def last_number(text):
+    def last_number(text, ended=True):
         match = re.search(r"\d[\d,]*(?=\D*$)", text)
         return match.span() if match else None
 
@@ -460,9 +460,25 @@ def test_cot_decoding_picks_the_largest_summed_margin(tokenizer):
 
 def test_cot_without_any_answer_keeps_the_greedy_branch(model, tokenizer, reference):
     ours = decode(model, tokenizer, PROMPTS[:2], "cot", DecodeSettings(
-        cot_k=2, max_new_tokens=NEW, eos_token_ids=tokenizer.eos_token_id, answer_span=lambda text: None,
+        cot_k=2, max_new_tokens=NEW, eos_token_ids=tokenizer.eos_token_id, answer_span=lambda text, ended: None,
     ))
     assert [(g.token_ids, g.answer, g.confidence) for g in ours] == [(r, None, None) for r in reference[:2]]
+
+
+def test_cot_tells_the_answer_span_which_branches_were_cut(model, tokenizer):
+    """A branch cut at `max_new_tokens` is asked for its answer as a cut one (`ended` False), as grading judges it:
+    under `eval.cot_vote: any` a looping branch's last number voted, and won, where grading counts it wrong."""
+    asked = []
+
+    def no_answer(text, ended):
+        asked.append((text, ended))
+        return None
+
+    ours = decode(model, tokenizer, PROMPTS[:2], "cot", DecodeSettings(
+        cot_k=2, max_new_tokens=NEW, eos_token_ids=tokenizer.eos_token_id, answer_span=no_answer,
+    ))
+    branches = [(branch.text, branch.finish_reason != "length") for chosen in ours for branch in chosen.branches]
+    assert sorted(asked) == sorted(branches) and (False in dict(branches).values())
 
 
 def test_cot_needs_an_answer_span(model, tokenizer):

@@ -60,7 +60,7 @@ def models(request, tokenizer) -> tuple[torch.nn.Module, torch.nn.Module]:
     return plain, apply_levers(copy.deepcopy(plain), FUSED)
 
 
-def last_word(text: str) -> tuple[int, int] | None:
+def last_word(text: str, ended: bool = True) -> tuple[int, int] | None:
     match = re.search(r"\S+$", text)
     return match.span() if match else None
 

@@ -38,6 +38,6 @@ def few_shot_prompt(problem: Problem) -> str:
     return get_task(problem.dataset).few_shot_prompt(problem)
 
 
-def answer_span(dataset: str, text: str) -> tuple[int, int] | None:
+def answer_span(dataset: str, text: str, ended: bool = True) -> tuple[int, int] | None:
     """Character offsets `[start, end)` in `text` of the answer `grade` extracts (the number; the boxed content)."""
-    return get_task(dataset).answer_span(text)
+    return get_task(dataset).answer_span(text, ended)

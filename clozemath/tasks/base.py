@@ -103,11 +103,14 @@ class Task:
             return graded
         return Graded(graded.extracted, False, CUT_RULE, lenient=graded.correct)
 
-    def answer_span(self, text: str, marked_only: bool = False) -> tuple[int, int] | None:
-        """Character offsets `[start, end)` in `text` of the answer `grade` extracts; `marked_only`: only an answer
-        where the format marks it as CoT-decoding's vote counts it (`vote_rules`), not the last-number fallback."""
+    def answer_span(self, text: str, ended: bool = True, marked_only: bool = False) -> tuple[int, int] | None:
+        """Character offsets `[start, end)` in `text` of the answer `grade` extracts, where it extracts one that may
+        be right (`ended`: as `grade`'s, so that a cut generation's last number is none); `marked_only`: only an
+        answer where the format marks it as CoT-decoding's vote counts it (`vote_rules`), not the last-number
+        fallback."""
         found = self.find_answer(text)
-        if found is None or (marked_only and found[1] not in self.vote_rules):
+        if found is None or (marked_only and found[1] not in self.vote_rules) or (
+                not ended and found[1] == FALLBACK_RULE):
             return None
         return found[0]
 

@@ -59,7 +59,7 @@ def _answer_confidence(row: Row, span: tuple[int, int]) -> float | None:
 
 def _branch(row: Row, answer_span: AnswerSpan) -> Generation:
     branch = row.generation()
-    span = answer_span(branch.text)
+    span = answer_span(branch.text, branch.finish_reason != "length")
     if span is not None:
         branch.answer = branch.text[span[0] : span[1]]
         branch.confidence = _answer_confidence(row, span)

@@ -15,7 +15,9 @@ if TYPE_CHECKING:
 PromptAttention = Literal["causal", "bidirectional"]
 Engine = Literal["auto", "eager", "static", "graphs"]
 ENGINES: tuple[Engine, ...] = ("auto", "eager", "static", "graphs")
-AnswerSpan = Callable[[str], "tuple[int, int] | None"]
+AnswerSpan = Callable[[str, bool], "tuple[int, int] | None"]
+"""`(text, ended) -> (start, end) | None`: where the answer of a branch's text is (`ended`: it was not cut at
+`max_new_tokens`, a cut one may have none where an uncut one would)."""
 
 
 @dataclass(frozen=True)
@@ -27,7 +29,8 @@ class DecodeSettings:
     the static engines, greedy and CoT batches refill a prompt's rows once they have all ended (continuous batching:
     the tokens are the same). `prompt_attention="bidirectional"` encodes each whole prompt with bidirectional attention
     (PrefixLM). Beam search follows `model.generate(num_beams=..., length_penalty=..., early_stopping=...)`.
-    CoT-decoding needs `answer_span(text) -> (start, end) | None`; answers are compared after `normalize_answer`."""
+    CoT-decoding needs `answer_span(text, ended) -> (start, end) | None`; answers are compared after
+    `normalize_answer`."""
 
     max_new_tokens: int = 512
     stop: Sequence[str] = ()
