@@ -180,9 +180,10 @@ def test_a_slice_folder_holding_its_report_is_read_and_a_bad_file_is_one_line_na
     before = {file.name: file.read_bytes() for file in broken.iterdir()}
     shutil.copytree(slices["a"], broken, dirs_exist_ok=True)
     kept = {file.name: file.read_bytes() for file in broken.iterdir()}
-    assert main(["report", "--from", str(slices["b"]), "--from", str(broken), "--out", str(broken)]) == 2
-    assert "is one of the --from folders: the report would overwrite what it reads" in capsys.readouterr().err
-    assert {file.name: file.read_bytes() for file in broken.iterdir()} == kept != before  # nothing written
+    for other in (["--from", str(slices["b"])], ["--exclude-diverged"]):
+        assert main(["report", *other, "--from", str(broken), "--out", str(broken)]) == 2
+        assert "is one of the --from folders: the report would overwrite what it reads" in capsys.readouterr().err
+        assert {file.name: file.read_bytes() for file in broken.iterdir()} == kept != before  # nothing written
 
 
 def test_runs_that_evaluated_other_problems_under_one_name_are_refused_in_one_line(

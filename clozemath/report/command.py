@@ -107,10 +107,12 @@ def write_report(
         if names or exported or parent_run_ids:
             raise ClozeMathError("report: --from reads whole report folders, their trials and predictions: give it "
                                  "without --experiment, --parent or --predictions")
+        # a folder reported again into itself holds what it held (`bench/slices.py unpack` exports its predictions
+        # so); beside other folders, or without its diverged runs, it would lose its own runs or predictions
         target = report_folder(names, out, folders).resolve()
-        if any(Path(folder).resolve() == target for folder in folders):
+        if any(Path(folder).resolve() == target for folder in folders) and (len(folders) > 1 or exclude_diverged):
             raise ClozeMathError(f"report: --out {out} is one of the --from folders: the report would overwrite what "
-                                 "it reads; give it another folder")
+                                 "it reads with other runs; give it another folder")
         merged = read_folders(folders)
         artifacts, histories, notes = merged.artifacts, merged.histories, merged.notes
         grids, results = [], artifacts.rejudged(merged.trials)
