@@ -224,6 +224,8 @@ class TrainConfig(_Strict):
     """Written by the driver with `budget_configured`: the configured `epochs`, the reference's."""
     lr: PositiveReal = 5e-5
     warmup_ratio: Probability = 0.03
+    """Warmup steps: `ceil(warmup_ratio * steps)`, the first at learning rate 0, as transformers' `Trainer` and its
+    schedules count them (a run of 8 steps warms up over 1 of them)."""
     weight_decay: NonNegativeReal = 0.0
     max_grad_norm: NonNegativeReal = 1.0
     """0: no clipping."""
