@@ -91,14 +91,16 @@ def test_a_command_line_override_outlasts_the_axes_and_rules_that_would_undo_it(
     it for one method: every trial takes the command line's value (both were silently dropped, 2026-12-05); a key an
     axis varies is refused, naming the axis."""
     trials = expanded(SMOKE, "axes.dataset=[gsm8k]", "axes.method=[clozemath]", "model.lora.rank=16")
-    assert {t.model.name for t in trials} == {"tiny-llama", "tiny-llama-b"} and {t.model.lora.rank for t in trials} == {16}
+    assert {t.model.name for t in trials} == {"tiny-llama", "tiny-llama-b"}
+    assert {t.model.lora.rank for t in trials} == {16}
     grid = tmp_path / "g.yaml"
     grid.write_text("name: g\nbase: {experiment: smoke}\naxes:\n  method: [it, mft]\n"
                     "overrides:\n  - when: {method: mft}\n    set: {train.lr: 0.5, method.mft.r_max: 0.1}\n")
     it, mft = expanded(grid, "train.lr=0.25", "method.mft.r_max=0.3")
     assert (it.train.lr, mft.train.lr, mft.method.mft.r_max) == (0.25, 0.25, 0.3)
     it, mft = expanded(grid, "train.max_steps=3")  # no axis or rule sets it: the base's, and no rule added
-    assert (it.train.max_steps, mft.train.lr) == (3, 0.5) and len(load_config(grid, ["train.max_steps=3"]).overrides) == 1
+    assert (it.train.max_steps, mft.train.lr) == (3, 0.5)
+    assert len(load_config(grid, ["train.max_steps=3"]).overrides) == 1
     for override in ("method=clozemath", "method={name: mft}"):
         with pytest.raises(ClozeMathError, match=r"override 'method': the grid's axis 'method' sets it for each trial"):
             expanded(grid, override)

@@ -223,7 +223,8 @@ def test_the_rows_that_align_the_vocabulary_are_never_decoded(scheme: str) -> No
     assert padding_wins
 
     prompts = ["What is 2 + 3?", "Twelve eggs"]
-    ours = decode(model, tokenizer, prompts, scheme, DecodeSettings(max_new_tokens=6, answer_span=lambda text, ended: None))
+    settings = DecodeSettings(max_new_tokens=6, answer_span=lambda text, ended: None)
+    ours = decode(model, tokenizer, prompts, scheme, settings)
     assert all(0 <= token < len(tokenizer) for generation in ours for token in generation.token_ids)
     if scheme == "greedy":
         inputs = tokenizer(prompts, padding=True, padding_side="left", return_tensors="pt")
