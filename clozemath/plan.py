@@ -197,11 +197,16 @@ def _override_grid(grid: GridConfig, key: str, value: Any, root: Path, source: P
 def _keep_over_axes_and_rules(grid: GridConfig, overrides: list[tuple[str, Any]], source: Path | str) -> None:
     """A command-line override of the base that an axis or a rule would undo (one that sets the key, or a mapping
     above it: `model.lora.rank=16` under a model axis) is applied after them, as the grid's last rule; one of a key
-    an axis varies is refused (it would make the axis's trials alike): narrow the axis instead."""
+    an axis varies is refused (it would make the axis's trials alike): narrow the axis instead; so is a rate where
+    the grid requires each method's own (`require_method_lr`)."""
     axis_keys = {axis: {key for _, items in _axis_choices(axis, values, source) for key, _ in items}
                  for axis, values in grid.axes.items()}
     rule_keys = {key for rule in grid.overrides for key in rule.set}
     for key, value in overrides:
+        if grid.require_method_lr and (key == "train.lr" or key == "train"):
+            raise ClozeMathError(
+                f"{source}: override '{key}': the grid gives each method its own rate (require_method_lr): change "
+                "them in its `overrides`, or narrow a rate axis")
         for axis, keys in axis_keys.items():
             if any(set_key == key or set_key.startswith(f"{key}.") for set_key in keys):
                 raise ClozeMathError(

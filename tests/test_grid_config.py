@@ -338,8 +338,13 @@ def test_a_grid_that_requires_each_methods_rate_refuses_a_method_without_one(tmp
     rates = {(t.method.name, t.train.seed): t.train.lr for t in expanded(path)}
     assert rates == {("base", 0): 5e-5, ("base", 1): 5e-5, ("it", 0): 3e-4, ("it", 1): 3e-4,
                      ("clozemath", 0): 1e-3, ("clozemath", 1): 1e-3}
-    # a method added on the command line, the base's rate notwithstanding: refused in one line
+    # one rate for every method from the command line: refused in one line (it would replace the grid's own)
     assert main(["run", str(path), "axes.method=[it,clozemath,mft]", "train.lr=1e-4"]) == 2
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line.endswith("override 'train.lr': the grid gives each method its own rate (require_method_lr): change "
+                         "them in its `overrides`, or narrow a rate axis")
+    # a method added on the command line without a rate of its own: refused in one line
+    assert main(["run", str(path), "axes.method=[it,clozemath,mft]"]) == 2
     (line,) = capsys.readouterr().err.splitlines()
     assert line.endswith("(point method=mft,seed=0): method 'mft' has no learning rate of its own (the grid sets "
                          "require_method_lr): give it one in `overrides` (when: {method: ...}, set: {train.lr: ...})")
