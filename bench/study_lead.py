@@ -76,9 +76,9 @@ def changed_cells(report: Path, without: Path) -> str:
         return {table.split(":", 1)[0].strip("*"): cells(table) for table in paper_tables(folder)}
 
     every, kept = by_title(report), by_title(without)
-    rows = [f"| {title} | {row} | {column} | {cell} | {kept.get(title, {}).get((row, column), '-')} |"
-            for title, table in every.items() for (row, column), cell in table.items()
-            if kept.get(title, {}).get((row, column), "-") != cell]
+    pairs = [(title, row, column, cell, kept.get(title, {}).get((row, column), "-"))
+             for title, table in every.items() for (row, column), cell in table.items()]
+    rows = [f"| {' | '.join(pair)} |" for pair in pairs if pair[3] != pair[4]]
     if not rows:
         return "Leaving them out changes no cell of Tables 1-4."
     return "\n".join(["The cells of Tables 1-4 that leaving them out changes (mean ± std over seeds, their count):", "",

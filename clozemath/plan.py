@@ -199,22 +199,23 @@ def _keep_over_axes_and_rules(grid: GridConfig, overrides: list[tuple[str, Any]]
     above it: `model.lora.rank=16` under a model axis) is applied after them, as the grid's last rule; one of a key
     an axis varies is refused (it would make the axis's trials alike): narrow the axis instead; so is a rate where
     the grid requires each method's own (`require_method_lr`)."""
+    def covers(key: str, other: str) -> bool:  # setting `key` sets `other` too
+        return other == key or other.startswith(f"{key}.")
+
     axis_keys = {axis: {key for _, items in _axis_choices(axis, values, source) for key, _ in items}
                  for axis, values in grid.axes.items()}
-    rule_keys = {key for rule in grid.overrides for key in rule.set}
+    set_keys = {key for rule in grid.overrides for key in rule.set}.union(*axis_keys.values())
     for key, value in overrides:
-        if grid.require_method_lr and (key == "train.lr" or key == "train"):
+        if grid.require_method_lr and key in ("train", "train.lr"):
             raise ClozeMathError(
                 f"{source}: override '{key}': the grid gives each method its own rate (require_method_lr): change "
                 "them in its `overrides`, or narrow a rate axis")
         for axis, keys in axis_keys.items():
-            if any(set_key == key or set_key.startswith(f"{key}.") for set_key in keys):
+            if any(covers(key, set_key) for set_key in keys):
                 raise ClozeMathError(
                     f"{source}: override '{key}': the grid's axis '{axis}' sets it for each trial; narrow the axis "
                     f"instead (axes.{axis}=[...])")
-        undone = [set_key for set_key in rule_keys | set().union(*axis_keys.values())
-                  if key.startswith(f"{set_key}.") or set_key == key or set_key.startswith(f"{key}.")]
-        if undone:
+        if any(covers(key, set_key) or covers(set_key, key) for set_key in set_keys):
             grid.overrides = [*grid.overrides, GridRule(when={}, set={key: value})]
 
 
@@ -320,8 +321,8 @@ def data_inputs(experiments: list[ExperimentConfig], training: bool = True) -> d
     from clozemath.model.tokenizer import local_files_identity  # transformers: only once a run is about to start
 
     found = {}
-    for experiment in experiments:
-        found.update(local_files_identity(experiment.model))
+    for model in {experiment.model.model_dump_json(): experiment.model for experiment in experiments}.values():
+        found.update(local_files_identity(model))  # each model's files read once, however many trials share it
     for data in (e.data for e in experiments if training and e.method.trains):
         found[f"training set {data.dataset}/{data.split}{at(data.path)}"] = data_identity(
             data.dataset, data.split, data.path

@@ -103,14 +103,14 @@ def write_report(
     names = [experiment] if isinstance(experiment, str) else list(experiment)
     histories: Histories = StoreHistories(tracking_uri)
     notes: list[str] = []
+    folder = report_folder(names, out, folders)
     if folders:
         if names or exported or parent_run_ids:
             raise ClozeMathError("report: --from reads whole report folders, their trials and predictions: give it "
                                  "without --experiment, --parent or --predictions")
         # a folder reported again into itself holds what it held (`bench/slices.py unpack` exports its predictions
         # so); beside other folders, or without its diverged runs, it would lose its own runs or predictions
-        target = report_folder(names, out, folders).resolve()
-        if any(Path(folder).resolve() == target for folder in folders) and (len(folders) > 1 or exclude_diverged):
+        if any(Path(read).resolve() == folder.resolve() for read in folders) and (len(folders) > 1 or exclude_diverged):
             raise ClozeMathError(f"report: --out {out} is one of the --from folders: the report would overwrite what "
                                  "it reads with other runs; give it another folder")
         merged = read_folders(folders)
@@ -126,7 +126,6 @@ def write_report(
     else:
         raise ClozeMathError("report: name an --experiment, --predictions files or --from report folders")
     check_one_problem_set_per_name(results)
-    folder = report_folder(names, out, folders)
     folder.mkdir(parents=True, exist_ok=True)
     # one order whatever the source: a store lists its runs newest first, a report's files sorted
     every = sorted(results, key=lambda r: (r.train_set, r.model, r.method, r.seed, r.rerun, r.run_id))
