@@ -228,17 +228,19 @@ def batches(config: ExperimentConfig) -> str:
     return f"{train.grad_accum} x {rows}" if train.grad_accum > 1 else rows
 
 
-def benchmark(config: ExperimentConfig, work: Path, repeats: int) -> dict[str, Any]:
+def benchmark(config: ExperimentConfig, work: Path, repeats: int,
+              modes: Sequence[str] = tuple(MODES)) -> dict[str, Any]:
     data = prepare(config, work)
     runs: dict[str, list[Path]] = {}
-    for mode, deterministic in MODES.items():
+    for mode in modes:
+        deterministic = MODES[mode]
         for repeat in range(1, repeats + 1):
             name = f"{mode}-{repeat}"
             print(f"[reproducibility] {name}", flush=True)
             run_in_process_of_its_own(work, name, deterministic)
             runs.setdefault(mode, []).append(work / name)
-    warned = {run.name: json.loads((run / "run.json").read_text())["nondeterministic_ops"] for run in runs[
-        "deterministic"]}
+    warned = {run.name: json.loads((run / "run.json").read_text())["nondeterministic_ops"]
+              for run in runs.get("deterministic", [])}
     return {
         "environment": environment(),
         "config": {"model": config.model.name, "method": config.method.name, "seed": config.train.seed,
@@ -282,6 +284,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, help="where reproducibility.json and .md are written")
     parser.add_argument("--work", type=Path, help="where the runs' adapters are kept (default: a temporary folder)")
     parser.add_argument("--repeats", type=int, default=2, help="runs of each mode (each compared with the first)")
+    parser.add_argument("--only", choices=list(MODES),
+                        help="run this mode alone (default: both, with train.deterministic and without)")
     parser.add_argument("--train", nargs=2, metavar=("WORK", "NAME"), help=argparse.SUPPRESS)
     parser.add_argument("--deterministic", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -294,7 +298,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     with TemporaryDirectory(prefix="reproducibility-") as temporary:
         work = args.work or Path(temporary)
         work.mkdir(parents=True, exist_ok=True)
-        result = benchmark(config, work, args.repeats)
+        result = benchmark(config, work, args.repeats, [args.only] if args.only else list(MODES))
     command = command_line("reproducibility.py", sys.argv[1:] if argv is None else argv)
     result["command"] = command
     args.out.mkdir(parents=True, exist_ok=True)

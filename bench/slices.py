@@ -330,6 +330,11 @@ def sessions(plan: Plan, estimates: list[SliceEstimate]) -> tuple[float, list[li
     return window, packed
 
 
+def counted(n: int, noun: str) -> str:
+    """`1 slice`, `3 slices`."""
+    return f"{n} {noun}{'' if n == 1 else 's'}"
+
+
 def estimate_text(plan: Plan, estimates: list[SliceEstimate]) -> str:
     window, packed = sessions(plan, estimates)
     minutes = lambda seconds: f"{seconds / 60:.1f}"  # noqa: E731
@@ -350,9 +355,10 @@ def estimate_text(plan: Plan, estimates: list[SliceEstimate]) -> str:
     overhead = plan.session["device_s"] - window
     rows += [
         "",
-        f"Left to run: {minutes(sum(e.seconds for e in planned))} min ({len(planned)} slices, "
-        f"{sum(e.trials for e in planned)} trials); done: {sum(e.done for e in estimates)} slices; reserve "
-        f"{minutes(sum(e.seconds for e in reserve))} min.",
+        f"Left to run: {minutes(sum(e.seconds for e in planned))} min ({counted(len(planned), 'slice')}, "
+        f"{counted(sum(e.trials for e in planned), 'trial')}); "
+        f"done: {counted(sum(e.done for e in estimates), 'slice')}; "
+        f"reserve {minutes(sum(e.seconds for e in reserve))} min.",
         f"A session of {minutes(plan.session['device_s'])} min leaves {minutes(window)} min for slices: the machine's "
         f"start {minutes(plan.session['start_s'])}, shipping {minutes(plan.session['ship_s'])}, Ray's start and the "
         f"GGUF parse {minutes(once)}, the last collect {minutes(plan.session['collect_s'])}.",

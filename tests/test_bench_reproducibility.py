@@ -72,3 +72,14 @@ def test_the_benchmark_runs_on_a_cpu(tmp_path: Path) -> None:
     text = (out / "reproducibility.md").read_text()
     assert f"| deterministic-1 vs deterministic-2 | 0 of {deterministic['adapter']['tensors']} |" in text
     assert "- none" in text  # no operation without a deterministic implementation on a CPU
+
+
+@pytest.mark.slow
+def test_one_mode_alone_runs_only_its_pairs(tmp_path: Path) -> None:
+    """`--only default`: two runs without the switch, compared; no deterministic run, so no warned operations."""
+    out = tmp_path / "out"
+    assert bench.main(["--out", str(out), "--only", "default", "model=tiny-llama", "data.limit=4",
+                       "train.max_steps=2", "train.pack_tokens=null", "train.micro_batch_size=2"]) == 0
+    result = json.loads((out / "reproducibility.json").read_text())
+    assert list(result["pairs"]) == ["default"] and list(result["seconds"]) == ["default"]
+    assert result["pairs"]["default"][0]["runs"] == ["default-1", "default-2"] and result["nondeterministic_ops"] == {}
