@@ -198,13 +198,15 @@ def _keep_over_axes_and_rules(grid: GridConfig, overrides: list[tuple[str, Any]]
     """A command-line override of the base that an axis or a rule would undo (one that sets the key, or a mapping
     above it: `model.lora.rank=16` under a model axis) is applied after them, as the grid's last rule; one of a key
     an axis varies is refused (it would make the axis's trials alike): narrow the axis instead; so is a rate where
-    the grid requires each method's own (`require_method_lr`)."""
+    the grid requires each method's own (`require_method_lr`). An override below one made a rule (`model=NAME` then
+    `model.gguf_chunks.files=...`) is made a rule after it, so the command line's order holds."""
     def covers(key: str, other: str) -> bool:  # setting `key` sets `other` too
         return other == key or other.startswith(f"{key}.")
 
     axis_keys = {axis: {key for _, items in _axis_choices(axis, values, source) for key, _ in items}
                  for axis, values in grid.axes.items()}
     set_keys = {key for rule in grid.overrides for key in rule.set}.union(*axis_keys.values())
+    moved: list[str] = []  # what became rules: a later override below one of them follows it there, in order
     for key, value in overrides:
         if grid.require_method_lr and key in ("train", "train.lr"):
             raise ClozeMathError(
@@ -215,8 +217,10 @@ def _keep_over_axes_and_rules(grid: GridConfig, overrides: list[tuple[str, Any]]
                 raise ClozeMathError(
                     f"{source}: override '{key}': the grid's axis '{axis}' sets it for each trial; narrow the axis "
                     f"instead (axes.{axis}=[...])")
-        if any(covers(key, set_key) or covers(set_key, key) for set_key in set_keys):
+        if any(covers(key, set_key) or covers(set_key, key) for set_key in set_keys) or \
+                any(covers(earlier, key) for earlier in moved):
             grid.overrides = [*grid.overrides, GridRule(when={}, set={key: value})]
+            moved.append(key)
 
 
 def _narrowed_axis(grid: GridConfig, axis: str, value: Any, source: Path | str) -> list[Any] | dict[str, Any]:

@@ -108,6 +108,21 @@ def test_a_command_line_override_outlasts_the_axes_and_rules_that_would_undo_it(
         expanded(SMOKE, "data={dataset: gsm8k}")
 
 
+def test_an_override_below_one_made_a_rule_keeps_its_place_after_it(tmp_path: Path) -> None:
+    """`model=NAME` in a grid with a rule under `model` becomes the grid's last rule; the overrides under it that
+    followed on the command line (`model.lora.rank=...`) were applied to the base before it and lost (2026-12-05)."""
+    grid = tmp_path / "g.yaml"
+    grid.write_text("name: g\nbase: {experiment: smoke}\naxes:\n  method: [it, mft]\n"
+                    "overrides:\n  - when: {method: mft}\n    set: {model.lora.dropout: 0.1}\n")
+    it, mft = expanded(grid, "model=tiny-llama-b", "model.lora.rank=16", "train.max_steps=3")
+    assert {t.model.name for t in (it, mft)} == {"tiny-llama-b"}
+    assert (it.model.lora.rank, mft.model.lora.rank, it.train.max_steps) == (16, 16, 3)
+    named = expanded(grid, "model=tiny-llama-b")[0].model.lora.rank
+    assert named != 16
+    it, mft = expanded(grid, "model.lora.rank=16", "model=tiny-llama-b")  # written before it: the model's own rank
+    assert (it.model.lora.rank, mft.model.lora.rank) == (named, named)
+
+
 def test_rules_apply_in_order_and_do_not_leak_between_points(tmp_path: Path) -> None:
     grid = tmp_path / "g.yaml"
     grid.write_text(
