@@ -83,3 +83,5 @@ def test_one_mode_alone_runs_only_its_pairs(tmp_path: Path) -> None:
     result = json.loads((out / "reproducibility.json").read_text())
     assert list(result["pairs"]) == ["default"] and list(result["seconds"]) == ["default"]
     assert result["pairs"]["default"][0]["runs"] == ["default-1", "default-2"] and result["nondeterministic_ops"] == {}
+    assert "| default-1 vs default-2 |" in (text := (out / "reproducibility.md").read_text())
+    assert "Operations torch warned" not in text  # no deterministic run was asked: not "none"
