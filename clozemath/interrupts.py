@@ -2,10 +2,11 @@
 closed terminal) are taken as Ctrl-C, and a command that cannot unwind is ended all the same.
 
 Ctrl-C reaches a command's process group, and Ray's processes block it; SIGTERM or SIGHUP sent to the whole group
-also end the Ray the command started, and its calls then wait on a Ray that is gone (its driver gave up after 60 s,
-exit 1, its MLflow runs left RUNNING). So the first of them also starts a watchdog: once the command's Ray is gone
+also end the Ray the command started, and a call into that Ray ends the command with exit 1 and no word (Ray's own
+exit), its MLflow runs left RUNNING. So the first of them also starts a watchdog: once the command's Ray is gone
 (`stuck_when`) or after `UNWIND_S`, it runs what was registered to end (`on_stuck`: the grid marks its MLflow runs
-KILLED), prints the command's one line, ends the processes it started and exits 128 + the signal.
+KILLED), prints the command's one line, ends the processes it started and exits 128 + the signal. Where the Ray is
+gone at once (the signal went to the group), the command's own thread waits for the watchdog instead of unwinding.
 """
 
 from __future__ import annotations
@@ -24,6 +25,12 @@ ENDING_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
 UNWIND_S = 25.0
 """How long a command may take to unwind after a signal before the watchdog ends it (an interrupted grid takes a
 few seconds: Tune saves its state, the runs are marked KILLED)."""
+RAY_GONE_WAIT_S = 1.0
+"""How long the handler looks whether the signal ended the command's Ray too before it unwinds as Ctrl-C does (sent
+to the process group, it does within milliseconds)."""
+CLEANUP_S = 10.0
+"""How long the watchdog waits on what was registered to end (one that waits on a lock the interrupted thread holds
+would keep the command from ending)."""
 
 _received: int | None = None
 _said = False
@@ -89,6 +96,8 @@ def handle(signum: int, frame: FrameType | None) -> None:
     _received = signum
     if first:
         threading.Thread(target=_watch, args=(signum,), name="clozemath-signal-watchdog", daemon=True).start()
+        if _stuck_within(RAY_GONE_WAIT_S):  # the watchdog ends the command: this thread's next call into the Ray
+            threading.Event().wait()  # that is gone would end it first, exit 1 and no word
     on_sigint = signal.getsignal(signal.SIGINT)
     if not callable(on_sigint):
         raise KeyboardInterrupt
@@ -116,18 +125,36 @@ def _stuck() -> bool:
     return False
 
 
+def _stuck_within(seconds: float) -> bool:
+    """Whether the command's Ray is gone within `seconds` (False at once where no Ray of its own was registered)."""
+    if not _stuck_checks:
+        return False
+    deadline = time.monotonic() + seconds
+    while not _stuck():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.02)
+    return True
+
+
 def _watch(signum: int) -> None:
     deadline = time.monotonic() + UNWIND_S
     while time.monotonic() < deadline and not _stuck():
         time.sleep(0.2)
+    cleaning = threading.Thread(target=_clean_up, name="clozemath-signal-cleanup", daemon=True)
+    cleaning.start()
+    cleaning.join(CLEANUP_S)
+    say(_message)
+    _end_children()
+    os._exit(128 + signum)
+
+
+def _clean_up() -> None:
     for cleanup in list(_cleanups):
         try:
             cleanup()
         except Exception:  # noqa: BLE001 - the command ends all the same
             pass
-    say(_message)
-    _end_children()
-    os._exit(128 + signum)
 
 
 def _end_children() -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import re
 import signal
+import socket
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -59,7 +60,7 @@ def init_ray() -> None:
             _join(address, env)
         else:
             ray.init(address="local", num_cpus=max(MIN_LOCAL_CPUS, os.cpu_count() or 1), runtime_env=env)
-            interrupts.stuck_when(_local_ray_gone(psutil.Process().children()))
+            interrupts.stuck_when(_local_ray_gone(ray.get_runtime_context().gcs_address, _raylets()))
     except SystemExit as exc:  # ray.init's own SIGTERM handler, while Ray started: the command's instead
         if exc.code != signal.SIGTERM or not callable(on_sigterm):
             raise
@@ -74,21 +75,37 @@ def init_ray() -> None:
     console.phase(f"ray: {where} ({resources.get('CPU', 0):.0f} CPUs, {resources.get('GPU', 0):.0f} GPUs)")
 
 
-def _local_ray_gone(children: list[psutil.Process]) -> Callable[[], bool]:
-    """Whether the Ray this command started is gone without it (its GCS ended: a signal to the command's process
-    group ends it too), while the command still holds it."""
-    gcs = []
-    for child in children:
+def _raylets() -> list[psutil.Process]:
+    """The raylet this command's `ray.init` started (a child of this process)."""
+    raylets = []
+    for child in psutil.Process().children():
         try:
-            if child.name().startswith("gcs_server"):
-                gcs.append(child)
+            if child.name().startswith("raylet"):
+                raylets.append(child)
         except psutil.Error:  # ended meanwhile
             pass
+    return raylets
+
+
+def _local_ray_gone(gcs_address: str, raylets: list[psutil.Process]) -> Callable[[], bool]:
+    """Whether the Ray this command started is gone without it, while the command still holds it. A signal to the
+    command's process group reaches Ray's processes too: within milliseconds its GCS stops listening (the process
+    lingers, answering nothing: a call waits 60 s, then Ray ends the command, exit 1) and its raylet may end (the
+    command's next call to it ends the command at once, exit 1, no word)."""
+    host, port = gcs_address.rsplit(":", 1)
 
     def gone() -> bool:
-        return ray.is_initialized() and any(
-            not process.is_running() or process.status() == psutil.STATUS_ZOMBIE for process in gcs
-        )
+        if not ray.is_initialized():
+            return False
+        if any(not raylet.is_running() or raylet.status() == psutil.STATUS_ZOMBIE for raylet in raylets):
+            return True
+        try:
+            socket.create_connection((host, int(port)), timeout=1.0).close()
+        except ConnectionRefusedError:
+            return True
+        except OSError:  # slow to answer: busy, not gone
+            return False
+        return False
 
     return gone
 

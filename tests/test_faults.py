@@ -26,6 +26,7 @@ from pathlib import Path
 import psutil
 import pytest
 
+from clozemath import interrupts
 from clozemath.errors import ClozeMathError
 from clozemath.plan import load_config, load_plan, run_inputs, with_absolute_paths
 from clozemath.records import RUN_LOCK, RUN_RECORD, RunInputs, claim_run_folder, run_lock
@@ -564,12 +565,75 @@ def test_sighup_ends_a_command_as_ctrl_c_does_with_exit_129(tmp_path: Path) -> N
     assert command.returncode == 129 and err == "clozemath: interrupted\n", err
 
 
+SIGNALLED_COMMAND = """
+import os, signal, sys, time
+from pathlib import Path
+from clozemath import interrupts
+
+ended, gone_after = Path(sys.argv[1]), float(sys.argv[2])
+signalled = time.monotonic()
+interrupts.stuck_when(lambda: 0 <= gone_after < time.monotonic() - signalled)
+with interrupts.handled(), interrupts.on_stuck(lambda: ended.write_text("KILLED")):
+    try:
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(30)
+    except KeyboardInterrupt:
+        print("unwinding", flush=True)
+        os._exit(1)  # what a call into a Ray that is gone does
+"""
+
+
+@pytest.mark.parametrize("gone_after", [0.0, 0.3])
+def test_a_signal_that_ended_the_commands_ray_too_is_ended_by_the_watchdog_not_by_unwinding(
+        tmp_path: Path, gone_after: float) -> None:
+    """Sent to the process group, SIGTERM ends Ray's raylet and GCS too; a command that unwound as from Ctrl-C called
+    into them and Ray ended it, exit 1, no word, its runs RUNNING (CI of 2026-12-05). Its thread now waits while the
+    watchdog marks the runs and ends it."""
+    ended = tmp_path / "ended"
+    command = subprocess.run([sys.executable, "-c", SIGNALLED_COMMAND, str(ended), str(gone_after)], cwd=ROOT,
+                             capture_output=True, text=True, timeout=60)
+    output = command.stdout + command.stderr
+    assert command.returncode == 143 and "unwinding" not in output, output
+    assert output.strip().endswith("clozemath: interrupted") and ended.read_text() == "KILLED", output
+
+
+def test_a_signal_to_the_command_alone_unwinds_it_as_ctrl_c(tmp_path: Path) -> None:
+    ended = tmp_path / "ended"
+    command = subprocess.run([sys.executable, "-c", SIGNALLED_COMMAND, str(ended), "-1"], cwd=ROOT,
+                             capture_output=True, text=True, timeout=60)
+    assert command.returncode == 1 and command.stdout == "unwinding\n", command.stdout + command.stderr
+    assert not ended.exists()
+
+
+def test_the_local_ray_is_gone_once_its_gcs_stops_listening_or_its_raylet_ends(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from ray_jobs import cluster
+
+    monkeypatch.setattr(cluster.ray, "is_initialized", lambda: True)
+    listener = socket.create_server(("127.0.0.1", 0))
+    address = f"127.0.0.1:{listener.getsockname()[1]}"
+    raylet = subprocess.Popen(["sleep", "60"])
+    try:
+        gone = cluster._local_ray_gone(address, [psutil.Process(raylet.pid)])
+        assert not gone()
+        raylet.kill()
+        raylet.wait()
+        assert gone()
+        assert not cluster._local_ray_gone(address, [])()
+        listener.close()
+        assert cluster._local_ray_gone(address, [])()
+    finally:
+        listener.close()
+        raylet.kill()
+        raylet.wait()
+
+
 @pytest.mark.slow
 def test_sigterm_to_the_process_group_during_training_ends_in_one_line_and_resumes(smoke_samples: Path,
                                                                                     tmp_path: Path) -> None:
     """What `timeout` and Slurm send: SIGTERM to every process of the group, Ray's included. It ended in 60 s of
-    silence, exit 1, runs left RUNNING; now: exit 143 within seconds, one line saying how to resume, the runs
-    KILLED; the same command resumes it to the end."""
+    silence (or at once: the CI of 2026-12-05), exit 1, runs left RUNNING; now: exit 143 within seconds, one line
+    saying how to resume, the runs KILLED; the same command resumes it to the end."""
     shutil.copytree(smoke_samples, tmp_path / "runs" / "cache")
     overrides = [*LEARNS, "train.num_workers=1", "train.max_steps=30", "train.checkpoint_every=10", "eval.sets=[]"]
     # one worker and no evaluation: the signal's path and the resumed run's end are what is tested; 30 steps keep
@@ -581,7 +645,8 @@ def test_sigterm_to_the_process_group_during_training_ends_in_one_line_and_resum
     os.killpg(first.pid, signal.SIGTERM)
     code = _ended(first, 60)
     console = log.read_text()
-    assert code == 143 and time.monotonic() - signalled < SECONDS, console[-3000:]
+    # ended once its Ray was seen gone, not at the watchdog's deadline (Ray 2.60's GCS lingers after the signal)
+    assert code == 143 and time.monotonic() - signalled < interrupts.UNWIND_S, console[-3000:]
     assert console.rstrip().endswith("clozemath: interrupted; the grid resumes where it stopped with: "
                                      + shlex.join(["clozemath", "run", SMOKE, *outputs(tmp_path), *overrides])), (
         console[-3000:])
