@@ -7,10 +7,13 @@ exit), its MLflow runs left RUNNING. So the first of them also starts a watchdog
 (`stuck_when`) or after `UNWIND_S`, it runs what was registered to end (`on_stuck`: the grid marks its MLflow runs
 KILLED), prints the command's one line, ends the processes it started and exits 128 + the signal. Where the Ray is
 gone at once (the signal went to the group), the command's own thread waits for the watchdog instead of unwinding.
+
+A command that seems stuck prints where each of its threads is on SIGUSR2 (`kill -USR2 PID`) and goes on.
 """
 
 from __future__ import annotations
 
+import faulthandler
 import os
 import signal
 import threading
@@ -22,6 +25,10 @@ from types import FrameType
 from clozemath import console
 
 ENDING_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
+STACKS_SIGNAL = signal.SIGUSR2
+"""Prints the stacks of the command's threads where its stderr went when it started (the terminal, also once the
+command's output goes to its log). Not SIGABRT, where Ray's own handler prints nothing, nor SIGUSR1, which stops a
+Ray Tune run."""
 UNWIND_S = 25.0
 """How long a command may take to unwind after a signal before the watchdog ends it (an interrupted grid takes a
 few seconds: Tune saves its state, the runs are marked KILLED)."""
@@ -106,13 +113,30 @@ def handle(signum: int, frame: FrameType | None) -> None:
 
 @contextmanager
 def handled() -> Iterator[None]:
-    """`handle` installed for `ENDING_SIGNALS` while the block runs (the command)."""
+    """`handle` installed for `ENDING_SIGNALS`, and the stacks printed on `STACKS_SIGNAL`, while the block runs (the
+    command)."""
     previous = {number: signal.signal(number, handle) for number in ENDING_SIGNALS}
     try:
-        yield
+        with _stacks_on_signal():
+            yield
     finally:
         for number, handler in previous.items():
             signal.signal(number, handler)
+
+
+@contextmanager
+def _stacks_on_signal() -> Iterator[None]:
+    try:
+        stderr = os.dup(2)  # where it goes now: the command's log replaces file descriptor 2 once it is quiet
+    except OSError:  # none to print on
+        yield
+        return
+    faulthandler.register(STACKS_SIGNAL, file=stderr, all_threads=True)
+    try:
+        yield
+    finally:
+        faulthandler.unregister(STACKS_SIGNAL)
+        os.close(stderr)
 
 
 def _stuck() -> bool:

@@ -3,10 +3,14 @@ it needs 8 logical CPUs or Ray Data and Ray Train wait on each other)."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
+import signal
 import subprocess
 import sys
+import tempfile
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -14,6 +18,7 @@ from typing import TYPE_CHECKING
 
 import pytest
 
+from clozemath import interrupts
 from clozemath.config import ExperimentConfig
 from clozemath.plan import load_config
 from tests.tiering import (  # noqa: F401  (pytest's hooks: the test tiers)
@@ -116,15 +121,41 @@ def smoke_samples(smoke_prepared: TokenizedSet) -> Path:
     return smoke_prepared.folder.parent
 
 
+def run_command(args: list[str], timeout: float, runs: Path | None = None) -> tuple[int, str]:
+    """`python -m clozemath_cli ARGS` in a process of its own (its own Ray), run to its end: its exit code and
+    console, stdout and stderr as one stream.
+
+    The console goes to a file, not a pipe, so a process the command left behind cannot keep the test waiting. A
+    command that has not ended after `timeout` seconds fails the test with the stacks of its threads
+    (`interrupts.STACKS_SIGNAL`), the end of its console and of the logs under `runs` (its `train.output_dir`); its
+    process group, its Ray included, is ended."""
+    env = {key: value for key, value in os.environ.items() if key != "RAY_ADDRESS"}
+    with tempfile.TemporaryFile("w+") as console:
+        process = subprocess.Popen([sys.executable, "-m", "clozemath_cli", *args], cwd=ROOT, env=env, stdout=console,
+                                   stderr=subprocess.STDOUT, text=True, start_new_session=True)
+        try:
+            code = process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            process.send_signal(interrupts.STACKS_SIGNAL)
+            time.sleep(5)
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+            console.seek(0)
+            logs = sorted(runs.glob("*/logs/*.log")) if runs else []
+            pytest.fail(f"clozemath {' '.join(args[:2])} did not end in {timeout:.0f} s; the end of its console:\n"
+                        f"{console.read()[-12000:]}"
+                        + "".join(f"\n---- {log}:\n{log.read_text(errors='replace')[-4000:]}" for log in logs))
+        console.seek(0)
+        return code, console.read()
+
+
 def run_smoke(folder: Path, *overrides: str) -> tuple[int, list[str]]:
     """`clozemath run` on the smoke experiment in a fresh process (its own Ray), its outputs under `folder`; its
     exit code and console, stdout and stderr as one stream."""
-    env = {key: value for key, value in os.environ.items() if key != "RAY_ADDRESS"}
-    command = [sys.executable, "-m", "clozemath_cli", "run", SMOKE, f"train.output_dir={folder / 'runs'}",
-               f"tracking.uri=sqlite:///{folder / 'mlruns.db'}", *overrides]
-    done = subprocess.run(command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                          timeout=900)
-    return done.returncode, done.stdout.splitlines()
+    code, console = run_command(["run", SMOKE, f"train.output_dir={folder / 'runs'}",
+                                 f"tracking.uri=sqlite:///{folder / 'mlruns.db'}", *overrides], 480, folder / "runs")
+    return code, console.splitlines()
 
 
 @dataclass(frozen=True)

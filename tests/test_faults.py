@@ -30,7 +30,7 @@ from clozemath import interrupts
 from clozemath.errors import ClozeMathError
 from clozemath.plan import load_config, load_plan, run_inputs, with_absolute_paths
 from clozemath.records import RUN_LOCK, RUN_RECORD, RunInputs, claim_run_folder, run_lock
-from conftest import LEARNS, ROOT, SMOKE
+from conftest import LEARNS, ROOT, SMOKE, run_command
 from test_hostile import SECONDS, TRAINING_STEP, _holder, outputs, refused
 
 GSM8K_TRAIN = Path(os.environ["CLOZEMATH_DATA_DIR"]) / "gsm8k" / "train.jsonl"
@@ -218,15 +218,13 @@ def test_eval_of_a_run_writes_a_folder_of_its_own_and_leaves_the_run_as_it_was(s
     before = _files(runs / "smoke")
     assert before
     store = [f"train.output_dir={runs}", f"tracking.uri=sqlite:///{smoke_run.folder / 'mlruns.db'}"]
-    env = {key: value for key, value in os.environ.items() if key != "RAY_ADDRESS"}
-    ended = subprocess.run([sys.executable, "-m", "clozemath_cli", "eval", SMOKE, *store, *SMOKE_RUN], cwd=ROOT,
-                           env=env, capture_output=True, text=True, timeout=600)
-    assert ended.returncode == 0, ended.stderr[-3000:]
+    code, console = run_command(["eval", SMOKE, *store, *SMOKE_RUN], 480, runs)
+    assert code == 0, console[-3000:]
     assert _files(runs / "smoke") == before
     (evaluation,) = (runs / "evals").iterdir()
     assert evaluation.name.startswith("smoke-")
     rows = (evaluation / "eval" / "predictions" / "gsm8k.jsonl").read_text().splitlines()
-    assert len(rows) == 4 and str(evaluation / "eval" / "predictions") in ended.stdout + ended.stderr
+    assert len(rows) == 4 and str(evaluation / "eval" / "predictions") in console
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -603,6 +601,32 @@ def test_a_signal_to_the_command_alone_unwinds_it_as_ctrl_c(tmp_path: Path) -> N
                              capture_output=True, text=True, timeout=60)
     assert command.returncode == 1 and command.stdout == "unwinding\n", command.stdout + command.stderr
     assert not ended.exists()
+
+
+STACKS_COMMAND = """
+import os, sys, time
+from pathlib import Path
+from clozemath import console, interrupts
+
+def waiting_on_a_trial():
+    os.kill(os.getpid(), interrupts.STACKS_SIGNAL)
+    time.sleep(0.5)
+
+with interrupts.handled(), console.quiet_console(Path(sys.argv[1])):
+    waiting_on_a_trial()
+    print("went on")
+"""
+
+
+def test_sigusr2_prints_where_a_command_is_on_its_terminal_and_it_goes_on(tmp_path: Path) -> None:
+    """Where a command seems stuck: `kill -USR2 PID` shows where each thread is, also once its output goes to its
+    log (Ray's handler of SIGABRT prints nothing; SIGUSR1 stops a Tune run)."""
+    log = tmp_path / "driver.log"
+    command = subprocess.run([sys.executable, "-c", STACKS_COMMAND, str(log)], cwd=ROOT, capture_output=True,
+                             text=True, timeout=60)
+    assert command.returncode == 0, command.stderr
+    assert "most recent call first" in command.stderr and 'line 7 in waiting_on_a_trial' in command.stderr
+    assert "went on" in log.read_text() and "waiting_on_a_trial" not in log.read_text()
 
 
 def test_the_local_ray_is_gone_once_its_gcs_stops_listening_or_its_raylet_ends(

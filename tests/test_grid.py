@@ -33,6 +33,7 @@ from clozemath.config import GridConfig, TrackingConfig
 from clozemath.errors import ClozeMathError
 from clozemath.plan import expand_grid, load_config
 from clozemath.records import readable_params
+from conftest import run_command
 import ray_jobs.grid
 from ray_jobs.grid import (
     QuietUserErrors,
@@ -401,9 +402,9 @@ def test_an_interrupted_or_killed_driver_resumes_the_grid_without_redoing_finish
     assert "resuming the grid" in (tmp_path / "second.log").read_text()
     assert killed[trained].info.status == "RUNNING"
 
-    again = subprocess.run(python, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
-    assert again.returncode == 0, (again.stdout + again.stderr)[-3000:]
-    assert "resuming the grid" in again.stderr
+    code, console = run_command(["run", *overrides], 360, tmp_path / "runs")
+    assert code == 0, console[-3000:]
+    assert "resuming the grid" in console
     after = assert_grid_tracked(config, [base, trained], planned=INTERRUPTED_STEPS)  # each step logged once
     for name in (base, trained):  # the same runs: the finished one untouched, the interrupted one continued
         assert after[name].info.run_id == killed[name].info.run_id == before[name].info.run_id

@@ -7,10 +7,7 @@ on CPU (slow), and the naming rules on their own (fast). docs/mlflow_ui.md shows
 from __future__ import annotations
 
 import json
-import os
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -23,6 +20,7 @@ from clozemath.plan import load_plan
 from clozemath.records import readable_params, short_number, trial_run_names
 from clozemath.report.names import METHOD_NAMES
 from clozemath_cli import main
+from conftest import run_command
 
 ROOT = Path(__file__).resolve().parents[1]
 GRID = "configs/grids/smoke.yaml"
@@ -72,12 +70,10 @@ def ablation_grid(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[
     its console, and its trials' configs."""
     folder = tmp_path_factory.mktemp("ablation")
     store = [f"train.output_dir={folder / 'runs'}", f"tracking.uri=sqlite:///{folder / 'mlruns.db'}"]
-    env = {key: value for key, value in os.environ.items() if key != "RAY_ADDRESS"}
-    done = subprocess.run([sys.executable, "-m", "clozemath_cli", "run", GRID, *ABLATION, *store], cwd=ROOT, env=env,
-                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=1200)
-    assert done.returncode == 0, done.stdout[-4000:]
+    code, console = run_command(["run", GRID, *ABLATION, *store], 600, folder / "runs")
+    assert code == 0, console[-4000:]
     plan = load_plan(ROOT / GRID, [*ABLATION, *store])
-    return folder, done.stdout.splitlines(), plan.experiments
+    return folder, console.splitlines(), plan.experiments
 
 
 def _store(folder: Path) -> TrackingConfig:
