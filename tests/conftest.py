@@ -121,7 +121,7 @@ def smoke_samples(smoke_prepared: TokenizedSet) -> Path:
     return smoke_prepared.folder.parent
 
 
-def run_command(args: list[str], timeout: float, runs: Path | None = None) -> tuple[int, str]:
+def run_command(args: list[str], timeout: float, runs: Path) -> tuple[int, str]:
     """`python -m clozemath_cli ARGS` in a process of its own (its own Ray), run to its end: its exit code and
     console, stdout and stderr as one stream.
 
@@ -142,7 +142,7 @@ def run_command(args: list[str], timeout: float, runs: Path | None = None) -> tu
                 os.killpg(process.pid, signal.SIGKILL)
             process.wait()
             console.seek(0)
-            logs = sorted(runs.glob("*/logs/*.log")) if runs else []
+            logs = sorted(runs.glob("*/logs/*.log"))
             pytest.fail(f"clozemath {' '.join(args[:2])} did not end in {timeout:.0f} s; the end of its console:\n"
                         f"{console.read()[-12000:]}"
                         + "".join(f"\n---- {log}:\n{log.read_text(errors='replace')[-4000:]}" for log in logs))
