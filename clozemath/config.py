@@ -246,11 +246,14 @@ class TrainConfig(_Strict):
     so that a grid axis `train.rerun: [0, 1]` trains each seed twice and the report shows the run-to-run noise floor
     (same config, same seed) beside the differences between methods. The report's other tables use rerun 0."""
     deterministic: bool = False
-    """The same adapter for the same config, data, software and card: bitwise on a CPU. On a GPU, torch's
-    deterministic algorithms, cuBLAS's fixed workspace and cuDNN without benchmarking are not yet enough: on one H200
-    two such runs still differ from their second step (a kernel outside torch's checks;
-    `bench/results/reproducibility_h200_2026-12-02/`), and the switch costs ~45% of the speed. Either way the seed
-    decides LoRA's initialisation, the data order, dropout and MFT's noise (`clozemath.train.determinism`)."""
+    """The same adapter for the same config, data, software and card: torch's deterministic algorithms, cuBLAS's
+    fixed workspace, cuDNN without benchmarking; on a GPU `compile: auto` compiles a packed run, and one uncompiled
+    all the same attends with transformers' eager attention instead of sdpa
+    (`clozemath.train.layout.uncompiled_attention`, which says what that costs in memory). Bitwise on a CPU. On a GPU
+    a compiled run (FlexAttention) repeats bit for bit with or without the switch; an uncompiled one on sdpa does
+    not, switch or not, and one on eager attention does (`bench/results/reproducibility_h100_2026-12-05/`). Either
+    way the seed decides LoRA's initialisation, the data order, dropout and MFT's noise
+    (`clozemath.train.determinism`)."""
     output_dir: str = "runs"
     storage: str | None = None
     """Where Ray Train keeps the checkpoints a restarted worker resumes from: on a cluster, a folder every node sees

@@ -290,7 +290,7 @@ def test_a_compiled_run_marks_its_shape_in_the_compile_cache_and_an_uncompiled_o
     assert compiled_before(tmp_path / "cache", key)
 
 
-def test_a_short_packed_run_on_flex_attention_moves_to_sdpa_in_rows_of_at_most_4096(monkeypatch) -> None:
+def test_a_short_packed_run_on_flex_attention_moves_to_sdpa_or_eager_in_rows_of_at_most_4096(monkeypatch) -> None:
     """The layout a short run gets on a GPU (the GPU is only named: the sizes are what the memory would allow)."""
     import clozemath.train.layout as layout_module
 
@@ -309,3 +309,26 @@ def test_a_short_packed_run_on_flex_attention_moves_to_sdpa_in_rows_of_at_most_4
     layout = training_layout(forced, model, lengths, torch.device("cuda"))
     assert (layout.row_tokens, layout.compiled) == (16_384, True)
     assert model.config._attn_implementation == "flex_attention"
+
+
+def test_a_deterministic_packed_run_on_a_gpu_compiles_or_else_attends_with_eager_attention(monkeypatch) -> None:
+    """sdpa's dense-mask backward does not repeat itself (bench/results/reproducibility_h100_2026-12-05): the short
+    run that would take it compiles under `compile: auto`, and one told not to compile takes eager attention."""
+    import clozemath.train.layout as layout_module
+
+    monkeypatch.setattr(layout_module, "usable_bytes", lambda device: 80 * 2**30)
+    monkeypatch.setattr(layout_module, "all_ranks_reduce", lambda value, op, device: value)
+    model = tiny_peft_model()
+    lengths = random_lengths(2000)
+    model.config._attn_implementation = "flex_attention"
+    layout = training_layout(experiment("prefix_lm", deterministic=True), model, lengths, torch.device("cuda"))
+    assert layout.compiled and model.config._attn_implementation == "flex_attention"
+
+    uncompiled = experiment("prefix_lm", deterministic=True, compile=False)
+    layout = training_layout(uncompiled, model, lengths, torch.device("cuda"))
+    assert (layout.row_tokens, layout.compiled) == (EAGER_PACK_TOKENS, False)
+    assert model.config._attn_implementation == "eager"
+
+    model.config._attn_implementation = "sdpa"  # on a CPU: neither (tests/test_determinism.py: bitwise there)
+    on_cpu = training_layout(experiment("prefix_lm", deterministic=True), model, lengths, torch.device("cpu"))
+    assert not on_cpu.compiled and model.config._attn_implementation == "sdpa"

@@ -13,8 +13,11 @@ Python's and NumPy's generators are seeded too, for whatever a library draws fro
 `train.deterministic: true` adds the switches of PyTorch's reproducibility notes: `torch.use_deterministic_algorithms`
 (which also stops Inductor from autotuning on timings), cuDNN without benchmarking, and cuBLAS with a fixed workspace
 (`CUBLAS_WORKSPACE_CONFIG`). An operation with no deterministic implementation warns, naming itself, instead of
-failing the run (`warn_only`): the GPU measurement in `bench/reproducibility.py` says what still differs. On a CPU
-the same config, data, software and machine give the same adapter bit for bit (tests/test_determinism.py).
+failing the run (`warn_only`). With them, two uncompiled runs on sdpa still parted on a GPU, as much as two runs without
+them, and no operation was named; two runs on eager attention, or compiled (FlexAttention), repeated bit for bit even
+without them. So on a GPU a deterministic packed run compiles under `train.compile: auto`, and attends with eager
+attention where it is told not to compile (`clozemath.train.layout`). On a CPU the same config, data, software and
+machine give the same adapter bit for bit (tests/test_determinism.py); on a GPU, `bench/reproducibility.py` measures it.
 """
 
 from __future__ import annotations

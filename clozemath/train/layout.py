@@ -154,8 +154,8 @@ def training_layout(
     """Row size (`row_tokens` beside what the loaded model holds), compilation and the steps they give; the same on
     every rank and on every restart (a function of the rows' lengths, the config, the GPU's memory and, for a fixed
     row, whether `compile_cache` holds its compiled step).
-    An uncompiled packed run on FlexAttention (chosen when the model was loaded for training) moves to sdpa:
-    FlexAttention run eagerly compiles its own kernels all the same."""
+    An uncompiled packed run on FlexAttention (chosen when the model was loaded for training) moves to
+    `uncompiled_attention`: FlexAttention run eagerly compiles its own kernels all the same."""
     train = config.train
     longest = max(lengths, default=1)
     row = row_tokens(train, model.config, usable_bytes(device) if device.type == "cuda" else None, longest)
@@ -168,8 +168,20 @@ def training_layout(
                            lambda row_tokens: micro_batches_per_epoch(lengths, train, row_tokens, device), warm)
     if layout.row_tokens is not None and not layout.compiled and config.model.attn_implementation == "auto" \
             and model.config._attn_implementation == "flex_attention":
-        model.set_attn_implementation("sdpa")
+        model.set_attn_implementation(uncompiled_attention(train))
     return layout
+
+
+def uncompiled_attention(train: TrainConfig) -> str:
+    """The attention of an uncompiled packed run: sdpa, whose kernels for a dense mask do not repeat their backward
+    (two runs part from their second step, with torch's deterministic algorithms or without; torch warns that
+    memory-efficient attention's backward is nondeterministic unless those are strict); with `train.deterministic`
+    (and `train.compile: false`: auto compiles such a run), transformers' eager attention, which repeats bit for bit.
+    On SmolLM2 at rows of 4,096 tokens both trained at one speed (one H100, 2026-12-05:
+    bench/results/reproducibility_h100_2026-12-05/), but eager keeps each layer's attention weights for the
+    backward, 6 bytes a head per pair of positions (fp32 and bf16), which the row's sizing does not count: at 4,096
+    tokens 25 GiB for SmolLM2-135M's 30 layers of 9 heads, 32 GiB for Qwen2.5-1.5B's 28 of 12."""
+    return "eager" if train.deterministic else "sdpa"
 
 
 def choose_layout(
@@ -192,13 +204,16 @@ def choose_layout(
 def should_compile(train: TrainConfig, row_tokens: int | None, steps: StepCounts, device: torch.device,
                    warm: bool = False) -> bool:
     """`train.compile`; auto: packed rows (one shape) on a GPU, for a run long enough to pay the compilation back:
-    less long where the compile cache is `warm` and the row is the config's own. ZeRO-3 too: compiled, it ran 1.6x
-    its uncompiled rate on the 8B shape (4 x H200, 10,608 tokens/s a GPU against 6,680; first step 19 s cold:
-    bench/results/scaling_4gpu_h200_2026-11-28)."""
+    less long where the compile cache is `warm` and the row is the config's own; and every `train.deterministic`
+    one, since a compiled run repeats itself bit for bit and keeps no L x L attention weights (`uncompiled_attention`).
+    ZeRO-3 too: compiled, it ran 1.6x its uncompiled rate on the 8B shape (4 x H200, 10,608 tokens/s a GPU against
+    6,680; first step 19 s cold: bench/results/scaling_4gpu_h200_2026-11-28)."""
     if train.compile != "auto":
         return train.compile
     if device.type != "cuda" or row_tokens is None:
         return False
+    if train.deterministic:
+        return True
     pays_off = COMPILE_PAYS_OFF_WARM_TOKENS if warm and isinstance(train.pack_tokens, int) else COMPILE_PAYS_OFF_TOKENS
     return run_positions(steps, train, row_tokens) >= pays_off
 
