@@ -365,7 +365,7 @@ def estimate_text(plan: Plan, estimates: list[SliceEstimate]) -> str:
         f"Sessions: {len(packed)} (device time {minutes(len(packed) * plan.session['device_s'])} min at most; "
         f"{minutes(sum(e.seconds for e in planned) + len(packed) * overhead)} min if each ends with its last "
         "slice); " + "; ".join(f"{i + 1}: {', '.join(e.piece.name for e in group)}" for i, group in enumerate(packed))
-        + ".",
+        + "." if packed else "Sessions: none; every planned slice is done.",
     ]
     return "\n".join(rows)
 

@@ -167,6 +167,7 @@ def test_the_estimate_is_calibrated_a_finished_slice_is_in_no_session_and_its_me
     text = slices.estimate_text(plan, [a, b])
     assert f"| a | smoke.yaml | 1 | {a.dry_run_s / 60:.1f} | {a.seconds / 60:.1f} | 12.0 | done |" in text
     assert "Left to run: " in text and "(1 slice, 1 trial); done: 1 slice;" in text
+    assert "Sessions: 1 (" in text and "Sessions: none; every planned slice is done." in slices.estimate_text(plan, [a])
 
 
 def test_every_slice_of_the_issue_46_plan_expands_and_they_cover_each_grid_once() -> None:
