@@ -121,33 +121,42 @@ def smoke_samples(smoke_prepared: TokenizedSet) -> Path:
     return smoke_prepared.folder.parent
 
 
-def run_command(args: list[str], timeout: float, runs: Path) -> tuple[int, str]:
-    """`python -m clozemath_cli ARGS` in a process of its own (its own Ray), run to its end: its exit code and
-    console, stdout and stderr as one stream.
-
-    The console goes to a file, not a pipe, so a process the command left behind cannot keep the test waiting. A
-    command that has not ended after `timeout` seconds fails the test with the stacks of its threads
-    (`interrupts.STACKS_SIGNAL`), the end of its console and of the logs under `runs` (its `train.output_dir`); its
-    process group, its Ray included, is ended."""
+def start_command(args: list[str], console: Path) -> subprocess.Popen:
+    """`python -m clozemath_cli ARGS` started with a Ray of its own (no `RAY_ADDRESS`) in a session of its own (its
+    process group: what `timeout` and Slurm signal), stdout and stderr as one stream into the file `console`. A file,
+    not a pipe: a process the command left behind cannot keep a test waiting."""
     env = {key: value for key, value in os.environ.items() if key != "RAY_ADDRESS"}
-    with tempfile.TemporaryFile("w+") as console:
-        process = subprocess.Popen([sys.executable, "-m", "clozemath_cli", *args], cwd=ROOT, env=env, stdout=console,
-                                   stderr=subprocess.STDOUT, text=True, start_new_session=True)
-        try:
-            code = process.wait(timeout)
-        except subprocess.TimeoutExpired:
-            process.send_signal(interrupts.STACKS_SIGNAL)
-            time.sleep(5)
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(process.pid, signal.SIGKILL)
-            process.wait()
-            console.seek(0)
-            logs = sorted(runs.glob("*/logs/*.log"))
-            pytest.fail(f"clozemath {' '.join(args[:2])} did not end in {timeout:.0f} s; the end of its console:\n"
-                        f"{console.read()[-12000:]}"
-                        + "".join(f"\n---- {log}:\n{log.read_text(errors='replace')[-4000:]}" for log in logs))
-        console.seek(0)
-        return code, console.read()
+    with open(console, "w") as out:
+        return subprocess.Popen([sys.executable, "-m", "clozemath_cli", *args], cwd=ROOT, env=env, stdout=out,
+                                stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def ended(process: subprocess.Popen, seconds: float, console: Path, runs: Path) -> int:
+    """The exit code of a command `start_command` started, once it ends. One that has not ended after `seconds`
+    fails the test with the stacks of its threads (`interrupts.STACKS_SIGNAL`, printed onto its console), the end of
+    its console and of the logs under `runs` (its `train.output_dir`); its process group, its Ray included, is
+    ended, so the rest of the suite keeps its CPUs."""
+    try:
+        return process.wait(seconds)
+    except subprocess.TimeoutExpired:
+        process.send_signal(interrupts.STACKS_SIGNAL)
+        time.sleep(5)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGKILL)
+        process.wait()
+        logs = sorted(runs.glob("*/logs/*.log"))
+        pytest.fail(f"clozemath {' '.join(map(str, process.args[3:5]))} did not end in {seconds:.0f} s; the end of "
+                    f"its console ({console}):\n{console.read_text(errors='replace')[-12000:]}"
+                    + "".join(f"\n---- {log}:\n{log.read_text(errors='replace')[-4000:]}" for log in logs))
+
+
+def run_command(args: list[str], timeout: float, runs: Path) -> tuple[int, str]:
+    """`python -m clozemath_cli ARGS` (`start_command`) run to its end: its exit code and console. Not ended after
+    `timeout` seconds: the test fails as `ended` says."""
+    with tempfile.TemporaryDirectory() as folder:
+        console = Path(folder) / "console.log"
+        code = ended(start_command(args, console), timeout, console, runs)
+        return code, console.read_text()
 
 
 def run_smoke(folder: Path, *overrides: str) -> tuple[int, list[str]]:

@@ -30,7 +30,7 @@ from clozemath import interrupts
 from clozemath.errors import ClozeMathError
 from clozemath.plan import load_config, load_plan, run_inputs, with_absolute_paths
 from clozemath.records import RUN_LOCK, RUN_RECORD, RunInputs, claim_run_folder, run_lock
-from conftest import LEARNS, ROOT, SMOKE, run_command
+from conftest import LEARNS, ROOT, SMOKE, ended, run_command, start_command
 from test_hostile import SECONDS, TRAINING_STEP, _holder, outputs, refused
 
 GSM8K_TRAIN = Path(os.environ["CLOZEMATH_DATA_DIR"]) / "gsm8k" / "train.jsonl"
@@ -521,13 +521,8 @@ def test_a_resumed_run_logs_the_steps_before_its_checkpoint_that_its_tracking_st
 
 
 def _start_run(tmp_path: Path, log: Path, *overrides: str) -> subprocess.Popen:
-    """`clozemath run` of the smoke experiment in a session of its own (its process group: what `timeout` and Slurm
-    signal), its console into `log`."""
-    env = {key: value for key, value in os.environ.items() if key != "RAY_ADDRESS"}
-    command = [sys.executable, "-m", "clozemath_cli", "run", SMOKE, *outputs(tmp_path), *overrides]
-    with open(log, "w") as out:
-        return subprocess.Popen(command, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT,
-                                start_new_session=True)
+    """`clozemath run` of the smoke experiment, its outputs under `tmp_path` (`start_command`)."""
+    return start_command(["run", SMOKE, *outputs(tmp_path), *overrides], log)
 
 
 def _wait_for(process: subprocess.Popen, ready, seconds: float = 480) -> None:
@@ -535,15 +530,6 @@ def _wait_for(process: subprocess.Popen, ready, seconds: float = 480) -> None:
     while not ready() and process.poll() is None and time.monotonic() < deadline:
         time.sleep(0.05)
     assert process.poll() is None, "the command ended before the signal"
-
-
-def _ended(process: subprocess.Popen, seconds: float) -> int:
-    try:
-        return process.wait(timeout=seconds)
-    finally:
-        if process.poll() is None:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait()
 
 
 def _statuses(database: Path) -> set[str]:
@@ -629,6 +615,43 @@ def test_sigusr2_prints_where_a_command_is_on_its_terminal_and_it_goes_on(tmp_pa
     assert "went on" in log.read_text() and "waiting_on_a_trial" not in log.read_text()
 
 
+HUNG_COMMAND = """
+import time
+from clozemath import interrupts
+
+def waiting_on_a_trial_forever():
+    print("step 30/30", flush=True)
+    while True:
+        time.sleep(0.1)
+
+with interrupts.handled():
+    waiting_on_a_trial_forever()
+"""
+
+
+def test_a_command_a_test_waits_on_in_vain_fails_it_with_its_stacks_console_and_logs_its_group_ended(
+        tmp_path: Path) -> None:
+    """What a hung `clozemath` command leaves a test (`conftest.ended`): a failure to read, not a silent timeout."""
+    console, runs = tmp_path / "console.log", tmp_path / "runs"
+    (runs / "smoke" / "logs").mkdir(parents=True)
+    (runs / "smoke" / "logs" / "workers.log").write_text("the trial's last line\n")
+    with open(console, "w") as out:
+        process = subprocess.Popen([sys.executable, "-c", HUNG_COMMAND], cwd=ROOT, stdout=out,
+                                   stderr=subprocess.STDOUT, start_new_session=True)
+    deadline = time.monotonic() + 60
+    while "step 30/30" not in console.read_text() and time.monotonic() < deadline:  # its handler in place
+        time.sleep(0.05)
+    with pytest.raises(pytest.fail.Exception) as failure:
+        ended(process, 1, console, runs)
+    message = str(failure.value)
+    assert "did not end in 1 s" in message and "step 30/30" in message
+    assert "in waiting_on_a_trial_forever" in message  # its stacks, printed onto its console
+    assert "workers.log:\nthe trial's last line" in message
+    assert process.poll() is not None
+    with pytest.raises(ProcessLookupError):
+        os.killpg(process.pid, 0)
+
+
 def test_the_local_ray_is_gone_once_its_gcs_stops_listening_or_its_raylet_ends(
         monkeypatch: pytest.MonkeyPatch) -> None:
     from ray_jobs import cluster
@@ -667,7 +690,7 @@ def test_sigterm_to_the_process_group_during_training_ends_in_one_line_and_resum
     _wait_for(first, lambda: TRAINING_STEP.search(log.read_text()))
     signalled = time.monotonic()
     os.killpg(first.pid, signal.SIGTERM)
-    code = _ended(first, 60)
+    code = ended(first, 60, log, tmp_path / "runs")
     console = log.read_text()
     # ended once its Ray was seen gone, not at the watchdog's deadline (Ray 2.60's GCS lingers after the signal)
     assert code == 143 and time.monotonic() - signalled < interrupts.UNWIND_S, console[-3000:]
@@ -677,7 +700,8 @@ def test_sigterm_to_the_process_group_during_training_ends_in_one_line_and_resum
     assert "Traceback" not in console
     assert _statuses(tmp_path / "mlruns.db") == {"KILLED"}
     again = _start_run(tmp_path, tmp_path / "again.log", *overrides)
-    assert _ended(again, 600) == 0, (tmp_path / "again.log").read_text()[-3000:]
+    assert ended(again, 480, tmp_path / "again.log", tmp_path / "runs") == 0, (
+        (tmp_path / "again.log").read_text()[-3000:])
     assert _statuses(tmp_path / "mlruns.db") == {"FINISHED"}
 
 
@@ -695,7 +719,7 @@ def test_sigterm_while_ray_starts_ends_in_one_line(tmp_path: Path) -> None:
 
     _wait_for(command, ray_starting, 120)
     command.send_signal(signal.SIGTERM)
-    code = _ended(command, 60)
+    code = ended(command, 60, log, tmp_path / "runs")
     console = log.read_text()
     assert code == 143 and "clozemath: interrupted; the grid resumes where it stopped with:" in console, console
     assert "Traceback" not in console
@@ -963,7 +987,8 @@ def test_sigkill_while_a_checkpoint_is_written_then_the_same_command_ends_with_t
     os.killpg(first.pid, signal.SIGKILL)
     first.wait()
     again = _start_run(tmp_path, tmp_path / "again.log", *TWELVE_STEPS)
-    assert _ended(again, 600) == 0, (tmp_path / "again.log").read_text()[-3000:]
+    assert ended(again, 480, tmp_path / "again.log", tmp_path / "runs") == 0, (
+        (tmp_path / "again.log").read_text()[-3000:])
     console = (tmp_path / "again.log").read_text()
     assert "from the checkpoint of step" in console and "Traceback" not in console
     _assert_same_adapter(tmp_path / "runs" / "smoke" / "adapter", straight_adapter)
@@ -991,10 +1016,7 @@ def _eval_args(tmp_path: Path) -> list[str]:
 
 
 def _eval(tmp_path: Path, log: Path) -> subprocess.Popen:
-    env = {key: value for key, value in os.environ.items() if key != "RAY_ADDRESS"}
-    with open(log, "w") as out:
-        return subprocess.Popen([sys.executable, "-m", "clozemath_cli", *_eval_args(tmp_path)], cwd=ROOT, env=env,
-                                stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    return start_command(_eval_args(tmp_path), log)
 
 
 def _predictions(output: Path) -> list[str]:
@@ -1016,10 +1038,12 @@ def test_sigkill_while_predictions_are_written_then_the_same_command_ends_with_t
     with partial()[0].open("a") as torn:
         torn.write('{"id": "gsm8k/test/1')  # a line the kill cut short
     again = _eval(tmp_path / "killed", tmp_path / "again.log")
-    assert _ended(again, 600) == 0, (tmp_path / "again.log").read_text()[-3000:]
+    assert ended(again, 300, tmp_path / "again.log", tmp_path / "killed" / "runs") == 0, (
+        (tmp_path / "again.log").read_text()[-3000:])
     assert "predictions from before" in (tmp_path / "again.log").read_text()
     straight = _eval(tmp_path / "straight", tmp_path / "straight.log")
-    assert _ended(straight, 600) == 0, (tmp_path / "straight.log").read_text()[-3000:]
+    assert ended(straight, 300, tmp_path / "straight.log", tmp_path / "straight" / "runs") == 0, (
+        (tmp_path / "straight.log").read_text()[-3000:])
     assert _predictions(tmp_path / "killed") == _predictions(tmp_path / "straight")
     assert len(_predictions(tmp_path / "straight")) == 12
 
@@ -1038,7 +1062,7 @@ def test_two_runs_of_different_experiments_started_together_both_finish(smoke_sa
     runs = [_start_run(tmp_path, log, *LEARNS, f"name={name}", "train.num_workers=1", "train.max_steps=2",
                        "eval.sets=[]")  # a short training each, not evaluated: two Rays side by side are the test
             for log, name in zip(logs, ("first", "second"))]
-    codes = [_ended(run, 900) for run in runs]
+    codes = [ended(run, 480, log, tmp_path / "runs") for run, log in zip(runs, logs)]
     consoles = [log.read_text() for log in logs]
     assert codes == [0, 0], [console[-3000:] for console in consoles]
     for console in consoles:
