@@ -63,8 +63,10 @@ SETTINGS = [
     "eval.sets=[]",
 ]
 """quickstart_gpu's ClozeMath trial (its rate, packed rows, LoRA dropout), cut to 120 steps of ~490k tokens in all:
-enough for differences to grow, a few minutes for four runs on an H200. Uncompiled (compiling would take minutes).
-The settings of the run of 2026-12-02 (then written over the CPU quickstart's experiment, which is a grid now)."""
+enough for differences to grow, a few minutes for four runs on an H200. Uncompiled (compiling would take minutes), so
+the deterministic pair attends with eager attention and the default pair with sdpa
+(`clozemath.train.layout.uncompiled_attention`); `train.compile=true` compares compiled runs. The settings of the run
+of 2026-12-02 (then written over the CPU quickstart's experiment, which is a grid now)."""
 MODES = {"deterministic": True, "default": False}
 ADAPTER_FILE = "adapter_model.safetensors"
 NONDETERMINISTIC_HINT = "does not have a deterministic implementation"
