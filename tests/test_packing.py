@@ -290,7 +290,7 @@ def test_a_compiled_run_marks_its_shape_in_the_compile_cache_and_an_uncompiled_o
     assert compiled_before(tmp_path / "cache", key)
 
 
-def test_a_short_packed_run_on_flex_attention_moves_to_sdpa_or_eager_in_rows_of_at_most_4096(monkeypatch) -> None:
+def test_a_short_packed_run_on_flex_attention_moves_to_sdpa_in_rows_of_at_most_4096(monkeypatch) -> None:
     """The layout a short run gets on a GPU (the GPU is only named: the sizes are what the memory would allow)."""
     import clozemath.train.layout as layout_module
 
